@@ -1,0 +1,108 @@
+"""Ragged KV cache: one preallocated `[B_max, H_kv, L_max, D]` buffer per layer and a length per row.
+
+A forward over rows `rows` with Q new tokens per row writes K/V of query q of row b at slot
+`start[b] + q` and attends over slots `[0, max(start) + Q)`; the 4D mask built by the runner hides
+each row's stale or padded slots. Rolling back rejected drafts is setting `lens` — nothing is copied
+or cropped. Live rows are kept packed in slots `[0, n)` by the engine, so a decode forward reads a
+view of the buffers, never a gather.
+
+This is a `transformers.cache_utils.Cache` subclass: HF attention layers call `update` per layer,
+which is all the engine needs. HF's own Dynamic/Static caches keep one offset for the whole batch,
+which is why HF assisted generation refuses batch size > 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+@dataclass
+class WritePlan:
+    """Where the next forward writes: row ids (a prefix `slice` or an index tensor) and positions."""
+
+    rows: slice | torch.Tensor
+    positions: torch.Tensor  # [n, Q] int64 slot of each new token
+    kv_len: int  # slots the attention reads: max(start) + Q
+
+
+class RaggedLayer(CacheLayerMixin):
+    """One attention layer's K/V buffers; `update` follows the plan its parent cache set."""
+
+    is_compileable = False
+
+    def __init__(self, owner: RaggedKVCache, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.owner = owner
+        self.keys = keys
+        self.values = values
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("RaggedLayer buffers are preallocated")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        plan = self.owner.plan
+        if plan is None:
+            raise RuntimeError("RaggedKVCache.plan_write must be called before each forward")
+        rows = plan.rows
+        row_idx = torch.arange(rows.start, rows.stop, device=self.keys.device) if isinstance(rows, slice) else rows
+        # Advanced indices around a slice put the indexed dims first: [n, Q, H, D].
+        self.keys[row_idx[:, None], :, plan.positions] = key_states.transpose(1, 2).to(self.keys.dtype)
+        self.values[row_idx[:, None], :, plan.positions] = value_states.transpose(1, 2).to(self.values.dtype)
+        return self.keys[rows, :, : plan.kv_len], self.values[rows, :, : plan.kv_len]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.plan.kv_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.plan.kv_len if self.owner.plan is not None else 0
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+
+class RaggedKVCache(Cache):
+    """K/V of up to `batch` rows of up to `length` tokens each, for one model.
+
+    `lens[b]` is how many tokens of row b the cache holds. The runner calls `plan_write` before
+    each forward and `lens` is set by whoever knows how many of the written tokens stay.
+    """
+
+    def __init__(self, model_config, batch: int, length: int, dtype: torch.dtype, device: torch.device):
+        text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+        num_layers = text_config.num_hidden_layers
+        num_kv = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+        shape = (batch, num_kv, length, head_dim)
+        # Zero-init: masked slots are multiplied by 0 attention weight, and 0 × NaN would poison a row.
+        layers = [
+            RaggedLayer(self, torch.zeros(shape, dtype=dtype, device=device),
+                        torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)
+        ]
+        super().__init__(layers=layers)
+        self.lens = torch.zeros(batch, dtype=torch.long, device=device)
+        self.length = length
+        self.plan: WritePlan | None = None
+
+    def plan_write(self, rows: slice | torch.Tensor, start: torch.Tensor, query_len: int) -> torch.Tensor:
+        """Set where the next forward writes; returns `position_ids` [n, Q] (= start + arange(Q)).
+
+        Slots past the buffer (only ever padding of a ragged call) are clamped onto the last slot,
+        which never holds a valid token.
+        """
+        positions = start[:, None] + torch.arange(query_len, device=start.device)  # [n, Q]
+        kv_len = min(int(start.max()) + query_len, self.length)
+        self.plan = WritePlan(rows=rows, positions=positions.clamp_max(self.length - 1), kv_len=kv_len)
+        return positions
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Copy row `src`'s K/V and length into slot `dst` (used to keep live rows packed)."""
+        n = int(self.lens[src])
+        for layer in self.layers:
+            layer.keys[dst, :, :n] = layer.keys[src, :, :n]
+            layer.values[dst, :, :n] = layer.values[src, :, :n]
+        self.lens[dst] = self.lens[src]

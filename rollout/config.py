@@ -1,0 +1,131 @@
+"""Configuration of one `generate` call (`SamplingParams`) and of the engine (`EngineConfig`).
+
+Both are validated in `__post_init__` so bad values fail at the boundary, before any model call,
+with a `ValueError` that names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+
+def _require(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are sampled. `temperature == 0` means greedy (argmax) decoding.
+
+    `top_k == 0` disables top-k; `top_p == 1.0` disables nucleus filtering. `seed` makes a call
+    reproducible (same prompts, params and engine config give the same tokens).
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+            "max_new_tokens", self.max_new_tokens, "an int >= 1",
+        )
+        t = self.temperature
+        _require(
+            isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
+            "temperature", t, "a finite number >= 0 (0 = greedy)",
+        )
+        _require(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k, "an int >= 0 (0 = off)")
+        p = self.top_p
+        _require(
+            isinstance(p, (int, float)) and math.isfinite(p) and 0 < p <= 1,
+            "top_p", p, "a number in (0, 1]",
+        )
+        object.__setattr__(self, "stop_token_ids", tuple(int(s) for s in self.stop_token_ids))
+        _require(
+            all(s >= 0 for s in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
+            "non-negative token ids",
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GammaSetting = int | Literal["auto"]
+
+
+@dataclass
+class EngineConfig:
+    """Engine-wide settings.
+
+    `max_batch_size` is the number of batch slots (rows decoded together); more requests than slots
+    queue and refill finished slots. `max_seq_len` bounds prompt + completion per row. `gamma` is the
+    number of drafted tokens per step (0 = plain decoding) or `"auto"` (chosen per step from a
+    measured cost model, up to `max_gamma`). `record_signals` keeps the target's top-`signal_top_k`
+    processed probabilities at each generated position for online draft learning.
+    """
+
+    max_batch_size: int = 16
+    max_seq_len: int = 1024
+    gamma: GammaSetting = 4
+    max_gamma: int = 8
+    device: str = "cpu"
+    dtype: torch.dtype | str = torch.float32
+    record_signals: bool = False
+    signal_top_k: int = 16
+    calibration_cache: str | None = None
+    cost_model_budget_s: float = 8.0
+    acceptance_ema: float = 0.9
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.max_batch_size, int) and self.max_batch_size >= 1,
+            "max_batch_size", self.max_batch_size, "an int >= 1",
+        )
+        _require(
+            isinstance(self.max_seq_len, int) and self.max_seq_len >= 2,
+            "max_seq_len", self.max_seq_len, "an int >= 2",
+        )
+        _require(
+            self.gamma == "auto" or (isinstance(self.gamma, int) and self.gamma >= 0),
+            "gamma", self.gamma, "an int >= 0 (0 = plain decoding) or 'auto'",
+        )
+        _require(
+            isinstance(self.max_gamma, int) and self.max_gamma >= 1, "max_gamma", self.max_gamma,
+            "an int >= 1",
+        )
+        if isinstance(self.gamma, int) and self.gamma > self.max_gamma:
+            self.max_gamma = self.gamma
+        if isinstance(self.dtype, str):
+            resolved = getattr(torch, self.dtype, None)
+            _require(
+                isinstance(resolved, torch.dtype) and resolved.is_floating_point, "dtype", self.dtype,
+                "a floating torch dtype name such as 'float32', 'bfloat16', 'float16'",
+            )
+            self.dtype = resolved
+        _require(
+            isinstance(self.signal_top_k, int) and self.signal_top_k >= 1, "signal_top_k",
+            self.signal_top_k, "an int >= 1",
+        )
+        _require(
+            0.0 <= self.acceptance_ema < 1.0, "acceptance_ema", self.acceptance_ema, "a number in [0, 1)"
+        )
+        _require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
+        try:
+            torch.device(self.device)
+        except RuntimeError as err:
+            raise ValueError(f"device={self.device!r} is invalid: {err}") from err
+
+    @property
+    def cache_len(self) -> int:
+        """Slots per row in the KV buffers: room for the longest row plus one step of drafts."""
+        return self.max_seq_len + self.max_gamma + 2

@@ -1,0 +1,248 @@
+"""SpecEngine: batched speculative decoding with ragged acceptance and continuous batching.
+
+Usage::
+
+    engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=16, gamma=4))
+    rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=256, temperature=1.0), n=8)
+
+Each step drafts γ tokens per live row with the drafter, verifies them with one target forward of
+γ + 1 tokens per row, and keeps a different number of tokens per row (`sampling.verify`). The
+target cache always holds every token of a row but the last; the drafter cache lags by one or two
+(more after plain steps), and catches up with one ragged forward before it drafts. With no drafter
+or γ = 0 the same loop is plain batched decoding — the fair baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from .batch import RowBuffers
+from .config import EngineConfig, SamplingParams
+from .gamma import GammaPolicy, make_gamma_policy
+from .request import Request, Rollout
+from .runner import ModelRunner
+from .sampling import Verdict, process_logits, sample, verify
+from .scheduler import Scheduler
+from .stats import EngineStats
+from .validate import validate_generate_args
+from .vocab import check_vocab_compatible
+
+
+class SpecEngine:
+    """Generates completions for many prompts at once with a target model and optional drafter."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: PreTrainedModel | None = None,
+        config: EngineConfig | None = None,
+        target_tokenizer=None,
+        drafter_tokenizer=None,
+    ):
+        self.config = config = config or EngineConfig()
+        if drafter is not None:
+            check_vocab_compatible(target, drafter, target_tokenizer, drafter_tokenizer)
+        self.device = torch.device(config.device)
+        slots, length = config.max_batch_size, config.cache_len
+        self.target = ModelRunner(target, slots, length, config.dtype, self.device)
+        self.drafter = ModelRunner(drafter, slots, length, config.dtype, self.device) if drafter else None
+        self.vocab_size = self.target.vocab_size
+        self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None)
+        self.stats = EngineStats()
+        self.gamma_policy: GammaPolicy = make_gamma_policy(config, self.target, self.drafter)
+        self.policy_version = 0
+        self.drafter_version = 0
+
+    # ------------------------------------------------------------------ public API
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
+        """Complete every prompt `n` times; results in input order, a prompt's n samples consecutive."""
+        validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len)
+        requests = [
+            Request(index=i * n + j, prompt_ids=list(map(int, prompt)), max_new_tokens=params.max_new_tokens)
+            for i, prompt in enumerate(prompts)
+            for j in range(n)
+        ]
+        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,)))
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.device)
+        scheduler = Scheduler(self.config.max_batch_size)
+        scheduler.add(requests)
+        started = time.perf_counter()
+        self._prefill(scheduler.admit())
+        while not scheduler.done:
+            gamma = self.gamma_policy.choose(scheduler.num_live_rows, params.greedy) if self.drafter else 0
+            finished = self._step(scheduler.num_live_rows, gamma, params, stop_ids, generator)
+            self._finish(scheduler, finished)
+        self.stats.wall_time_s += time.perf_counter() - started
+        return [req.rollout for req in requests]
+
+    def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load new policy weights (all or some parameters, by name) between `generate` calls."""
+        _copy_into(self.target.model, named_tensors, "target")
+        self.policy_version = version
+
+    def update_drafter(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load new drafter weights between `generate` calls; caches are kept, not reallocated."""
+        if self.drafter is None:
+            raise ValueError("update_drafter called on an engine built without a drafter")
+        _copy_into(self.drafter.model, state_dict, "drafter")
+        self.drafter_version = version
+
+    # ------------------------------------------------------------------ the step
+
+    def _step(self, n: int, gamma: int, params: SamplingParams, stop_ids: torch.Tensor,
+              generator: torch.Generator) -> list[int]:
+        live = slice(0, n)
+        started = time.perf_counter()
+        drafts, q = self._draft(live, gamma, params, generator)  # [n, γ], [n, γ, V]
+        seq_len = self.rows.seq_len[live]  # [n]
+        last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
+        logits = self.target.feed(live, torch.cat([last_token, drafts], dim=1)).float()  # [n, γ+1, V]
+        p = process_logits(logits, params)  # [n, γ+1, V]
+        verdict = verify(drafts, q, p, generator)
+        finished = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids)
+        self.gamma_policy.observe(n, gamma, verdict.accepted, params.greedy, time.perf_counter() - started)
+        return finished
+
+    def _draft(self, live: slice, gamma: int, params: SamplingParams, generator: torch.Generator):
+        n = live.stop
+        drafts = torch.empty(n, gamma, dtype=torch.long, device=self.device)  # [n, γ]
+        q = torch.empty(n, gamma, self.vocab_size, device=self.device)  # [n, γ, V]
+        if gamma == 0:
+            return drafts, q
+        lag = self.rows.seq_len[live] - self.drafter.cache.lens[live]  # [n] ≥ 1
+        logits = self.drafter.extend(live, self.rows.tokens[live], lag)  # [n, V_d]
+        for i in range(gamma):
+            q[:, i] = process_logits(self._to_target_vocab(logits), params)
+            drafts[:, i] = sample(q[:, i], generator)
+            if i < gamma - 1:
+                logits = self.drafter.feed(live, drafts[:, i : i + 1])[:, 0]
+        return drafts, q
+
+    def _emit(self, live: slice, seq_len: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
+              logits: torch.Tensor, p: torch.Tensor, params: SamplingParams, stop_ids: torch.Tensor) -> list[int]:
+        """Append each row's kept tokens, roll caches back to them, and return the finished slots."""
+        rows, (n, width) = self.rows, verdict.tokens.shape
+        gamma = width - 1
+        offsets = torch.arange(width, device=self.device)  # [γ+1]
+        num_emit = torch.minimum(verdict.accepted_len + 1, rows.max_len[live] - seq_len)  # [n]
+        stopped = torch.zeros(n, dtype=torch.bool, device=self.device)
+        if stop_ids.numel():
+            is_stop = torch.isin(verdict.tokens, stop_ids) & (offsets < num_emit[:, None])  # [n, γ+1]
+            stopped = is_stop.any(1)
+            first_stop = torch.where(stopped, is_stop.int().argmax(1), width)
+            num_emit = torch.minimum(num_emit, first_stop + 1)
+        positions = (seq_len[:, None] + offsets).clamp_max(rows.tokens.shape[1] - 1)  # [n, γ+1]
+        rows.tokens[live] = rows.tokens[live].scatter(1, positions, verdict.tokens)
+        if params.greedy:  # the processed distribution is one-hot: report the raw model's instead
+            dist = logits.log_softmax(-1)  # [n, γ+1, V]
+        else:
+            dist = p.log()
+        token_logprobs = dist.gather(-1, verdict.tokens[..., None]).squeeze(-1)  # [n, γ+1]
+        rows.logprobs[live] = rows.logprobs[live].scatter(1, positions, token_logprobs)
+        if rows.signal_top_k:
+            self._record_signals(live, positions, drafts, verdict, dist.exp() if params.greedy else p)
+        new_len = seq_len + num_emit
+        rows.seq_len[live] = new_len
+        rows.stopped[live] |= stopped
+        rows.num_drafted[live] += gamma
+        rows.num_accepted[live] += verdict.accepted_len
+        self.target.cache.lens[live] = new_len - 1
+        if gamma:
+            kept = seq_len + verdict.accepted_len.clamp_max(gamma - 1)
+            self.drafter.cache.lens[live] = torch.minimum(self.drafter.cache.lens[live], kept)
+        finished = rows.stopped[live] | (new_len >= rows.max_len[live])  # [n]
+        summary = torch.cat([num_emit.sum()[None], verdict.accepted.sum(0), finished.long()]).tolist()
+        self.stats.steps += 1
+        self.stats.generated_tokens += summary[0]
+        self.stats.drafted += n * gamma
+        self.stats.accepted += sum(summary[1 : 1 + gamma])
+        self.stats.record_position_counts([n] * gamma, summary[1 : 1 + gamma])
+        self.stats.gamma_per_step.append(gamma)
+        self.stats.live_rows_per_step.append(n)
+        return [slot for slot, done in enumerate(summary[1 + gamma :]) if done]
+
+    def _record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
+                        probs: torch.Tensor) -> None:
+        rows, (n, gamma) = self.rows, drafts.shape
+        k = min(rows.signal_top_k, probs.shape[-1])
+        top = probs.topk(k, dim=-1)  # [n, γ+1, k]
+        pos_k = positions[..., None].expand(-1, -1, k)
+        rows.topk_ids[live, :, :k] = rows.topk_ids[live, :, :k].scatter(1, pos_k, top.indices)
+        rows.topk_probs[live, :, :k] = rows.topk_probs[live, :, :k].scatter(1, pos_k, top.values)
+        no_draft = drafts.new_full((n, 1), -1)
+        rows.draft_ids[live] = rows.draft_ids[live].scatter(1, positions, torch.cat([drafts, no_draft], 1))
+        accepted = torch.cat([verdict.accepted, verdict.accepted.new_zeros(n, 1)], 1)
+        rows.draft_accepted[live] = rows.draft_accepted[live].scatter(1, positions, accepted)
+
+    # ------------------------------------------------------------------ batch bookkeeping
+
+    def _prefill(self, admitted: list[Request]) -> None:
+        """Load admitted requests into their slots and fill both caches with all but the last token."""
+        if not admitted:
+            return
+        for req in admitted:
+            self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens)
+        slots = torch.tensor([req.slot for req in admitted], dtype=torch.long, device=self.device)
+        count = torch.tensor([len(req.prompt_ids) - 1 for req in admitted], device=self.device)
+        runners = [self.target] + ([self.drafter] if self.drafter and self.config.gamma != 0 else [])
+        for runner in (self.target, self.drafter):
+            if runner is not None:
+                runner.cache.lens[slots] = 0
+        if int(count.max()) > 0:
+            for runner in runners:
+                runner.extend(slots, self.rows.tokens[slots], count)
+
+    def _finish(self, scheduler: Scheduler, finished: list[int]) -> None:
+        if not finished:
+            return
+        rows = self.rows
+        for slot in finished:
+            req = scheduler.running[slot]
+            completion, logprobs = rows.completion(slot)
+            req.rollout = Rollout(
+                prompt_ids=req.prompt_ids,
+                completion_ids=completion,
+                logprobs=logprobs,
+                finish_reason="stop" if bool(rows.stopped[slot]) else "length",
+                num_drafted=int(rows.num_drafted[slot]),
+                num_accepted=int(rows.num_accepted[slot]),
+                policy_version=self.policy_version,
+                drafter_version=self.drafter_version,
+                signals=rows.signals(slot),
+            )
+        plan = scheduler.retire(finished)
+        for src, dst in plan.moves:
+            rows.move_row(src, dst)
+            for runner in (self.target, self.drafter):
+                if runner is not None:
+                    runner.cache.move_row(src, dst)
+        self._prefill(plan.admitted)
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Drafter logits over the target's ids: extra drafter rows dropped, missing ones at -inf."""
+        extra = self.vocab_size - logits.shape[-1]
+        if extra < 0:
+            return logits[..., : self.vocab_size]
+        if extra > 0:
+            return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+        return logits
+
+
+@torch.no_grad()
+def _copy_into(model: torch.nn.Module, named_tensors: Mapping[str, torch.Tensor], role: str) -> None:
+    params = dict(model.named_parameters())
+    params.update(dict(model.named_buffers()))
+    unknown = [name for name in named_tensors if name not in params]
+    if unknown:
+        raise ValueError(f"{role} has no parameters named {unknown[:5]} ({len(unknown)} unknown names)")
+    for name, tensor in named_tensors.items():
+        if params[name].shape != tensor.shape:
+            raise ValueError(f"{role} parameter {name}: shape {tuple(tensor.shape)} != {tuple(params[name].shape)}")
+    for name, tensor in named_tensors.items():
+        params[name].copy_(tensor)

@@ -1,0 +1,78 @@
+"""ModelRunner: turns (rows, token ids, start positions) into logits through a ragged KV cache.
+
+Every call feeds the same number Q of tokens to each row (ragged calls pad on the right), with
+per-row `position_ids = start[:, None] + arange(Q)` and one 4D mask shared by all layers: query q
+of row b sees slots `<= start[b] + q`. Eager attention *adds* its mask, so it gets 0 / finfo.min
+floats; sdpa takes booleans.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from .cache import RaggedKVCache
+
+
+class ModelRunner:
+    """One model (target or drafter) with its ragged cache."""
+
+    def __init__(self, model: PreTrainedModel, batch: int, length: int, dtype: torch.dtype, device: torch.device):
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.device = device
+        self.cache = RaggedKVCache(model.config, batch, length, dtype, device)
+        self.additive_mask = model.config._attn_implementation == "eager"
+        self.mask_dtype = dtype
+        self.num_forwards = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @torch.inference_mode()
+    def forward(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """Feed `input_ids` [n, Q] to `rows` at slots `start` [n] onward; returns logits [n, Q, V].
+
+        Does not move `cache.lens`: the caller sets it to what it keeps (rollback is a length).
+        """
+        query_len = input_ids.shape[1]
+        position_ids = self.cache.plan_write(rows, start, query_len)  # [n, Q]
+        kv_len = self.cache.plan.kv_len
+        visible = torch.arange(kv_len, device=self.device)[None, None, :] <= position_ids[:, :, None]  # [n, Q, K]
+        mask = visible[:, None]  # [n, 1, Q, K]
+        if self.additive_mask:
+            mask = torch.zeros(mask.shape, dtype=self.mask_dtype, device=self.device).masked_fill_(
+                ~mask, torch.finfo(self.mask_dtype).min
+            )
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.cache.plan = None
+        self.num_forwards += 1
+        return out.logits
+
+    def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V]."""
+        start = self.cache.lens[rows]  # [n]
+        logits = self.forward(rows, input_ids, start)
+        self.cache.lens[rows] = start + input_ids.shape[1]
+        return logits
+
+    def extend(self, rows: slice | torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """Feed each row the `count[b]` tokens of `tokens` [n, L] from its cache length onward.
+
+        Returns the logits at each row's last fed token [n, V] and advances `cache.lens` by `count`.
+        Rows are padded on the right to the longest count; a row with count 0 is fed padding only
+        and its returned logits are meaningless.
+        """
+        start = self.cache.lens[rows]  # [n]
+        query_len = max(int(count.max()), 1)
+        idx = (start[:, None] + torch.arange(query_len, device=self.device)).clamp_max(tokens.shape[1] - 1)
+        logits = self.forward(rows, tokens.gather(1, idx), start)  # [n, Q, V]
+        self.cache.lens[rows] = start + count
+        last = (count - 1).clamp_min(0)  # [n]
+        return logits[torch.arange(logits.shape[0], device=self.device), last]

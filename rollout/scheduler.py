@@ -1,0 +1,73 @@
+"""Scheduler: which request runs in which batch slot (continuous batching).
+
+Live rows always occupy slots `[0, num_live_rows)`, so every forward reads a prefix view of the KV
+buffers. When rows finish, waiting requests take their slots; holes left when the queue is empty
+are filled by moving the highest live rows down (a K/V row copy per move, once per finished row).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .request import Request, Status
+
+
+@dataclass
+class Reschedule:
+    """What the engine must do after a step: row moves (src → dst) and requests to prefill."""
+
+    moves: list[tuple[int, int]]
+    admitted: list[Request]
+
+
+class Scheduler:
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request | None] = [None] * num_slots
+        self.num_live_rows = 0
+
+    def add(self, requests: list[Request]) -> None:
+        self.waiting.extend(requests)
+
+    @property
+    def done(self) -> bool:
+        return self.num_live_rows == 0 and not self.waiting
+
+    def admit(self) -> list[Request]:
+        """Fill free slots at the end of the live prefix from the queue."""
+        admitted = []
+        while self.waiting and self.num_live_rows < self.num_slots:
+            req = self.waiting.popleft()
+            self._place(req, self.num_live_rows)
+            self.num_live_rows += 1
+            admitted.append(req)
+        return admitted
+
+    def retire(self, finished_slots: list[int]) -> Reschedule:
+        """Free the finished slots; refill them from the queue, then pack the live rows."""
+        for slot in finished_slots:
+            req = self.running[slot]
+            req.status, req.slot = Status.FINISHED, -1
+            self.running[slot] = None
+        holes = sorted(finished_slots)
+        admitted = []
+        while holes and self.waiting:
+            req = self.waiting.popleft()
+            self._place(req, holes.pop(0))
+            admitted.append(req)
+        moves = []
+        new_live = self.num_live_rows - len(holes)
+        sources = [s for s in range(new_live, self.num_live_rows) if self.running[s] is not None]
+        for hole in (h for h in holes if h < new_live):
+            src = sources.pop()
+            self._place(self.running[src], hole)
+            self.running[src] = None
+            moves.append((src, hole))
+        self.num_live_rows = new_live
+        return Reschedule(moves=moves, admitted=admitted)
+
+    def _place(self, req: Request, slot: int) -> None:
+        req.status, req.slot = Status.RUNNING, slot
+        self.running[slot] = req
