@@ -1,7 +1,16 @@
-"""How many tokens to draft per step: the `GammaPolicy` protocol and the fixed policy.
+"""How many tokens to draft per step: the `GammaPolicy` protocol, a fixed policy and `AutoGamma`.
 
-The engine asks `choose(num_live_rows, greedy)` before each step and reports what happened with
-`observe(...)` after it, so an adaptive policy can learn acceptance and costs online.
+The engine asks `choose(num_live_rows, greedy)` before each step and reports the step with
+`observe(...)` after it. `AutoGamma` picks γ ∈ {0, …, max_gamma} maximising expected tokens per
+second for the live batch:
+
+    E[tokens per row | γ] = 1 + Σ_{i=1..γ} Π_{j≤i} α_j      (α_j: P(draft j kept | drafts < j kept))
+    time(γ, n)           = γ drafter forwards + one target forward of γ + 1 tokens, for n rows
+
+with α_j kept online (exponentially weighted, per draft position, separately for greedy and sampled
+runs) and time from a `CostModel` measured on this hardware. γ = 0 (plain decoding) wins whenever
+the drafter's cost or a low acceptance does not pay — as it does for large live batches, where a
+forward of γ + 1 tokens per row is no longer nearly free. There is no hard-coded batch threshold.
 """
 
 from __future__ import annotations
@@ -11,6 +20,12 @@ from typing import Protocol
 import torch
 
 from .config import EngineConfig
+from .cost_model import CostModel, calibrate
+from .runner import ModelRunner
+
+PRIOR_ACCEPTANCE = 0.6  # α before any observation: optimistic enough to try speculating once
+EXPLORE_EVERY = 32  # plain steps between probes of the best γ > 0, so stale α estimates can recover
+EXPLORE_WITHIN = 0.75  # ... probed only if predicted to reach this fraction of plain throughput
 
 
 class GammaPolicy(Protocol):
@@ -34,7 +49,73 @@ class FixedGamma:
         return None
 
 
-def make_gamma_policy(config: EngineConfig, target, drafter) -> GammaPolicy:
-    if config.gamma == "auto":
-        raise ValueError("gamma='auto' is not available yet; use an int >= 0")
-    return FixedGamma(config.gamma)
+class AcceptanceEstimate:
+    """Conditional acceptance α_j per draft position, exponentially weighted over steps."""
+
+    def __init__(self, max_gamma: int, decay: float):
+        self.alpha = [PRIOR_ACCEPTANCE] * max_gamma
+        self.decay = decay
+
+    def update(self, accepted: torch.Tensor) -> None:
+        """`accepted` [n, γ] bool (prefix-closed) from one step."""
+        if accepted.numel() == 0:
+            return
+        reached = torch.cat([accepted.new_ones(accepted.shape[0], 1), accepted[:, :-1]], 1).sum(0)  # [γ]
+        kept = accepted.sum(0)  # [γ]
+        for j, (r, k) in enumerate(zip(reached.tolist(), kept.tolist())):
+            if r:
+                # Weight a step's evidence by how many rows reached position j (1 row ≈ weak evidence).
+                w = (1 - self.decay) * min(1.0, r / 4)
+                self.alpha[j] = (1 - w) * self.alpha[j] + w * (k / r)
+
+    def expected_tokens(self, gamma: int) -> float:
+        total, survive = 1.0, 1.0
+        for j in range(gamma):
+            survive *= self.alpha[j]
+            total += survive
+        return total
+
+
+class AutoGamma:
+    def __init__(self, cost: CostModel, max_gamma: int, decay: float):
+        self.cost = cost
+        self.max_gamma = max_gamma
+        self.estimates = {True: AcceptanceEstimate(max_gamma, decay), False: AcceptanceEstimate(max_gamma, decay)}
+        self.plain_steps = 0
+
+    def throughput(self, num_live_rows: int, gamma: int, greedy: bool) -> float:
+        """Expected tokens per second for the live batch at γ."""
+        tokens = num_live_rows * self.estimates[greedy].expected_tokens(gamma)
+        return tokens / self.cost.step_time(num_live_rows, gamma)
+
+    def choose(self, num_live_rows: int, greedy: bool) -> int:
+        rates = [self.throughput(num_live_rows, g, greedy) for g in range(self.max_gamma + 1)]
+        best = max(range(len(rates)), key=rates.__getitem__)
+        if best > 0:
+            return best
+        # Acceptance is only measured while speculating: an estimate that talked us into plain
+        # decoding would never be corrected. Probe the runner-up now and then, at bounded cost.
+        self.plain_steps += 1
+        runner_up = max(range(1, len(rates)), key=rates.__getitem__)
+        if self.plain_steps % EXPLORE_EVERY == 0 and rates[runner_up] >= EXPLORE_WITHIN * rates[0]:
+            return runner_up
+        return 0
+
+    def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
+                step_time_s: float) -> None:
+        self.estimates[greedy].update(accepted)
+        self.cost.observe(num_live_rows, gamma, step_time_s)
+
+    @property
+    def acceptance(self) -> dict[str, list[float]]:
+        return {"greedy": list(self.estimates[True].alpha), "sampled": list(self.estimates[False].alpha)}
+
+
+def make_gamma_policy(config: EngineConfig, target: ModelRunner, drafter: ModelRunner | None) -> GammaPolicy:
+    if config.gamma != "auto":
+        return FixedGamma(config.gamma)
+    if drafter is None:
+        return FixedGamma(0)
+    cost = calibrate(target, drafter, config.max_batch_size, config.max_gamma, config.cost_model_budget_s,
+                     config.calibration_cache)
+    return AutoGamma(cost, config.max_gamma, config.acceptance_ema)

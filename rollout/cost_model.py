@@ -1,0 +1,159 @@
+"""Forward-time cost model measured on the running hardware, for choosing γ.
+
+`calibrate` times target and drafter forwards through their ragged caches over a grid of live
+batch sizes and query lengths (≤ `budget_s` seconds, median of a few runs each) and `CostModel`
+interpolates that grid piecewise-linearly. The result is cached on disk per model shape, device,
+dtype and thread count, so a restarted engine does not measure again. The engine then refines it
+online: `observe` keeps, per γ, an exponentially weighted ratio of measured step time (which also
+includes sampling and bookkeeping) to the calibrated forward time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .runner import ModelRunner
+
+CALIBRATION_CONTEXT = 64  # tokens already in the cache while timing; online refinement covers the rest
+
+
+@dataclass
+class ForwardTimes:
+    """Median seconds of one forward, `times[i][j]` at batch `batch_sizes[i]` and query `query_lens[j]`."""
+
+    batch_sizes: list[int]
+    query_lens: list[int]
+    times: list[list[float]]
+
+    def __call__(self, batch: int, query_len: int) -> float:
+        i0, i1, wb = _bracket(self.batch_sizes, batch)
+        j0, j1, wq = _bracket(self.query_lens, query_len)
+        row = lambda i: (1 - wq) * self.times[i][j0] + wq * self.times[i][j1]
+        return max((1 - wb) * row(i0) + wb * row(i1), 1e-7)
+
+
+def _bracket(grid: list[int], x: float) -> tuple[int, int, float]:
+    """Indices around x and the interpolation weight; extrapolates linearly past the ends."""
+    if len(grid) == 1:
+        return 0, 0, 0.0
+    hi = next((k for k, g in enumerate(grid) if g >= x), len(grid) - 1)
+    hi = max(hi, 1)
+    lo = hi - 1
+    return lo, hi, (x - grid[lo]) / (grid[hi] - grid[lo])
+
+
+@dataclass
+class CostModel:
+    target: ForwardTimes
+    drafter: ForwardTimes
+    correction: dict[int, float] = field(default_factory=dict)  # γ → measured / predicted step time
+    ema: float = 0.8
+
+    def step_time(self, batch: int, gamma: int) -> float:
+        """Predicted seconds of one engine step with γ drafts for `batch` live rows."""
+        t = self.target(batch, gamma + 1)
+        if gamma:
+            t += self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1)
+        return t * self.correction.get(gamma, self.correction.get(-1, 1.0))
+
+    def observe(self, batch: int, gamma: int, seconds: float) -> None:
+        """Fold one measured step into the per-γ correction (and a pooled one for unseen γ)."""
+        raw = self.target(batch, gamma + 1)
+        if gamma:
+            raw += self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1)
+        ratio = seconds / raw
+        for key in (gamma, -1):
+            old = self.correction.get(key)
+            self.correction[key] = ratio if old is None else self.ema * old + (1 - self.ema) * ratio
+
+
+def _grid(max_batch: int) -> list[int]:
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 4 if b >= 4 else 2
+    return [*sizes, max_batch]
+
+
+@torch.inference_mode()
+def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[int], deadline: float,
+                  repeats: int = 3) -> ForwardTimes:
+    """Median forward time per (batch, query) on the runner's own cache; stops early at `deadline`
+    and extrapolates the missing large batches linearly from the measured ones."""
+    device = runner.device
+    times: list[list[float]] = []
+    for batch in batch_sizes:
+        rows = slice(0, batch)
+        runner.cache.lens[rows] = CALIBRATION_CONTEXT
+        row_times = []
+        for q in query_lens:
+            ids = torch.zeros(batch, q, dtype=torch.long, device=device)
+            start = runner.cache.lens[rows]
+            samples = []
+            for _ in range(repeats + 1):  # first run warms up
+                t0 = time.perf_counter()
+                runner.forward(rows, ids, start)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                samples.append(time.perf_counter() - t0)
+            row_times.append(statistics.median(samples[1:]))
+        times.append(row_times)
+        if time.perf_counter() > deadline and len(times) >= 2:
+            break
+    measured = batch_sizes[: len(times)]
+    runner.cache.lens.zero_()
+    runner.num_forwards = 0
+    partial = ForwardTimes(measured, query_lens, times)
+    full = [[partial(b, q) for q in query_lens] for b in batch_sizes]
+    return ForwardTimes(batch_sizes, query_lens, full)
+
+
+def calibrate(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_gamma: int, budget_s: float,
+              cache_dir: str | None = None) -> CostModel:
+    """Measure (or load from the on-disk cache) target and drafter forward times."""
+    key = _cache_key(target, drafter, max_batch, max_gamma)
+    path = Path(cache_dir or _default_cache_dir()) / f"{key}.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        return CostModel(target=ForwardTimes(**data["target"]), drafter=ForwardTimes(**data["drafter"]))
+    batch_sizes = _grid(max_batch)
+    query_lens = sorted({1, 2, 3, 5, max_gamma + 1} | ({9} if max_gamma >= 8 else set()))
+    query_lens = [q for q in query_lens if q <= max_gamma + 1]
+    deadline = time.perf_counter() + budget_s
+    drafter_times = time_forwards(drafter, batch_sizes, [1, 2], time.perf_counter() + budget_s * 0.25)
+    target_times = time_forwards(target, batch_sizes, query_lens, deadline)
+    model = CostModel(target=target_times, drafter=drafter_times)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"target": asdict(target_times), "drafter": asdict(drafter_times)}))
+    tmp.replace(path)
+    return model
+
+
+def _default_cache_dir() -> str:
+    root = os.environ.get("SPECROLL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specroll")
+    return os.path.join(root, "cost_model")
+
+
+def _cache_key(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_gamma: int) -> str:
+    def shape(runner: ModelRunner) -> str:
+        cfg = runner.model.config.to_dict()
+        cfg.pop("_name_or_path", None)
+        cfg.pop("transformers_version", None)
+        dtype = next(runner.model.parameters()).dtype
+        return json.dumps(cfg, sort_keys=True, default=str) + str(dtype)
+
+    device = target.device
+    hw = f"{device}|{torch.get_num_threads()}|{torch.__version__}"
+    if device.type == "cuda":
+        hw += torch.cuda.get_device_name(device)
+    raw = "|".join([shape(target), shape(drafter), str(max_batch), str(max_gamma), hw])
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
