@@ -59,11 +59,16 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ public API
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
-        """Complete every prompt `n` times; results in input order, a prompt's n samples consecutive."""
-        validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len)
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Rollout]:
+        """Complete every prompt `n` times; results in input order, a prompt's n samples consecutive.
+
+        `max_new_tokens`, if given, is a per-prompt budget (each in [1, params.max_new_tokens]).
+        """
+        budgets = validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len,
+                                         max_new_tokens)
         requests = [
-            Request(index=i * n + j, prompt_ids=list(map(int, prompt)), max_new_tokens=params.max_new_tokens)
+            Request(index=i * n + j, prompt_ids=list(map(int, prompt)), max_new_tokens=budgets[i])
             for i, prompt in enumerate(prompts)
             for j in range(n)
         ]
