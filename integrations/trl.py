@@ -1,0 +1,184 @@
+"""SpecrollRolloutFunc: specroll as TRL's `GRPOTrainer(rollout_func=...)` hook.
+
+Usage::
+
+    rollout_func = SpecrollRolloutFunc(LocalBackend.from_models(target, drafter, engine_cfg, learner_cfg))
+    trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=grpo_args, train_dataset=ds,
+                          processing_class=tokenizer, rollout_func=rollout_func)
+
+TRL 1.16 calls `rollout_func(prompts, trainer)` with this process's prompts, each repeated
+`num_generations` (G) times in a row by its `RepeatSampler`, and expects a dict with `prompt_ids`,
+`completion_ids` and `logprobs`, one entry per prompt entry, in order; every other key is forwarded
+to the reward functions (one value per entry). On each call this hook:
+
+1. syncs the policy to the backend when `trainer.state.global_step` moved since the last sync
+   (plain, PEFT or ZeRO-3 models, see `policy_sync`), tagging it with the step as its version; then
+   runs one online draft-learning round on the rollouts of the previous step;
+2. applies the chat template to conversational prompts, exactly as TRL's own generation path does;
+3. generates each group once with n = G — one backend call for all the unique prompts — instead of
+   G separate generations, so siblings share the batch (and, on Ray, the worker);
+4. appends `rollout/*`, `drafter/*` and `weights/sync_s` to the trainer's metrics, which
+   `GRPOTrainer.log` averages into `log_history` and every `report_to` target alongside its own.
+
+Departure from TRL's vLLM path: sampling knobs the engine does not implement (`min_p`,
+`repetition_penalty`) raise instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+from specroll.rollout import Rollout, SamplingParams
+from trl.data_utils import is_conversational
+
+from .backend import RolloutBackend
+from .policy_sync import gather_policy_weights
+
+# Fields of a learner report logged under drafter/<name>.
+_REPORT_FIELDS = ("loss", "acceptance_before", "acceptance_after", "acceptance_frozen_shadow", "train_time_s")
+
+
+class SpecrollRolloutFunc:
+    """A `rollout_func` for TRL's GRPOTrainer backed by any `RolloutBackend` (in-process or Ray).
+
+    `learn=False` skips online draft-learning rounds (the drafter stays as loaded).
+    """
+
+    def __init__(self, backend: RolloutBackend, learn: bool = True):
+        self.backend = backend
+        self.learn = learn
+        self.synced_step: int | None = None
+        self.num_calls = 0
+        self.last_learner_report: Any = None
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        mode = "train" if trainer.model.training else "eval"
+        if mode == "train" and trainer.state.global_step != self.synced_step:
+            had_rollouts = self.synced_step is not None
+            self.sync_policy(trainer)
+            if self.learn and had_rollouts and trainer.accelerator.is_main_process:
+                self._learner_round(trainer)
+        prompt_ids = tokenize_prompts(prompts, trainer)
+        group_size = trainer.num_generations if mode == "train" else trainer.num_generations_eval
+        rollouts = self._generate_groups(prompt_ids, group_size, sampling_params(trainer, self.num_calls))
+        self.num_calls += 1
+        self._log(trainer, mode, self.backend.metrics())
+        return {
+            "prompt_ids": [r.prompt_ids for r in rollouts],
+            "completion_ids": [r.completion_ids for r in rollouts],
+            "logprobs": [r.logprobs for r in rollouts],
+            "rollout_acceptance_rate": [r.acceptance_rate for r in rollouts],
+            "rollout_policy_version": [r.policy_version for r in rollouts],
+            "rollout_drafter_version": [r.drafter_version for r in rollouts],
+        }
+
+    def sync_policy(self, trainer: Any) -> float:
+        """Send the trainer's current policy to the backend (version = global step); returns seconds.
+
+        Every process walks the parameters (ZeRO-3 gathers are collective); only the main process
+        sends, and the others wait for it so that nobody generates with stale weights.
+        """
+        started = time.perf_counter()
+        accelerator = trainer.accelerator
+        model = accelerator.unwrap_model(trainer.model)
+        named = gather_policy_weights(model, keep=accelerator.is_main_process)
+        if accelerator.is_main_process:
+            self.backend.sync_policy(named, trainer.state.global_step)
+        if accelerator.num_processes > 1:
+            accelerator.wait_for_everyone()
+        self.synced_step = trainer.state.global_step
+        seconds = time.perf_counter() - started
+        self._log(trainer, "train", {"weights/sync_s": seconds})
+        return seconds
+
+    def _learner_round(self, trainer: Any) -> None:
+        report = self.backend.learner_round()
+        if report is None:
+            return
+        self.last_learner_report = report
+        metrics = {f"drafter/{name}": float(getattr(report, name)) for name in _REPORT_FIELDS}
+        metrics["drafter/published"] = float(report.published)
+        self._log(trainer, "train", metrics)
+
+    def _generate_groups(self, prompt_ids: list[list[int]], group_size: int,
+                         params: SamplingParams) -> list[Rollout]:
+        """One backend call per distinct group size (normally one call), results in entry order."""
+        groups = find_groups(prompt_ids, group_size)
+        out: list[Rollout | None] = [None] * len(prompt_ids)
+        by_size: dict[int, list[int]] = defaultdict(list)
+        for start, size in groups:
+            by_size[size].append(start)
+        for size, starts in by_size.items():
+            rollouts = self.backend.generate([prompt_ids[s] for s in starts], params, n=size)
+            for i, start in enumerate(starts):
+                out[start : start + size] = rollouts[i * size : (i + 1) * size]
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _log(trainer: Any, mode: str, metrics: dict[str, float]) -> None:
+        # GRPOTrainer.log averages `_metrics[mode]` into the logs it reports, then clears it.
+        for key, value in metrics.items():
+            trainer._metrics[mode][key].append(float(value))
+
+
+def find_groups(prompt_ids: list[list[int]], group_size: int) -> list[tuple[int, int]]:
+    """(start, size) of each GRPO group: TRL repeats every prompt `group_size` times in a row.
+
+    Entries that do not split into uniform chunks of `group_size` fall back to runs of identical
+    consecutive prompts, so a caller that does not repeat prompts still gets one sample per entry.
+    """
+    chunks = [(s, group_size) for s in range(0, len(prompt_ids), group_size)]
+    if len(prompt_ids) % group_size == 0 and all(
+        prompt_ids[s + j] == prompt_ids[s] for s, size in chunks for j in range(size)
+    ):
+        return chunks
+    groups: list[tuple[int, int]] = []
+    for i, ids in enumerate(prompt_ids):
+        if groups and prompt_ids[groups[-1][0]] == ids:
+            groups[-1] = (groups[-1][0], groups[-1][1] + 1)
+        else:
+            groups.append((i, 1))
+    return groups
+
+
+def tokenize_prompts(prompts: list[Any], trainer: Any) -> list[list[int]]:
+    """Prompt token ids as TRL's own generation path builds them (chat template for conversations)."""
+    if not prompts:
+        raise ValueError("rollout_func received no prompts")
+    processing_class = trainer.processing_class
+    if is_conversational({"prompt": prompts[0]}):
+        tokenized = processing_class.apply_chat_template(
+            conversation=prompts,
+            tools=getattr(trainer, "tools", None) or None,
+            chat_template=trainer.chat_template,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **trainer.chat_template_kwargs,
+        )
+        ids = tokenized["input_ids"]
+    else:
+        ids = processing_class(text=prompts)["input_ids"]
+    return [list(map(int, row)) for row in ids]
+
+
+def sampling_params(trainer: Any, call_index: int) -> SamplingParams:
+    """The trainer's generation settings as engine `SamplingParams`; rejects knobs the engine lacks."""
+    if trainer.min_p not in (None, 0.0):
+        raise ValueError(f"min_p={trainer.min_p!r} is not supported by specroll: allowed None or 0.0")
+    if trainer.repetition_penalty != 1.0:
+        raise ValueError(
+            f"repetition_penalty={trainer.repetition_penalty!r} is not supported by specroll: allowed 1.0"
+        )
+    args = trainer.args
+    seed = (args.seed * 1_000_003 + call_index * 101 + trainer.accelerator.process_index) % 2**62
+    return SamplingParams(
+        max_new_tokens=trainer.max_completion_length,
+        temperature=trainer.temperature,
+        top_k=trainer.top_k or 0,
+        top_p=trainer.top_p if trainer.top_p is not None else 1.0,
+        stop_token_ids=tuple(trainer.eos_token_ids),
+        seed=seed,
+    )

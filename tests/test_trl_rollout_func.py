@@ -1,0 +1,141 @@
+"""SpecrollRolloutFunc inside a real TRL GRPOTrainer (2 steps, tiny models, in-process backend)."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+from datasets import Dataset
+from specroll.integrations.local_backend import LocalBackend
+from specroll.integrations.trl import SpecrollRolloutFunc, find_groups
+from specroll.rollout import EngineConfig
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from trl import GRPOConfig, GRPOTrainer
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+CHARS = list("0123456789+=: abcdefghijklmnopqrstuvwxyz")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<s>' + m['role'] + ':' + m['content'] + '</s>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<s>assistant:' }}{% endif %}"
+)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(["<pad>", "<s>", "</s>", "<unk>", *CHARS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def tiny_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, attn_implementation="eager",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+class RecordingBackend(LocalBackend):
+    """Counts generate calls so the test can check one call per rollout batch with n = G."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[int, int]] = []
+        self.returned: list[list[int]] = []
+
+    def generate(self, prompts, params, n=1):
+        self.calls.append((len(prompts), n))
+        rollouts = super().generate(prompts, params, n)
+        self.returned.extend(r.completion_ids for r in rollouts)
+        return rollouts
+
+
+def grpo_args(tmp_path, **overrides) -> GRPOConfig:
+    values = dict(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_completion_length=6,
+        max_steps=2, learning_rate=5e-2, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
+        save_strategy="no", seed=0, beta=0.0, temperature=1.0,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def prompt_dataset() -> Dataset:
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{a}+{a}="}] for a in range(8)]})
+
+
+def length_reward(prompts, completions, **kwargs):
+    return [float(len(c[0]["content"])) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tokenizer = tiny_tokenizer()
+    policy = tiny_model(len(tokenizer), seed=0)
+    initial = {k: v.clone() for k, v in policy.state_dict().items()}
+    backend = RecordingBackend.from_models(
+        copy.deepcopy(policy), tiny_model(len(tokenizer), seed=1, hidden=16, layers=1),
+        EngineConfig(max_batch_size=8, max_seq_len=64, gamma=2),
+    )
+    seen: list[dict] = []
+
+    def reward(prompts, completions, completion_ids, **kwargs):
+        seen.append(dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs))
+        return length_reward(prompts, completions)
+
+    rollout_func = SpecrollRolloutFunc(backend)
+    trainer = GRPOTrainer(
+        model=policy, reward_funcs=reward, args=grpo_args(tmp_path_factory.mktemp("grpo")),
+        train_dataset=prompt_dataset(), processing_class=tokenizer, rollout_func=rollout_func,
+    )
+    trainer.train()
+    return dict(trainer=trainer, backend=backend, rollout_func=rollout_func, seen=seen, initial=initial)
+
+
+def test_each_group_is_generated_once_with_n_equal_to_num_generations(trained):
+    assert trained["backend"].calls == [(2, 2), (2, 2)]
+
+
+def test_reward_sees_completions_in_trl_order_with_rollout_extras(trained):
+    seen, backend = trained["seen"], trained["backend"]
+    assert len(seen) == 2
+    assert [ids for call in seen for ids in call["completion_ids"]] == backend.returned
+    for call in seen:
+        assert call["prompts"][0::2] == call["prompts"][1::2]  # G = 2 siblings share a prompt
+        assert len(call["rollout_acceptance_rate"]) == len(call["completions"]) == 4
+    assert [call["rollout_policy_version"] for call in seen] == [[0] * 4, [1] * 4]
+
+
+def test_engine_holds_the_trainers_weights_after_sync(trained):
+    trainer, backend = trained["trainer"], trained["backend"]
+    trained["rollout_func"].sync_policy(trainer)
+    engine_params = dict(backend.engine.target.model.named_parameters())
+    changed = 0
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(engine_params[name], param.detach(), rtol=0, atol=0)
+        changed += not torch.equal(param.detach(), trained["initial"][name])
+    assert changed == len(engine_params)  # the trainer updated every parameter, and each one arrived
+    assert backend.engine.policy_version == trainer.state.global_step == 2
+
+
+def test_rollout_metrics_reach_the_trainer_logs(trained):
+    logged = {key for entry in trained["trainer"].state.log_history for key in entry}
+    for key in ("rollout/tokens_per_s", "rollout/acceptance_rate", "rollout/mean_accepted_len",
+                "rollout/gamma", "drafter/version", "weights/sync_s", "reward"):
+        assert key in logged, key
+
+
+def test_find_groups_falls_back_to_runs_when_prompts_are_not_repeated():
+    assert find_groups([[1], [1], [2], [2]], 2) == [(0, 2), (2, 2)]
+    assert find_groups([[1], [2], [2]], 2) == [(0, 1), (1, 2)]
