@@ -144,10 +144,8 @@ class SpecEngine:
             num_emit = torch.minimum(num_emit, first_stop + 1)
         positions = (seq_len[:, None] + offsets).clamp_max(rows.tokens.shape[1] - 1)  # [n, γ+1]
         rows.tokens[live] = rows.tokens[live].scatter(1, positions, verdict.tokens)
-        if params.greedy:  # the processed distribution is one-hot: report the raw model's instead
-            dist = logits.log_softmax(-1)  # [n, γ+1, V]
-        else:
-            dist = p.log()
+        # Greedy's processed distribution is one-hot: report the raw model's log-probs instead.
+        dist = logits.log_softmax(-1) if params.greedy else p.log()  # [n, γ+1, V]
         token_logprobs = dist.gather(-1, verdict.tokens[..., None]).squeeze(-1)  # [n, γ+1]
         rows.logprobs[live] = rows.logprobs[live].scatter(1, positions, token_logprobs)
         if rows.signal_top_k:
@@ -174,7 +172,7 @@ class SpecEngine:
 
     def _record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
                         probs: torch.Tensor) -> None:
-        rows, (n, gamma) = self.rows, drafts.shape
+        rows, n = self.rows, drafts.shape[0]
         k = min(rows.signal_top_k, probs.shape[-1])
         top = probs.topk(k, dim=-1)  # [n, γ+1, k]
         pos_k = positions[..., None].expand(-1, -1, k)
