@@ -1,0 +1,93 @@
+"""Auto γ: the choice rule on synthetic cost models, acceptance estimates, the cost-model cache,
+and greedy exactness when γ changes from step to step."""
+
+from __future__ import annotations
+
+import torch
+from conftest import make_prompts, noisy_copy, tiny_lm
+
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.cost_model import CostModel, ForwardTimes, calibrate
+from specroll.rollout.gamma import AcceptanceEstimate, AutoGamma
+
+BATCHES = [1, 4, 16, 64]
+QUERIES = [1, 2, 3, 5, 9]
+
+
+def synthetic(target_time, drafter_time) -> CostModel:
+    """A cost model from closed-form per-forward times (batch, query) → seconds."""
+    t = ForwardTimes(BATCHES, QUERIES, [[target_time(b, q) for q in QUERIES] for b in BATCHES])
+    d = ForwardTimes(BATCHES, [1, 2], [[drafter_time(b, q) for q in (1, 2)] for b in BATCHES])
+    return CostModel(target=t, drafter=d)
+
+
+def with_acceptance(policy: AutoGamma, alpha: float) -> AutoGamma:
+    for est in policy.estimates.values():
+        est.alpha = [alpha] * len(est.alpha)
+    return policy
+
+
+def test_free_drafts_all_accepted_picks_max_gamma():
+    cost = synthetic(lambda b, q: 1e-2, lambda b, q: 1e-9)
+    policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 1.0)
+    assert [policy.choose(b, greedy=True) for b in BATCHES] == [8, 8, 8, 8]
+
+
+def test_linear_target_cost_and_low_acceptance_picks_plain():
+    cost = synthetic(lambda b, q: 1e-3 * b * q, lambda b, q: 1e-4 * b)
+    policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 0.1)
+    assert [policy.choose(b, greedy=False) for b in BATCHES] == [0, 0, 0, 0]
+
+
+def test_speculation_switches_off_when_batch_makes_verification_expensive():
+    # Small batches: a forward costs the same for 1 or 9 tokens (memory/latency bound); large
+    # batches: cost grows with tokens (compute bound). The choice must follow the live batch.
+    cost = synthetic(lambda b, q: 1e-2 * max(1.0, b * q / 16), lambda b, q: 1e-3 * max(1.0, b / 16))
+    policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 0.7)
+    chosen = {b: policy.choose(b, greedy=True) for b in BATCHES}
+    assert chosen[1] >= 2 and chosen[64] == 0, chosen
+
+
+def test_acceptance_estimate_is_conditional_per_position():
+    est = AcceptanceEstimate(max_gamma=3, decay=0.0)  # decay 0: the last step is the estimate
+    accepted = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool).repeat(4, 1)
+    est.update(accepted)
+    # position 1: 3 of 4 kept; position 2: 2 of the 3 that reached it; position 3: 1 of 2.
+    # (Each position is reached by >= 4 rows, so one step's evidence carries full weight.)
+    assert est.alpha == [0.75, 2 / 3, 0.5]
+    assert abs(est.expected_tokens(3) - (1 + 0.75 + 0.5 + 0.25)) < 1e-9
+
+
+def test_online_correction_rescales_predicted_step_time():
+    cost = synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3)
+    before = cost.step_time(4, 2)
+    for _ in range(50):
+        cost.observe(4, 2, 2 * before)
+    assert abs(cost.step_time(4, 2) / before - 2) < 0.01
+
+
+def test_calibration_is_cached_per_model_shape(tmp_path):
+    target = SpecEngine(tiny_lm("llama"), None, EngineConfig(max_batch_size=4, max_seq_len=64, gamma=0)).target
+    drafter = SpecEngine(tiny_lm("llama", layers=1), None, EngineConfig(max_batch_size=4, max_seq_len=64)).target
+    first = calibrate(target, drafter, max_batch=4, max_gamma=3, budget_s=2.0, cache_dir=str(tmp_path))
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1
+    again = calibrate(target, drafter, max_batch=4, max_gamma=3, budget_s=2.0, cache_dir=str(tmp_path))
+    assert again.target.times == first.target.times  # read back, not re-measured
+    assert all(t > 0 for row in first.target.times for t in row)
+
+
+def test_auto_gamma_greedy_output_equals_plain_decoding(tmp_path):
+    target, drafter = tiny_lm("llama"), noisy_copy("llama")
+    prompts = make_prompts(9, 2, 9)
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    plain = SpecEngine(target, None, EngineConfig(max_batch_size=4, max_seq_len=64, gamma=0)).generate(prompts, params)
+    auto = SpecEngine(target, drafter, EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto", max_gamma=4,
+                                                    calibration_cache=str(tmp_path), cost_model_budget_s=1.0))
+    # Force the policy through several γ values, plain steps included, within one call.
+    policy = with_acceptance(auto.gamma_policy, 0.9)
+    schedule = iter([4, 0, 0, 3, 1, 0, 2] * 100)
+    policy.choose = lambda n, greedy: next(schedule)
+    out = auto.generate(prompts, params)
+    assert [r.completion_ids for r in out] == [r.completion_ids for r in plain]
+    assert set(auto.stats.gamma_per_step) == {0, 1, 2, 3, 4}
