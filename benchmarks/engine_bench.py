@@ -1,0 +1,173 @@
+"""`specroll bench`: specroll against HF generate and HF assisted generation, ratios from one run.
+
+Two parts, same target, drafter, prompts and sampling for every contender, interleaved (each repeat
+runs every contender once, in turn) so machine noise hits all of them alike:
+
+1. A grid over batch sizes × {greedy, T = 1}: HF `generate` (batched, left-padded), HF assisted
+   generation (batch 1 only — it refuses more — default schedule and constant k ∈ {2, 4, 8}),
+   specroll plain (γ = 0), specroll at fixed γ, and specroll `gamma="auto"`.
+2. A rollout-shaped workload: many requests with long-tailed (lognormal) token budgets through
+   `max_batch_size` slots with continuous batching, no stop token (every contender does the same
+   work), plain vs fixed γ vs auto.
+
+Prints tokens/s and ratios, writes everything to a JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specroll.rollout import SamplingParams
+
+from .contenders import Contender, hf_assisted, hf_generate, specroll
+from .models import BenchModels, load_bench_models
+
+MODES = {"greedy": 0.0, "sample": 1.0}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", default="demo", choices=["demo", "tiny"])
+    parser.add_argument("--batch-sizes", default="1,4,16,64")
+    parser.add_argument("--modes", default="greedy,sample")
+    parser.add_argument("--gammas", default="2,4,8")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--no-hf", action="store_true", help="skip the HF contenders (grid part)")
+    parser.add_argument("--no-grid", action="store_true", help="run only the rollout-shaped workload")
+    parser.add_argument("--rollout-requests", type=int, default=128, help="0 skips the rollout workload")
+    parser.add_argument("--rollout-batch", type=int, default=16)
+    parser.add_argument("--rollout-cap", type=int, default=512)
+    parser.add_argument("--out", default="bench_results/engine_bench.json")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+
+
+def _time(contender: Contender, prompts: list[list[int]], budgets: list[int], params: SamplingParams):
+    started = time.perf_counter()
+    tokens = contender.run(prompts, budgets, params)
+    return tokens, time.perf_counter() - started
+
+
+def race(contenders: list[Contender], prompts: list[list[int]], budgets: list[int], params: SamplingParams,
+         repeats: int) -> dict[str, dict]:
+    """Interleaved runs; tokens/s per contender = all its tokens / all its seconds."""
+    tokens = {c.name: 0 for c in contenders}
+    seconds = {c.name: 0.0 for c in contenders}
+    gammas: dict[str, list[int]] = {}
+    for c in contenders:  # warm-up: first-call costs (allocation, calibration, lazy init) are not timed
+        c.run(prompts[:1], [min(4, budgets[0])], params)
+    for rep in range(repeats):
+        order = contenders if rep % 2 == 0 else contenders[::-1]
+        for c in order:
+            if c.engine is not None:
+                c.engine.stats.reset()
+            n, s = _time(c, prompts, budgets, params)
+            tokens[c.name] += n
+            seconds[c.name] += s
+            if c.engine is not None:
+                gammas[c.name] = c.engine.stats.gamma_per_step
+    out = {}
+    for c in contenders:
+        entry = {"tokens": tokens[c.name], "seconds": seconds[c.name],
+                 "tokens_per_s": tokens[c.name] / seconds[c.name]}
+        if c.name in gammas and c.name.endswith("auto"):
+            entry["mean_gamma"] = statistics.fmean(gammas[c.name]) if gammas[c.name] else 0.0
+        out[c.name] = entry
+    return out
+
+
+def _print_table(title: str, rows: list[dict], names: list[str], baseline: str) -> None:
+    print(f"\n{title}  (tokens/s; ×{baseline} in brackets)")
+    print("| setting | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for row in rows:
+        base = row["results"].get(baseline, {}).get("tokens_per_s")
+        cells = []
+        for name in names:
+            r = row["results"].get(name)
+            if r is None:
+                cells.append("—")
+                continue
+            ratio = f" ({r['tokens_per_s'] / base:.2f}×)" if base else ""
+            cells.append(f"{r['tokens_per_s']:.0f}{ratio}")
+        print(f"| {row['setting']} | " + " | ".join(cells) + " |")
+
+
+def grid(models: BenchModels, args, gammas: list[int]) -> list[dict]:
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    max_batch, max_seq = max(batch_sizes), max(map(len, models.prompts)) + args.max_new_tokens + 1
+    contenders = [] if args.no_hf else [hf_generate(models.target, models.pad_id)]
+    if not args.no_hf and 1 in batch_sizes:
+        contenders += [hf_assisted(models.target, models.drafter, models.pad_id, k) for k in (None, 2, 4, 8)]
+    contenders += [specroll(models.target, None, 0, max_batch, max_seq)]
+    contenders += [specroll(models.target, models.drafter, g, max_batch, max_seq) for g in gammas]
+    contenders += [specroll(models.target, models.drafter, "auto", max_batch, max_seq, name="specroll_auto")]
+    rows = []
+    for mode in args.modes.split(","):
+        for batch in batch_sizes:
+            params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=MODES[mode],
+                                    stop_token_ids=models.stop_token_ids, seed=batch)
+            prompts = models.prompts[:batch]
+            active = [c for c in contenders if c.max_batch is None or batch <= c.max_batch]
+            results = race(active, prompts, [args.max_new_tokens] * batch, params, args.repeats)
+            rows.append({"setting": f"{mode} b={batch}", "mode": mode, "batch": batch, "results": results})
+            print(f"  {mode} b={batch}: " + ", ".join(f"{k}={v['tokens_per_s']:.0f}" for k, v in results.items()),
+                  flush=True)
+    names = [c.name for c in contenders]
+    _print_table("Grid", rows, names, "hf_generate" if not args.no_hf else "specroll_plain")
+    return rows
+
+
+def lognormal_budgets(n: int, cap: int, seed: int) -> list[int]:
+    """Long-tailed completion lengths: lognormal with σ = 1 (p90/p50 = e^1.28 ≈ 3.6), capped."""
+    rng = random.Random(seed)
+    median = max(8, cap // 8)
+    return [max(1, min(cap, round(median * math.exp(rng.gauss(0.0, 1.0))))) for _ in range(n)]
+
+
+def rollout_workload(models: BenchModels, args, gammas: list[int]) -> list[dict]:
+    budgets = lognormal_budgets(args.rollout_requests, args.rollout_cap, seed=0)
+    srt = sorted(budgets)
+    p50, p90 = srt[len(srt) // 2], srt[int(len(srt) * 0.9)]
+    prompts = [models.prompts[i % len(models.prompts)] for i in range(len(budgets))]
+    max_seq = max(map(len, prompts)) + args.rollout_cap + 1
+    contenders = [specroll(models.target, None, 0, args.rollout_batch, max_seq)]
+    contenders += [specroll(models.target, models.drafter, g, args.rollout_batch, max_seq) for g in gammas]
+    contenders += [specroll(models.target, models.drafter, "auto", args.rollout_batch, max_seq,
+                            name="specroll_auto")]
+    rows = []
+    for mode in args.modes.split(","):
+        params = SamplingParams(max_new_tokens=args.rollout_cap, temperature=MODES[mode], seed=1)
+        results = race(contenders, prompts, budgets, params, 1)
+        rows.append({"setting": f"{mode} {len(budgets)} req, p50={p50} p90={p90}, slots={args.rollout_batch}",
+                     "mode": mode, "p50": p50, "p90": p90, "results": results})
+    _print_table("Rollout-shaped workload (continuous batching)", rows, [c.name for c in contenders],
+                 "specroll_plain")
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gammas = [int(g) for g in args.gammas.split(",")]
+    models = load_bench_models(args.models, num_prompts=max(max(int(b) for b in args.batch_sizes.split(",")), 16))
+    header = (f"specroll bench — {models.description}; max_new_tokens={args.max_new_tokens}, "
+              f"repeats={args.repeats} interleaved, torch threads={torch.get_num_threads()}, fp32 CPU")
+    print(header, flush=True)
+    report = {"header": header}
+    if not args.no_grid:
+        report["grid"] = grid(models, args, gammas)
+    if args.rollout_requests:
+        report["rollout_workload"] = rollout_workload(models, args, gammas)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {out}")
+    return 0

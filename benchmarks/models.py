@@ -1,0 +1,70 @@
+"""Models and prompts the benchmarks run on.
+
+`demo`: the embedded demo's target and drafter (trained here; the drafter distilled from the
+target's own samples, so its agreement is realistic) on task prompts. `tiny`: two small random
+Llamas on random prompts — a seconds-long smoke run of the benchmark code, not a measurement.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+
+@dataclass
+class BenchModels:
+    target: PreTrainedModel
+    drafter: PreTrainedModel
+    prompts: list[list[int]]
+    stop_token_ids: tuple[int, ...]
+    pad_id: int
+    description: str
+
+
+def _params(model: PreTrainedModel) -> str:
+    return f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M"
+
+
+def load_bench_models(kind: str, num_prompts: int, seed: int = 0) -> BenchModels:
+    if kind == "demo":
+        return _demo_models(num_prompts, seed)
+    if kind == "tiny":
+        return _tiny_models(num_prompts, seed)
+    raise ValueError(f"models={kind!r} is invalid: 'demo' or 'tiny'")
+
+
+def _demo_models(num_prompts: int, seed: int) -> BenchModels:
+    from specroll.demo.models import load_or_build_demo_models
+    from specroll.demo.task import make_prompts, prompt_messages
+
+    demo = load_or_build_demo_models()
+    tok = demo.tokenizer
+    prompts = [
+        tok.apply_chat_template(prompt_messages(problem), add_generation_prompt=True, tokenize=True,
+                                return_dict=False)
+        for problem in make_prompts(num_prompts, seed=seed)
+    ]
+    return BenchModels(
+        target=demo.target, drafter=demo.drafter, prompts=[list(map(int, p)) for p in prompts],
+        stop_token_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id,
+        description=f"demo models: target {_params(demo.target)}, drafter {_params(demo.drafter)} "
+                    "(distilled from the target's samples)",
+    )
+
+
+def _tiny_models(num_prompts: int, seed: int) -> BenchModels:
+    def build(layers: int, hidden: int, model_seed: int) -> PreTrainedModel:
+        torch.manual_seed(model_seed)
+        cfg = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=1024)
+        return LlamaForCausalLM(cfg).eval()
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, 96) for _ in range(rng.randint(4, 12))] for _ in range(num_prompts)]
+    target, drafter = build(2, 64, seed), build(1, 32, seed + 1)
+    return BenchModels(target, drafter, prompts, stop_token_ids=(2,), pad_id=0,
+                       description=f"tiny random models (smoke run): {_params(target)} / {_params(drafter)}")
