@@ -22,14 +22,16 @@ from transformers import PreTrainedModel
 
 from .batch import RowBuffers
 from .config import EngineConfig, SamplingParams
+from .drafter import ModelDrafter
 from .gamma import GammaPolicy, make_gamma_policy
 from .request import Request, Rollout
 from .runner import ModelRunner
-from .sampling import Verdict, process_logits, sample, verify
+from .sampling import Verdict, process_logits, verify
 from .scheduler import Scheduler
 from .stats import EngineStats
 from .validate import validate_generate_args
 from .vocab import check_vocab_compatible
+from .weights import copy_into
 
 
 class SpecEngine:
@@ -49,11 +51,15 @@ class SpecEngine:
         self.device = torch.device(config.device)
         slots, length = config.max_batch_size, config.cache_len
         self.target = ModelRunner(target, slots, length, config.dtype, self.device)
-        self.drafter = ModelRunner(drafter, slots, length, config.dtype, self.device) if drafter else None
         self.vocab_size = self.target.vocab_size
+        self.drafter: ModelDrafter | None = None
+        if drafter is not None:
+            self.drafter = ModelDrafter(drafter, slots, length, config.dtype, self.device, self.vocab_size)
         self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None)
         self.stats = EngineStats()
-        self.gamma_policy: GammaPolicy = make_gamma_policy(config, self.target, self.drafter)
+        self.gamma_policy: GammaPolicy = make_gamma_policy(
+            config, self.target, self.drafter.runner if self.drafter else None
+        )
         self.policy_version = 0
         self.drafter_version = 0
 
@@ -84,18 +90,20 @@ class SpecEngine:
             finished = self._step(scheduler.num_live_rows, gamma, params, stop_ids, generator)
             self._finish(scheduler, finished)
         self.stats.wall_time_s += time.perf_counter() - started
+        self.stats.target_forwards = self.target.num_forwards
+        self.stats.drafter_forwards = self.drafter.num_forwards if self.drafter else 0
         return [req.rollout for req in requests]
 
     def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (all or some parameters, by name) between `generate` calls."""
-        _copy_into(self.target.model, named_tensors, "target")
+        copy_into(self.target.model, named_tensors, "target")
         self.policy_version = version
 
     def update_drafter(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new drafter weights between `generate` calls; caches are kept, not reallocated."""
         if self.drafter is None:
             raise ValueError("update_drafter called on an engine built without a drafter")
-        _copy_into(self.drafter.model, state_dict, "drafter")
+        self.drafter.load_weights(state_dict)
         self.drafter_version = version
 
     # ------------------------------------------------------------------ the step
@@ -104,7 +112,12 @@ class SpecEngine:
               generator: torch.Generator) -> list[int]:
         live = slice(0, n)
         started = time.perf_counter()
-        drafts, q = self._draft(live, gamma, params, generator)  # [n, γ], [n, γ, V]
+        if gamma:
+            proposal = self.drafter.propose(live, self.rows, gamma, params, generator)
+            drafts, q = proposal.drafts, proposal.q  # [n, γ], [n, γ, V]
+        else:
+            drafts = torch.empty(n, 0, dtype=torch.long, device=self.device)
+            q = torch.empty(n, 0, self.vocab_size, device=self.device)
         seq_len = self.rows.seq_len[live]  # [n]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
         logits = self.target.feed(live, torch.cat([last_token, drafts], dim=1)).float()  # [n, γ+1, V]
@@ -113,21 +126,6 @@ class SpecEngine:
         finished = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids)
         self.gamma_policy.observe(n, gamma, verdict.accepted, params.greedy, time.perf_counter() - started)
         return finished
-
-    def _draft(self, live: slice, gamma: int, params: SamplingParams, generator: torch.Generator):
-        n = live.stop
-        drafts = torch.empty(n, gamma, dtype=torch.long, device=self.device)  # [n, γ]
-        q = torch.empty(n, gamma, self.vocab_size, device=self.device)  # [n, γ, V]
-        if gamma == 0:
-            return drafts, q
-        lag = self.rows.seq_len[live] - self.drafter.cache.lens[live]  # [n] ≥ 1
-        logits = self.drafter.extend(live, self.rows.tokens[live], lag)  # [n, V_d]
-        for i in range(gamma):
-            q[:, i] = process_logits(self._to_target_vocab(logits), params)
-            drafts[:, i] = sample(q[:, i], generator)
-            if i < gamma - 1:
-                logits = self.drafter.feed(live, drafts[:, i : i + 1])[:, 0]
-        return drafts, q
 
     def _emit(self, live: slice, seq_len: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
               logits: torch.Tensor, p: torch.Tensor, params: SamplingParams, stop_ids: torch.Tensor) -> list[int]:
@@ -156,9 +154,8 @@ class SpecEngine:
         rows.num_drafted[live] += gamma
         rows.num_accepted[live] += verdict.accepted_len
         self.target.cache.lens[live] = new_len - 1
-        if gamma:
-            kept = seq_len + verdict.accepted_len.clamp_max(gamma - 1)
-            self.drafter.cache.lens[live] = torch.minimum(self.drafter.cache.lens[live], kept)
+        if self.drafter:
+            self.drafter.keep(live, seq_len, verdict.accepted_len, gamma)
         finished = rows.stopped[live] | (new_len >= rows.max_len[live])  # [n]
         summary = torch.cat([num_emit.sum()[None], verdict.accepted.sum(0), finished.long()]).tolist()
         self.stats.steps += 1
@@ -193,13 +190,12 @@ class SpecEngine:
             self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens)
         slots = torch.tensor([req.slot for req in admitted], dtype=torch.long, device=self.device)
         count = torch.tensor([len(req.prompt_ids) - 1 for req in admitted], device=self.device)
-        runners = [self.target] + ([self.drafter] if self.drafter and self.config.gamma != 0 else [])
-        for runner in (self.target, self.drafter):
-            if runner is not None:
-                runner.cache.lens[slots] = 0
+        self.target.cache.lens[slots] = 0
+        tokens = self.rows.tokens[slots]
         if int(count.max()) > 0:
-            for runner in runners:
-                runner.extend(slots, self.rows.tokens[slots], count)
+            self.target.extend(slots, tokens, count)
+        if self.drafter:  # an engine that never drafts lets the drafter catch up lazily, if ever
+            self.drafter.prefill(slots, tokens, count if self.config.gamma != 0 else torch.zeros_like(count))
 
     def _finish(self, scheduler: Scheduler, finished: list[int]) -> None:
         if not finished:
@@ -222,30 +218,7 @@ class SpecEngine:
         plan = scheduler.retire(finished)
         for src, dst in plan.moves:
             rows.move_row(src, dst)
-            for runner in (self.target, self.drafter):
-                if runner is not None:
-                    runner.cache.move_row(src, dst)
+            self.target.cache.move_row(src, dst)
+            if self.drafter:
+                self.drafter.move_row(src, dst)
         self._prefill(plan.admitted)
-
-    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Drafter logits over the target's ids: extra drafter rows dropped, missing ones at -inf."""
-        extra = self.vocab_size - logits.shape[-1]
-        if extra < 0:
-            return logits[..., : self.vocab_size]
-        if extra > 0:
-            return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
-        return logits
-
-
-@torch.no_grad()
-def _copy_into(model: torch.nn.Module, named_tensors: Mapping[str, torch.Tensor], role: str) -> None:
-    params = dict(model.named_parameters())
-    params.update(dict(model.named_buffers()))
-    unknown = [name for name in named_tensors if name not in params]
-    if unknown:
-        raise ValueError(f"{role} has no parameters named {unknown[:5]} ({len(unknown)} unknown names)")
-    for name, tensor in named_tensors.items():
-        if params[name].shape != tensor.shape:
-            raise ValueError(f"{role} parameter {name}: shape {tuple(tensor.shape)} != {tuple(params[name].shape)}")
-    for name, tensor in named_tensors.items():
-        params[name].copy_(tensor)
