@@ -118,7 +118,8 @@ class SpecEngine:
         else:
             drafts = torch.empty(n, 0, dtype=torch.long, device=self.device)
             q = torch.empty(n, 0, self.vocab_size, device=self.device)
-        seq_len = self.rows.seq_len[live]  # [n]
+        # A copy, not a view: `_emit` overwrites rows.seq_len, and the drafter rolls back to the old length.
+        seq_len = self.rows.seq_len[live].clone()  # [n]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
         logits = self.target.feed(live, torch.cat([last_token, drafts], dim=1)).float()  # [n, γ+1, V]
         p = process_logits(logits, params)  # [n, γ+1, V]
