@@ -9,6 +9,7 @@ import sys
 # subcommand -> (module, help); each module has `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS = {
     "bench": ("specroll.benchmarks.engine_bench", "benchmark the engine against HF generate / assisted generation"),
+    "train": ("specroll.integrations.train", "GRPO (TRL) with speculative rollouts and online draft learning"),
 }
 
 
