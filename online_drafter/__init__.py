@@ -1,0 +1,23 @@
+"""specroll.online_drafter — signals → `DraftBuffer` → `DraftLearner`: the drafter follows the policy.
+
+No Ray, no TRL: the learner runs in any process that receives rollouts (`specroll.rollout.Rollout`
+with `signals`) and pushes `published_state_dict()` to engines with `update_drafter`.
+"""
+
+from .batch import BufferedRollout, DraftBatch
+from .buffer import BufferConfig, DraftBuffer
+from .divergence import bucketed_kl, bucketed_tv, expected_acceptance
+from .learner import DraftLearner, LearnerConfig, LearnerReport
+
+__all__ = [
+    "BufferConfig",
+    "BufferedRollout",
+    "DraftBatch",
+    "DraftBuffer",
+    "DraftLearner",
+    "LearnerConfig",
+    "LearnerReport",
+    "bucketed_kl",
+    "bucketed_tv",
+    "expected_acceptance",
+]
