@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from specroll.rollout import EngineConfig, EngineStats, Rollout, SamplingParams, SpecEngine
 from transformers import PreTrainedModel
+
+from specroll.rollout import EngineConfig, EngineStats, Rollout, SamplingParams, SpecEngine
 
 
 class LocalBackend:
@@ -52,7 +53,7 @@ class LocalBackend:
             from specroll.online_drafter import DraftLearner
 
             engine_config = dataclasses.replace(engine_config, record_signals=True)
-            learner = DraftLearner(copy.deepcopy(drafter), learner_config)
+            learner = DraftLearner(drafter, learner_config)  # trains its own copy
         return cls(SpecEngine(target, drafter, engine_config), learner)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
@@ -80,16 +81,16 @@ class LocalBackend:
 
     def metrics(self) -> dict[str, float]:
         """Numbers of the last `generate` call, under the names the TRL hook logs."""
-        return rollout_metrics(self.last_stats) | {
-            "rollout/policy_version": float(self.engine.policy_version),
-            "drafter/version": float(self.engine.drafter_version),
+        return engine_metrics(self.last_stats) | {
+            "policy_version": float(self.engine.policy_version),
+            "drafter_version": float(self.engine.drafter_version),
         }
 
     def shutdown(self) -> None:
         self.learner = None
 
 
-def rollout_metrics(stats: EngineStats) -> dict[str, float]:
+def engine_metrics(stats: EngineStats) -> dict[str, float]:
     """The `rollout/*` numbers of one rollout batch from an engine's stats."""
     steps = max(len(stats.gamma_per_step), 1)
     return {

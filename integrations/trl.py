@@ -30,8 +30,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from specroll.rollout import Rollout, SamplingParams
 from trl.data_utils import is_conversational
+
+from specroll.rollout import Rollout, SamplingParams
 
 from .backend import RolloutBackend
 from .policy_sync import gather_policy_weights
@@ -62,9 +63,10 @@ class SpecrollRolloutFunc:
                 self._learner_round(trainer)
         prompt_ids = tokenize_prompts(prompts, trainer)
         group_size = trainer.num_generations if mode == "train" else trainer.num_generations_eval
+        started = time.perf_counter()
         rollouts = self._generate_groups(prompt_ids, group_size, sampling_params(trainer, self.num_calls))
         self.num_calls += 1
-        self._log(trainer, mode, self.backend.metrics())
+        self._log(trainer, mode, rollout_metrics(rollouts, time.perf_counter() - started, self.backend.metrics()))
         return {
             "prompt_ids": [r.prompt_ids for r in rollouts],
             "completion_ids": [r.completion_ids for r in rollouts],
@@ -121,6 +123,34 @@ class SpecrollRolloutFunc:
         # GRPOTrainer.log averages `_metrics[mode]` into the logs it reports, then clears it.
         for key, value in metrics.items():
             trainer._metrics[mode][key].append(float(value))
+
+
+def rollout_metrics(rollouts: list[Rollout], seconds: float, backend_metrics: dict[str, float]) -> dict[str, float]:
+    """The logged `rollout/*` numbers of one batch, plus the versions the backend serves.
+
+    Computed from the rollouts so every backend logs the same keys; the backend's own `rollout/*`
+    numbers (exact per engine step, e.g. γ only over speculative steps) are added and replace these
+    estimates where it has them. Per row, a step emits its accepted drafts plus one target token, so a row
+    took `len(completion) - num_accepted` steps.
+    """
+    tokens = sum(len(r.completion_ids) for r in rollouts)
+    drafted = sum(r.num_drafted for r in rollouts)
+    accepted = sum(r.num_accepted for r in rollouts)
+    row_steps = max(tokens - accepted, 1)
+    out = {
+        "rollout/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "rollout/acceptance_rate": accepted / drafted if drafted else 0.0,
+        "rollout/mean_accepted_len": tokens / row_steps,
+        "rollout/gamma": drafted / row_steps,
+    }
+    out.update({k: v for k, v in backend_metrics.items() if k.startswith("rollout/")})
+    versions = {"drafter/version": ("drafter/version", "drafter_version"),
+                "rollout/policy_version": ("rollout/policy_version", "policy_version")}
+    for key, aliases in versions.items():
+        found = [backend_metrics[a] for a in aliases if a in backend_metrics]
+        if found:
+            out[key] = found[0]
+    return out
 
 
 def find_groups(prompt_ids: list[list[int]], group_size: int) -> list[tuple[int, int]]:

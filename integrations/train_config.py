@@ -1,0 +1,159 @@
+"""TrainConfig: everything `specroll train` needs, loaded from one YAML file.
+
+    config = load_train_config("configs/demo.yaml")
+
+Sections: `models` (the demo recipe, or your own `save_pretrained` folders), `grpo` (the TRL
+`GRPOTrainer` run), `backend` (in-process or Ray, with the Ray topology and weight transport),
+`engine` (`EngineConfig`), `learner` (`LearnerConfig` keyword arguments; `online_learning: false`
+keeps the drafter frozen), `report` (where the report lands and how the end-of-run speed
+measurement is done). Loading goes through the project's strict loader (`config.from_dict`): an
+unknown key anywhere fails with a `ValueError` naming it, and every section validates its values
+in `__post_init__`, so a bad config stops before any model is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specroll.rollout import EngineConfig
+
+from .config import SyncConfig, TopologyConfig, from_dict
+
+MODEL_SOURCES = ("demo", "pretrained")
+DEMO_RECIPES = ("full", "tiny")
+BACKENDS = ("ray", "local")
+
+
+def _require(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+
+
+@dataclass
+class ModelsConfig:
+    """`source: demo` builds (or loads from cache) the demo recipe's target, drafter and tokenizer;
+    `source: pretrained` loads `target` / `drafter` / `tokenizer` folders or hub ids from the local cache."""
+
+    source: str = "demo"
+    recipe: str = "full"
+    target: str | None = None
+    drafter: str | None = None
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.source in MODEL_SOURCES, "models.source", self.source, f"one of {MODEL_SOURCES}")
+        _require(self.recipe in DEMO_RECIPES, "models.recipe", self.recipe, f"one of {DEMO_RECIPES}")
+        if self.source == "pretrained":
+            _require(bool(self.target), "models.target", self.target, "a model path when source is pretrained")
+
+
+@dataclass
+class GRPOSettings:
+    """The GRPO run. `prompts_per_step` unique prompts × `num_generations` completions per step.
+
+    `deepspeed` is a DeepSpeed JSON path handed to `GRPOConfig(deepspeed=...)` (GPU presets);
+    `bf16` trains in bfloat16 (GPU presets); `extra` passes any other `GRPOConfig` field through.
+    """
+
+    steps: int = 30
+    prompts_per_step: int = 8
+    num_generations: int = 4
+    max_completion_length: int = 64
+    learning_rate: float = 1e-4
+    temperature: float = 1.0
+    beta: float = 0.0
+    num_iterations: int = 1
+    seed: int = 0
+    bf16: bool = False
+    deepspeed: str | None = None
+    num_train_prompts: int = 512
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "max_completion_length", "num_iterations", "num_train_prompts"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, f"grpo.{name}", value, "an int >= 1")
+        _require(isinstance(self.num_generations, int) and self.num_generations >= 2, "grpo.num_generations",
+                 self.num_generations, "an int >= 2 (GRPO needs a group to compare)")
+        _require(self.learning_rate > 0, "grpo.learning_rate", self.learning_rate, "a number > 0")
+        _require(self.temperature > 0, "grpo.temperature", self.temperature, "a number > 0")
+        _require(self.beta >= 0, "grpo.beta", self.beta, "a number >= 0")
+
+
+@dataclass
+class BackendSettings:
+    """`kind: ray` runs rollouts on Ray workers (embedded cluster, or the job's cluster under
+    `ray job submit`); `kind: local` runs the engine in the trainer's process."""
+
+    kind: str = "ray"
+    address: str | None = None
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.kind in BACKENDS, "backend.kind", self.kind, f"one of {BACKENDS}")
+
+
+@dataclass
+class ReportSettings:
+    """Where the report lands, and the end-of-run speed measurement (spec vs plain, same prompts)."""
+
+    out_dir: str = "specroll_report"
+    speed_prompts: int = 8
+    speed_repeats: int = 2
+
+    def __post_init__(self) -> None:
+        _require(bool(self.out_dir), "report.out_dir", self.out_dir, "a folder path")
+        for name in ("speed_prompts", "speed_repeats"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, f"report.{name}", value, "an int >= 1")
+
+
+@dataclass
+class TrainConfig:
+    """One `specroll train` run (see the module docstring)."""
+
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    backend: BackendSettings = field(default_factory=BackendSettings)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    learner: dict[str, Any] = field(default_factory=dict)
+    online_learning: bool = True
+    torch_threads: int | None = None
+    report: ReportSettings = field(default_factory=ReportSettings)
+
+    def __post_init__(self) -> None:
+        needed = self.grpo.max_completion_length + 8
+        _require(self.engine.max_seq_len >= needed, "engine.max_seq_len", self.engine.max_seq_len,
+                 f"at least grpo.max_completion_length + a prompt (>= {needed})")
+        _require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
+                 "an int >= 1 or null")
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    """Read and validate a `specroll train` YAML file; unknown keys fail with their dotted name."""
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    return from_dict(TrainConfig, data)
+
+
+def resolved_dict(config: TrainConfig) -> dict[str, Any]:
+    """The config with every default filled in, as YAML-ready plain data (dtypes by name)."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            return value
+        return str(value).removeprefix("torch.")
+
+    return plain(config)
