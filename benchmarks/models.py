@@ -38,15 +38,12 @@ def load_bench_models(kind: str, num_prompts: int, seed: int = 0) -> BenchModels
 
 def _demo_models(num_prompts: int, seed: int) -> BenchModels:
     from specroll.demo.models import load_or_build_demo_models
-    from specroll.demo.task import make_prompts, prompt_messages
+    from specroll.demo.task import make_prompts
+    from specroll.demo.tokenizer import encode_prompt
 
     demo = load_or_build_demo_models()
     tok = demo.tokenizer
-    prompts = [
-        tok.apply_chat_template(prompt_messages(problem), add_generation_prompt=True, tokenize=True,
-                                return_dict=False)
-        for problem in make_prompts(num_prompts, seed=seed)
-    ]
+    prompts = [encode_prompt(tok, messages) for messages in make_prompts(num_prompts, seed=seed)]
     return BenchModels(
         target=demo.target, drafter=demo.drafter, prompts=[list(map(int, p)) for p in prompts],
         stop_token_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id,
