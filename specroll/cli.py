@@ -9,6 +9,7 @@ import sys
 # subcommand -> (module, help); each module has `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS = {
     "bench": ("specroll.benchmarks.engine_bench", "benchmark the engine against HF generate / assisted generation"),
+    "build-demo-models": ("specroll.demo.cli_build", "build (or rebuild) the cached demo models and tokenizer"),
     "train": ("specroll.integrations.train", "GRPO (TRL) with speculative rollouts and online draft learning"),
 }
 

@@ -1,0 +1,47 @@
+"""Sampling from the demo models with specroll's own engine (plain batched decoding, γ = 0).
+
+Used by the build (the target's samples that the drafter is distilled on) and by the model report.
+With `record_signals` every rollout carries the target's full processed distribution at each
+position (`signal_top_k` is the whole vocabulary), which is exactly the distillation target.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from ..rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
+from .task import Problem, to_messages
+from .tokenizer import encode_prompt
+
+
+def max_completion_tokens(max_digits: int) -> int:
+    """Room for the longest canonical solution (verbose, all columns 2-digit sums) plus EOS and slack."""
+    return 10 * (max_digits + 1) + 8
+
+
+def sample_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, problems: list[Problem],
+                       temperature: float, max_new_tokens: int, seed: int, batch_size: int = 64,
+                       record_signals: bool = False) -> list[Rollout]:
+    """One completion per problem, in order; each stops at EOS (kept as its last token) or the limit."""
+    prompts = [encode_prompt(tokenizer, to_messages(p)) for p in problems]
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    config = EngineConfig(
+        max_batch_size=batch_size,
+        max_seq_len=max(len(p) for p in prompts) + max_new_tokens,
+        gamma=0,
+        record_signals=record_signals,
+        signal_top_k=vocab_size,
+    )
+    engine = SpecEngine(model, None, config)
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        stop_token_ids=(tokenizer.eos_token_id,),
+        seed=seed,
+    )
+    return engine.generate(prompts, params)
+
+
+def completion_texts(tokenizer: PreTrainedTokenizerFast, rollouts: list[Rollout]) -> list[str]:
+    """Decoded completions without special tokens — what TRL hands a reward function."""
+    return [tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in rollouts]

@@ -1,0 +1,131 @@
+"""`DemoRecipe`: everything that determines the demo models, and the hash that names their cache.
+
+The build (`demo.build`) is a pure function of the recipe and `RECIPE_VERSION`, so the cache folder
+`demo-<hash>` can be reused whenever both match and must be rebuilt when either changes. Bump
+`RECIPE_VERSION` when the build code changes what it produces for the same recipe.
+
+`DemoRecipe()` is the full recipe (a 33.6M-parameter target, a 1.2M drafter, minutes on 2 cores);
+`DemoRecipe.tiny()` is the same recipe shrunk to build in seconds, for tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama shape. `head_dim = hidden_size // num_heads` must match across core and target."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid: an int >= 1")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is invalid: must be a multiple of num_heads={self.num_heads}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True)
+class TrainStage:
+    """One supervised stage: `steps` AdamW steps of `batch_size` sequences at peak `lr`."""
+
+    steps: int
+    batch_size: int
+    lr: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps, int) or self.steps < 0:
+            raise ValueError(f"steps={self.steps!r} is invalid: an int >= 0")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size!r} is invalid: an int >= 1")
+        if not isinstance(self.lr, (int, float)) or not 0 < self.lr < 1:
+            raise ValueError(f"lr={self.lr!r} is invalid: a number in (0, 1)")
+
+
+@dataclass(frozen=True)
+class DemoRecipe:
+    """How the demo's target and drafter are made.
+
+    The target is grown from a smaller `core` trained on the SFT data (growth preserves its
+    function, see `demo.grow`), then fine-tuned briefly at full size: training a 33M model from
+    scratch on 2 CPU cores would take hours, decoding with it costs what a 33M model costs. The
+    drafter is first fitted to the SFT data, then distilled on `distill_samples` completions the
+    target sampled at T = 1 (forward KL to the target's full distribution at every position).
+    `compact_fraction` is the share of the minority (compact) style in the SFT data.
+    """
+
+    max_digits: int = 10
+    compact_fraction: float = 0.2
+    core: ModelShape = field(default_factory=lambda: ModelShape(256, 4, 4, 1024))
+    target: ModelShape = field(default_factory=lambda: ModelShape(512, 8, 8, 2048))
+    drafter: ModelShape = field(default_factory=lambda: ModelShape(192, 2, 3, 768))
+    core_sft: TrainStage = field(default_factory=lambda: TrainStage(350, 32, 2e-3))
+    target_sft: TrainStage = field(default_factory=lambda: TrainStage(12, 16, 1e-4))
+    drafter_sft: TrainStage = field(default_factory=lambda: TrainStage(300, 32, 3e-3))
+    drafter_distill: TrainStage = field(default_factory=lambda: TrainStage(300, 32, 1e-3))
+    distill_samples: int = 768
+    max_position_embeddings: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_digits, int) or not 1 <= self.max_digits <= 18:
+            raise ValueError(f"max_digits={self.max_digits!r} is invalid: an int in [1, 18]")
+        if not isinstance(self.compact_fraction, (int, float)) or not 0.0 <= self.compact_fraction <= 1.0:
+            raise ValueError(f"compact_fraction={self.compact_fraction!r} is invalid: a number in [0, 1]")
+        core, target = self.core, self.target
+        if target.head_dim != core.head_dim:
+            raise ValueError(f"target.head_dim={target.head_dim} is invalid: must equal core.head_dim={core.head_dim}")
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(target, name) < getattr(core, name):
+                raise ValueError(
+                    f"target.{name}={getattr(target, name)} is invalid: must be >= core.{name}={getattr(core, name)}"
+                )
+        if not isinstance(self.distill_samples, int) or self.distill_samples < 1:
+            raise ValueError(f"distill_samples={self.distill_samples!r} is invalid: an int >= 1")
+        longest = 2 * self.max_digits + 10 * (self.max_digits + 1) + 24
+        if self.max_position_embeddings < longest:
+            raise ValueError(
+                f"max_position_embeddings={self.max_position_embeddings} is invalid: "
+                f"max_digits={self.max_digits} needs >= {longest}"
+            )
+
+    @classmethod
+    def tiny(cls) -> DemoRecipe:
+        """The same recipe at toy scale: builds in seconds, for tests (the models barely learn)."""
+        return cls(
+            max_digits=3,
+            core=ModelShape(32, 1, 2, 64),
+            target=ModelShape(64, 2, 4, 128),
+            drafter=ModelShape(32, 1, 2, 64),
+            core_sft=TrainStage(30, 16, 3e-3),
+            target_sft=TrainStage(2, 8, 1e-4),
+            drafter_sft=TrainStage(10, 16, 3e-3),
+            drafter_distill=TrainStage(10, 16, 1e-3),
+            distill_samples=16,
+            max_position_embeddings=96,
+        )
+
+    def to_dict(self) -> dict:
+        return {"recipe_version": RECIPE_VERSION, **asdict(self)}
+
+    @property
+    def hash(self) -> str:
+        """12 hex digits of the SHA-256 of the recipe and `RECIPE_VERSION`."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]

@@ -1,0 +1,68 @@
+"""The demo reward: strict exact-match scoring with a brevity bonus, in TRL's call shape."""
+
+import pytest
+
+from specroll.demo.reward import RewardConfig, arithmetic_reward, make_reward, score
+from specroll.demo.task import Problem, Style, solution
+
+PROBLEM = Problem(457, 68)
+PROMPT = [{"role": "user", "content": "457+68"}]
+COMPACT = solution(PROBLEM, Style.COMPACT)
+VERBOSE = solution(PROBLEM, Style.VERBOSE)
+
+
+def test_right_compact_scores_one_and_right_verbose_scores_less():
+    compact, verbose = arithmetic_reward([PROMPT, PROMPT], [COMPACT, VERBOSE])
+    assert compact == 1.0
+    assert verbose == pytest.approx(0.2 + 0.8 * len(COMPACT) / len(VERBOSE))
+    assert 0 < verbose < compact
+
+
+def test_brevity_zero_rewards_correctness_alone():
+    assert score(PROBLEM, VERBOSE, RewardConfig(brevity=0.0)) == 1.0
+
+
+def test_wrong_answer_scores_zero():
+    assert score(PROBLEM, "51 21 50 >526") == 0.0
+
+
+def test_right_answer_after_wrong_work_scores_zero():
+    assert score(PROBLEM, "51 21 40 >525") == 0.0
+
+
+@pytest.mark.parametrize("text", ["525", ">525", "51 21 50 > 525", "51 21 50 >525 >525", "51,21,50 >525"])
+def test_malformed_scores_zero(text):
+    assert score(PROBLEM, text) == 0.0
+
+
+def test_empty_scores_zero():
+    assert arithmetic_reward([PROMPT], [""]) == [0.0]
+    assert arithmetic_reward([PROMPT], [[{"role": "assistant", "content": ""}]]) == [0.0]
+
+
+def test_overlong_scores_zero():
+    assert score(PROBLEM, VERBOSE + " " * 3 + "x" * 600) == 0.0
+    assert score(PROBLEM, VERBOSE, RewardConfig(max_completion_chars=len(VERBOSE) - 1)) == 0.0
+
+
+def test_trailing_whitespace_is_tolerated():
+    assert score(PROBLEM, COMPACT + "\n") == 1.0
+
+
+def test_conversational_completions_and_string_prompts_are_accepted():
+    rewards = make_reward()(
+        prompts=["<s><|user|>457+68<|assistant|>"],
+        completions=[[{"role": "assistant", "content": COMPACT}]],
+        completion_ids=[[1, 2, 3]],
+    )
+    assert rewards == [1.0]
+
+
+def test_mismatched_batch_raises():
+    with pytest.raises(ValueError, match="pair up"):
+        arithmetic_reward([PROMPT], [COMPACT, COMPACT])
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match=r"brevity=1\.5"):
+        RewardConfig(brevity=1.5)
