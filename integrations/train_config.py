@@ -83,6 +83,12 @@ class GRPOSettings:
         _require(self.learning_rate > 0, "grpo.learning_rate", self.learning_rate, "a number > 0")
         _require(self.temperature > 0, "grpo.temperature", self.temperature, "a number > 0")
         _require(self.beta >= 0, "grpo.beta", self.beta, "a number >= 0")
+        if self.extra:
+            from trl import GRPOConfig
+
+            known = {f.name for f in dataclasses.fields(GRPOConfig)}
+            unknown = sorted(set(self.extra) - known)
+            _require(not unknown, "grpo.extra", unknown, "GRPOConfig field names")
 
 
 @dataclass
@@ -133,6 +139,20 @@ class TrainConfig:
                  f"at least grpo.max_completion_length + a prompt (>= {needed})")
         _require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
                  "an int >= 1 or null")
+        _validate_learner(self.learner)
+
+
+def _validate_learner(learner: dict[str, Any]) -> None:
+    """`learner` holds `LearnerConfig` keyword arguments: check names and values now, not in an actor."""
+    from specroll.online_drafter import LearnerConfig
+
+    known = {f.name for f in dataclasses.fields(LearnerConfig)}
+    unknown = sorted(set(learner) - known)
+    _require(not unknown, "learner", unknown, f"LearnerConfig fields: {sorted(known)}")
+    try:
+        LearnerConfig(**learner)
+    except ValueError as err:
+        raise ValueError(f"learner: {err}") from err
 
 
 def load_train_config(path: str | Path) -> TrainConfig:

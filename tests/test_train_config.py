@@ -1,0 +1,51 @@
+"""`specroll train` configs: the shipped ones load; bad ones fail at load, naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from specroll.integrations.train_config import TrainConfig, load_train_config, resolved_dict
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "demo_tiny.yaml", "gpu_qwen2.5_7b.yaml"])
+def test_shipped_demo_configs_load(name):
+    config = load_train_config(CONFIGS / name)
+    assert isinstance(config, TrainConfig)
+    assert resolved_dict(config)["grpo"]["steps"] == config.grpo.steps
+
+
+@pytest.mark.parametrize(("data", "field"), [
+    ({"grpo": {"stepz": 3}}, "stepz"),
+    ({"grpo": {"num_generations": 1}}, "grpo.num_generations"),
+    ({"backend": {"kind": "slurm"}}, "backend.kind"),
+    ({"backend": {"topology": {"num_workerz": 2}}}, "num_workerz"),
+    ({"engine": {"gamma": -1}}, "gamma"),
+    ({"models": {"source": "pretrained"}}, "models.target"),
+    ({"report": {"speed_prompts": 0}}, "report.speed_prompts"),
+    ({"grpo": {"max_completion_length": 512}, "engine": {"max_seq_len": 256}}, "engine.max_seq_len"),
+    ({"unknown_section": {}}, "unknown_section"),
+    ({"learner": {"max_stepz": 3}}, "learner"),
+    ({"grpo": {"extra": {"not_a_grpo_field": 1}}}, "grpo.extra"),
+])
+def test_bad_config_fails_at_load_naming_the_field(tmp_path, data, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=field):
+        load_train_config(path)
+
+
+def test_gpu_preset_describes_eight_gpus_and_a_zero3_trainer():
+    config = load_train_config(CONFIGS / "gpu_qwen2.5_7b.yaml")
+    topo = config.backend.topology
+    trainer_gpus = 1
+    assert topo.num_workers * topo.worker.num_gpus + topo.learner.num_gpus + trainer_gpus == 8
+    ds = json.loads((CONFIGS.parent / config.grpo.deepspeed).read_text())
+    assert ds["zero_optimization"]["stage"] == 3
+    assert config.engine.dtype == torch.bfloat16 and config.grpo.bf16
