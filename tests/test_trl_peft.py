@@ -10,11 +10,12 @@ import torch
 
 pytest.importorskip("peft")
 from peft import LoraConfig
+from trl import GRPOTrainer
+from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_model, tiny_tokenizer
+
 from specroll.integrations.local_backend import LocalBackend
 from specroll.integrations.trl import SpecrollRolloutFunc
 from specroll.rollout import EngineConfig
-from trl import GRPOTrainer
-from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_model, tiny_tokenizer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
+from trl import GRPOTrainer
+from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_model, tiny_tokenizer
+
 from specroll.integrations.local_backend import LocalBackend
 from specroll.integrations.trl import SpecrollRolloutFunc, find_groups
 from specroll.rollout import EngineConfig
-from trl import GRPOTrainer
-from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_model, tiny_tokenizer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
