@@ -1,4 +1,4 @@
-"""SpecrollRolloutFunc inside a real TRL GRPOTrainer (2 steps, tiny models, in-process backend)."""
+"""SpecrollRolloutFunc inside a real TRL GRPOTrainer (2 steps, tiny demo recipe, in-process backend)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
+from datasets import Dataset
 from trl import GRPOTrainer
-from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_model, tiny_tokenizer
+from trl_tiny import grpo_args, length_reward
 
+from specroll.demo.models import load_or_build_demo_models
+from specroll.demo.recipe import DemoRecipe
+from specroll.demo.task import make_prompts
 from specroll.integrations.local_backend import LocalBackend
 from specroll.integrations.trl import SpecrollRolloutFunc, find_groups
 from specroll.rollout import EngineConfig
@@ -35,23 +39,24 @@ class RecordingBackend(LocalBackend):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    tokenizer = tiny_tokenizer()
-    policy = tiny_model(len(tokenizer), seed=0)
+    demo = load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tmp_path_factory.mktemp("cache"), progress=False)
+    policy, tokenizer = demo.target, demo.tokenizer
     initial = {k: v.clone() for k, v in policy.state_dict().items()}
     backend = RecordingBackend.from_models(
-        copy.deepcopy(policy), tiny_model(len(tokenizer), seed=1, hidden=16, layers=1),
-        EngineConfig(max_batch_size=8, max_seq_len=64, gamma=2),
+        copy.deepcopy(policy), demo.drafter, EngineConfig(max_batch_size=8, max_seq_len=64, gamma=2),
     )
     seen: list[dict] = []
 
     def reward(prompts, completions, completion_ids, **kwargs):
+        # The demo's exact-answer reward is ~always 0 on toy models (no gradient); length varies.
         seen.append(dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs))
         return length_reward(prompts, completions)
 
     rollout_func = SpecrollRolloutFunc(backend)
     trainer = GRPOTrainer(
         model=policy, reward_funcs=reward, args=grpo_args(tmp_path_factory.mktemp("grpo")),
-        train_dataset=prompt_dataset(), processing_class=tokenizer, rollout_func=rollout_func,
+        train_dataset=Dataset.from_dict({"prompt": make_prompts(8, seed=0, max_digits=3)}),
+        processing_class=tokenizer, rollout_func=rollout_func,
     )
     trainer.train()
     return dict(trainer=trainer, backend=backend, rollout_func=rollout_func, seen=seen, initial=initial)
