@@ -1,0 +1,86 @@
+"""Shared fixtures: tiny causal LMs built from configs (no downloads), cheap enough to build per test.
+
+`tiny_lm` builds a Llama / Qwen2 / Qwen3 model with *peaked* logits (a scaled-up `lm_head`) so that
+greedy decoding has no near-ties: a fp32 batched forward and a row-alone forward differ by ~1e-6,
+far below the gap between the best and second-best logit. Models are cached per session by their
+arguments; the engine never changes weights, so sharing them between tests is safe.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+ARCHS = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+}
+VOCAB = 64
+
+# Tiny models: one intra-op thread is faster than two, and keeps a shared CPU from oversubscribing.
+torch.set_num_threads(1)
+
+
+def build_lm(arch: str = "llama", attn: str = "sdpa", *, vocab: int = VOCAB, hidden: int = 32, layers: int = 2,
+             seed: int = 0, logit_scale: float = 30.0) -> PreTrainedModel:
+    """A fresh tiny fp32 model; `lm_head` is multiplied by `logit_scale` (1 keeps HF's init)."""
+    config_cls, model_cls = ARCHS[arch]
+    config = config_cls(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config).float().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    return model
+
+
+@functools.cache
+def tiny_lm(arch: str = "llama", attn: str = "sdpa", **kwargs) -> PreTrainedModel:
+    """Session-cached `build_lm`; do not mutate the returned model."""
+    return build_lm(arch, attn, **kwargs)
+
+
+@functools.cache
+def noisy_copy(arch: str = "llama", attn: str = "sdpa", noise: float = 0.03, seed: int = 1) -> PreTrainedModel:
+    """The target with Gaussian noise (`noise` × the weights' std) on `lm_head`: a partly agreeing drafter."""
+    model = copy.deepcopy(tiny_lm(arch, attn))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w.add_(noise * w.std() * torch.randn(w.shape, generator=gen))
+    return model
+
+
+@pytest.fixture
+def llama() -> PreTrainedModel:
+    return tiny_lm("llama", "sdpa")
+
+
+def make_prompts(count: int, min_len: int, max_len: int, vocab: int = VOCAB, seed: int = 0) -> list[list[int]]:
+    """`count` random prompts with lengths cycling through [min_len, max_len]."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [min_len + i % (max_len - min_len + 1) for i in range(count)]
+    return [torch.randint(vocab, (n,), generator=gen).tolist() for n in lengths]

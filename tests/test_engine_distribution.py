@@ -1,0 +1,104 @@
+"""Lossless sampling: every emitted token follows the target's processed distribution.
+
+The test generates long sampled completions (≥ 200k tokens in all) with a drafter deliberately
+unlike the target, so drafts are rejected often and every path of the accept/reject rule runs:
+accepted drafts, residual resamples at each draft position, bonus tokens, drafter-cache catch-up.
+
+Statistic: at generated position t the target's exact processed distribution p_t is known from one
+full forward of the target over prompt + completion (processed by Hugging Face's own logits
+warpers, independent of the engine). Under H0 ("x_t ~ p_t given the prefix") the count vector
+S = Σ_t (onehot(x_t) − p_t) is a sum of martingale differences with predictable covariance
+C = Σ_t (diag(p_t) − p_t p_tᵀ), so Sᵀ C⁺ S is χ² with rank(C) degrees of freedom (V − 1 here, or
+fewer under top-k). Significance α = 1e-3 per test: a correct engine fails a given test with
+probability 1e-3 (the seeds are fixed, so a run is deterministic). The same test applied to a
+deliberately broken sampler (a rejected draft replaced by a sample of p instead of norm(max(p − q, 0)))
+must reject H0 — which shows the test has the power to see a wrong sampler.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from conftest import build_lm, make_prompts
+from scipy.stats import chi2
+from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import specroll.rollout.engine as engine_module
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.sampling import verify
+
+ALPHA = 1e-3
+VOCAB = 16
+ROWS, NEW_TOKENS = 4000, 50  # 200k generated tokens per test
+PROMPTS = make_prompts(ROWS, 2, 6, vocab=VOCAB, seed=3)
+
+
+@functools.cache
+def models():
+    target = build_lm("llama", "eager", vocab=VOCAB, hidden=16, layers=1, seed=11, logit_scale=10)
+    drafter = build_lm("qwen2", "eager", vocab=VOCAB, hidden=16, layers=1, seed=12, logit_scale=10)
+    return target, drafter
+
+
+def reference_probs(model, rollouts, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact processed p_t at every generated position [N, V] and the emitted tokens [N]."""
+    warpers = [TemperatureLogitsWarper(params.temperature)]
+    if params.top_k:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    probs, tokens = [], []
+    by_len: dict[int, list] = {}
+    for r in rollouts:  # equal lengths batch without padding
+        by_len.setdefault(len(r.prompt_ids), []).append(r)
+    with torch.no_grad():
+        for length, group in by_len.items():
+            ids = torch.tensor([r.prompt_ids + r.completion_ids for r in group])  # [b, L]
+            logits = model(ids).logits[:, length - 1 : -1].reshape(-1, VOCAB)  # [b·T, V]
+            for warp in warpers:
+                logits = warp(None, logits)
+            probs.append(logits.softmax(-1))
+            tokens.append(ids[:, length:].reshape(-1))
+    return torch.cat(probs).double(), torch.cat(tokens)
+
+
+def conditional_chi2_pvalue(probs: torch.Tensor, tokens: torch.Tensor) -> float:
+    observed = torch.nn.functional.one_hot(tokens, VOCAB).double()  # [N, V]
+    s = (observed - probs).sum(0)  # [V]
+    cov = torch.diag(probs.sum(0)) - probs.T @ probs  # [V, V]
+    dof = int(torch.linalg.matrix_rank(cov, hermitian=True))
+    stat = float(s @ torch.linalg.pinv(cov, hermitian=True) @ s)
+    return float(chi2.sf(stat, dof))
+
+
+def sample_and_test(params: SamplingParams, gamma: int = 3) -> float:
+    target, drafter = models()
+    engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=ROWS, max_seq_len=6 + NEW_TOKENS, gamma=gamma))
+    rollouts = engine.generate(PROMPTS, params)
+    assert 0.05 < engine.stats.acceptance_rate < 0.8  # rejections are frequent, acceptances too
+    probs, tokens = reference_probs(target, rollouts, params)
+    assert tokens.numel() == ROWS * NEW_TOKENS
+    # Tokens outside the processed support (top-k / top-p) are never emitted.
+    assert bool((probs.gather(1, tokens[:, None]) > 0).all())
+    return conditional_chi2_pvalue(probs, tokens)
+
+
+SETTINGS = [
+    SamplingParams(NEW_TOKENS, temperature=0.7, seed=1),
+    SamplingParams(NEW_TOKENS, temperature=1.0, seed=2),
+    SamplingParams(NEW_TOKENS, temperature=1.5, seed=3),
+    SamplingParams(NEW_TOKENS, temperature=1.0, top_k=5, seed=4),
+    SamplingParams(NEW_TOKENS, temperature=0.7, top_p=0.8, seed=5),
+]
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+def test_emitted_tokens_follow_target_distribution(params):
+    assert sample_and_test(params) > ALPHA
+
+
+def test_same_test_rejects_sampler_without_residual(monkeypatch):
+    monkeypatch.setattr(engine_module, "verify", functools.partial(verify, resample_residual=False))
+    assert sample_and_test(SETTINGS[1]) < ALPHA
