@@ -241,7 +241,7 @@ class DraftLearner:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
             self._optimizer.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             num_positions += batch.num_positions
         self.model.eval()
         return losses, num_positions, time.perf_counter() - started

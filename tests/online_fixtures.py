@@ -53,3 +53,34 @@ def train_lm(model: torch.nn.Module, chain: torch.Tensor, steps: int, lr: float,
         loss.backward()
         optimizer.step()
     model.eval()
+
+
+def distill_lm(student: torch.nn.Module, teacher: torch.nn.Module, chain: torch.Tensor, steps: int, lr: float,
+               g: torch.Generator, batch: int = 32, length: int = 32) -> None:
+    """Forward KL to the teacher's full next-token distribution on samples of `chain` (drafter init)."""
+    optimizer = torch.optim.AdamW(student.parameters(), lr=lr)
+    student.train()
+    for _ in range(steps):
+        ids = sample_sequences(chain, batch, length, g)
+        with torch.no_grad():
+            p = teacher(input_ids=ids).logits.softmax(-1)  # [B, L, V]
+        loss = -(p * student(input_ids=ids).logits.log_softmax(-1)).sum(-1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    student.eval()
+
+
+def shifted_chain(chain: torch.Tensor, seed: int, sharpness: float = 2.0) -> torch.Tensor:
+    """The drift target: same successors as `chain`, their weights shuffled and sharpened.
+
+    Like an RL update it reweights what the policy already says instead of teaching new tokens,
+    so the drifting policy stays peaked; a drafter frozen at `chain` still loses acceptance.
+    """
+    g = torch.Generator().manual_seed(seed)
+    shifted = torch.zeros_like(chain)
+    for row in range(chain.shape[0]):
+        support = chain[row].nonzero()[:, 0]  # [f]
+        weights = chain[row, support][torch.randperm(len(support), generator=g)] ** sharpness
+        shifted[row, support] = weights / weights.sum()
+    return shifted
