@@ -1,0 +1,113 @@
+"""DraftLearner: the loss and metric, held-out split, publish-if-better, the target untouched, resume."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from online_fixtures import tiny_llama
+
+from specroll.online_drafter import DraftLearner, LearnerConfig, bucketed_kl, bucketed_tv, expected_acceptance
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+
+V = 32
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target, drafter = tiny_llama(32, 2, seed=0), tiny_llama(16, 1, seed=1)
+    engine = SpecEngine(target, copy.deepcopy(drafter), EngineConfig(max_batch_size=20, max_seq_len=32, gamma=2,
+                                                                     record_signals=True, signal_top_k=8))
+    prompts = [[i % V, (3 * i) % V] for i in range(20)]
+    rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0))
+    return engine, drafter, rollouts
+
+
+def small_config(**overrides) -> LearnerConfig:
+    return LearnerConfig(**{"lr": 1e-2, "max_steps": 10, "batch_size": 8, "seed": 0, **overrides})
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="loss"):
+        LearnerConfig(loss="js")
+    with pytest.raises(ValueError, match="holdout_fraction"):
+        LearnerConfig(holdout_fraction=1.0)
+
+
+def test_divergences_on_exact_and_tail_heavy_q():
+    torch.manual_seed(0)
+    p = torch.randn(2, 5, V).softmax(-1)
+    top = p.topk(V, dim=-1)  # k = V: no tail, the metric is exact
+    log_p = p.log()
+    assert torch.allclose(expected_acceptance(log_p, top.indices, top.values), torch.ones(2, 5), atol=1e-5)
+    assert bucketed_kl(log_p, top.indices, top.values).abs().max() < 1e-5
+    top4 = p.topk(4, dim=-1)
+    q = torch.full_like(p, 1.0 / V)
+    q_exact = (1 - top4.values.sum(-1, keepdim=True)) / (V - 4) * torch.ones_like(p)
+    q_exact = q_exact.scatter(-1, top4.indices, top4.values)  # p on the top-4, p's tail spread evenly
+    assert bucketed_kl(q_exact.log(), top4.indices, top4.values).abs().max() < 1e-5
+    assert (bucketed_kl(q.log(), top4.indices, top4.values) > 1e-3).all()  # uniform q wastes mass in the tail
+    full = torch.minimum(p, q).sum(-1)
+    assert (expected_acceptance(q.log(), top4.indices, top4.values) <= full + 1e-6).all()  # a lower bound
+    assert torch.allclose(bucketed_tv(q_exact.log(), top4.indices, top4.values), torch.zeros(2, 5), atol=1e-5)
+
+
+def test_holdout_is_a_stride_of_the_newest_version(setup):
+    _, drafter, rollouts = setup
+    learner = DraftLearner(drafter, small_config(holdout_fraction=0.25))
+    learner.add_rollouts(rollouts)
+    assert len(learner.holdout) == 5 and len(learner.buffer) == 15
+    newer = copy.copy(rollouts[0])
+    newer.policy_version = 1
+    learner.add_rollouts([newer])
+    assert learner.holdout_version == 1 and len(learner.holdout) == 1 and len(learner.buffer) == 20
+
+
+def test_target_parameters_bit_identical_after_learner_rounds(setup):
+    engine, drafter, rollouts = setup
+    before = {n: p.detach().clone() for n, p in engine.target.model.named_parameters()}
+    learner = DraftLearner(drafter, small_config())
+    learner.add_rollouts(rollouts)
+    for _ in range(2):
+        learner.train_round()
+    target_ptrs = {p.data_ptr() for p in engine.target.model.parameters()}
+    learner_ptrs = {p.data_ptr() for m in (learner.model, learner.frozen) for p in m.parameters()}
+    assert not target_ptrs & learner_ptrs  # the learner does not even hold the target
+    for name, param in engine.target.model.named_parameters():
+        assert torch.equal(param, before[name]), name
+
+
+def test_publishes_only_if_held_out_acceptance_improves(setup):
+    engine, drafter, rollouts = setup
+    learner = DraftLearner(drafter, small_config(min_improvement=1.0))  # no round can clear this
+    learner.add_rollouts(rollouts)
+    published_before = {n: t.clone() for n, t in learner.published_state_dict().items()}
+    report = learner.train_round()
+    assert not report.published and report.version == learner.version == 0
+    assert report.num_steps == 10 and report.num_positions > 0
+    for name, param in learner.model.named_parameters():  # reverted to the published weights
+        assert torch.equal(param, published_before[name])
+    assert report.acceptance_frozen_shadow == pytest.approx(report.acceptance_before)
+
+    learner = DraftLearner(drafter, small_config(max_steps=30))
+    learner.add_rollouts(rollouts)
+    report = learner.train_round()
+    assert report.published and report.version == learner.version == 1
+    assert report.acceptance_after > report.acceptance_before
+    engine.update_drafter(learner.published_state_dict(), learner.version)
+    assert learner.score(engine.drafter.runner.model) == pytest.approx(report.acceptance_after, abs=1e-5)
+
+
+def test_save_and_load_resume_the_same_run(setup, tmp_path):
+    _, drafter, rollouts = setup
+    learner = DraftLearner(drafter, small_config())
+    learner.add_rollouts(rollouts)
+    learner.train_round()
+    learner.save(tmp_path / "learner.pt")
+    resumed = DraftLearner.load(tmp_path / "learner.pt", tiny_llama(16, 1, seed=7))
+    assert resumed.version == learner.version
+    assert resumed.score(resumed.frozen) == pytest.approx(learner.score(learner.frozen), abs=1e-6)
+    a, b = learner.train_round(), resumed.train_round()
+    assert a.published == b.published and a.version == b.version
+    assert a.acceptance_after == pytest.approx(b.acceptance_after, abs=1e-5)
