@@ -21,6 +21,10 @@ class ModelRunner:
         self.model = model.to(device=device, dtype=dtype).eval()
         self.device = device
         self.cache = RaggedKVCache(model.config, batch, length, dtype, device)
+        # A drafter may have fewer embedding rows than the target (both padded past the same tokenizer
+        # vocabulary); ids past its rows are padding ids the target can still emit. Feeding them as the
+        # drafter's last row keeps it running; only its draft quality at those positions suffers.
+        self.max_input_id = model.get_input_embeddings().weight.shape[0] - 1
         self.additive_mask = model.config._attn_implementation == "eager"
         self.mask_dtype = dtype
         self.num_forwards = 0
@@ -45,7 +49,7 @@ class ModelRunner:
                 ~mask, torch.finfo(self.mask_dtype).min
             )
         out = self.model(
-            input_ids=input_ids,
+            input_ids=input_ids.clamp_max(self.max_input_id),
             position_ids=position_ids,
             attention_mask=mask,
             cache=self.cache,
