@@ -48,6 +48,12 @@ def test_bad_generate_input_raises_before_any_model_call(counted_engine, prompts
     assert counted_engine.model_calls == []
 
 
+def test_call_counter_sees_model_calls(counted_engine):
+    # Guards the test above: the hooks do count when generate reaches the models.
+    counted_engine.generate([[1, 2]], SamplingParams(max_new_tokens=2))
+    assert len(counted_engine.model_calls) > 0
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
@@ -107,9 +113,11 @@ def test_drafter_missing_target_tokens_is_refused():
                    target_tokenizer=word_level_tokenizer(TOKENS), drafter_tokenizer=word_level_tokenizer(TOKENS[:50]))
 
 
-def test_drafter_with_same_tokenizer_and_padded_embeddings_is_accepted():
+@pytest.mark.parametrize("drafter_rows", [VOCAB + 8, len(TOKENS)], ids=["more-rows", "fewer-rows"])
+def test_drafter_with_same_tokenizer_and_other_embedding_rows_is_accepted(drafter_rows):
+    # Embedding rows past the tokenizer's 60 tokens (the target has 64) are padding either way.
     target = tiny_lm("llama", "sdpa")
-    drafter = build_lm("llama", "sdpa", vocab=VOCAB + 8, hidden=16, layers=1, seed=2)  # padded rows
+    drafter = build_lm("llama", "sdpa", vocab=drafter_rows, hidden=16, layers=1, seed=2)
     tokenizer = word_level_tokenizer(TOKENS)
     engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=2, max_seq_len=MAX_SEQ_LEN, gamma=2),
                         target_tokenizer=tokenizer, drafter_tokenizer=word_level_tokenizer(TOKENS))
@@ -119,6 +127,18 @@ def test_drafter_with_same_tokenizer_and_padded_embeddings_is_accepted():
     assert [r.completion_ids for r in engine.generate(prompts, params)] == [
         r.completion_ids for r in plain.generate(prompts, params)
     ]
+
+
+def test_drafter_with_fewer_rows_survives_target_emitting_padding_ids():
+    # Regression: a target id past the drafter's embedding rows crashed the drafter's forward.
+    tokenizer = word_level_tokenizer(TOKENS)
+    engine = SpecEngine(tiny_lm("llama", "sdpa"), build_lm("llama", "sdpa", vocab=len(TOKENS), hidden=16, layers=1),
+                        EngineConfig(max_batch_size=8, max_seq_len=40, gamma=2),
+                        target_tokenizer=tokenizer, drafter_tokenizer=word_level_tokenizer(TOKENS))
+    # T = 20 makes the target's 4 padding ids (60..63) likely enough to be emitted.
+    rollouts = engine.generate([[1, 2, 3]] * 8, SamplingParams(max_new_tokens=30, temperature=20.0, seed=0))
+    assert all(len(r.completion_ids) == 30 for r in rollouts)
+    assert any(t >= len(TOKENS) for r in rollouts for t in r.completion_ids)
 
 
 def test_drafter_of_other_vocab_size_without_tokenizers_is_refused():
