@@ -1,0 +1,223 @@
+"""RolloutController: the Ray `RolloutBackend` — rollout workers, a draft learner and weight sync.
+
+Usage (in the driver: the trainer's process or `ray_job`)::
+
+    controller = RolloutController(load_config("configs/ray_local.yaml", RayRunConfig))
+    rollouts = controller.generate(prompts, SamplingParams(max_new_tokens=64), n=8)
+    controller.sync_policy(policy.state_dict(), version=1)
+    report = controller.learner_round()
+
+`generate` cuts the prompts into one chunk of whole groups (all n samples of a prompt) per worker, so
+siblings share an engine, and hands chunks to idle workers. A chunk whose worker died is re-sent —
+to the restarted worker or to another idle one — and its result is kept exactly once, so every
+prompt gets exactly n completions in input order. Restarted workers reload the current weights from
+the `WeightBoard` before serving; every rollout is checked to carry the current policy version.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from specroll.rollout import Rollout, SamplingParams
+
+from .config import RayRunConfig
+from .ray_learner import DraftLearnerActor
+from .ray_worker import RolloutWorker
+from .weight_board import WeightBoard
+from .weight_sync import ObjectStoreTransport, WeightSyncError, make_transport, pack_buckets, push_weights
+
+RESTART_PROBE_INTERVAL_S = 0.2
+
+
+class RolloutController:
+    """Spreads prompt groups over `RolloutWorker` actors and drives the `DraftLearnerActor`."""
+
+    def __init__(self, config: RayRunConfig, placement_timeout_s: float = 120.0):
+        self.config = config
+        topo = config.topology
+        self.transport = make_transport(config.sync)
+        self.board = WeightBoard.remote()
+        with_learner = config.online_learning and config.models.drafter is not None
+        bundles = [topo.worker.bundle()] * topo.num_workers + ([topo.learner.bundle()] if with_learner else [])
+        self.placement_group = None
+        if topo.placement_strategy is not None and all(bundles):
+            self.placement_group = placement_group(bundles, strategy=topo.placement_strategy)
+            ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
+        self.workers = [
+            RolloutWorker.options(
+                num_cpus=topo.worker.num_cpus, num_gpus=topo.worker.num_gpus, max_restarts=topo.max_restarts,
+                max_task_retries=0, scheduling_strategy=self._bundle(i),
+            ).remote(i, config.models, config.engine, self.board, config.sync.timeout_s)
+            for i in range(topo.num_workers)
+        ]
+        self.learner = None
+        if with_learner:
+            self.learner = DraftLearnerActor.options(
+                num_cpus=topo.learner.num_cpus, num_gpus=topo.learner.num_gpus,
+                scheduling_strategy=self._bundle(topo.num_workers),
+            ).remote(config.models.drafter, config.learner, config.engine.dtype)
+        ray.get([w.versions.remote() for w in self.workers])
+        self.policy_version = 0
+        self.drafter_version = 0
+        self._pending_learner_adds: list[ray.ObjectRef] = []
+        self._last: dict[str, float] = {}
+        self.num_resends = 0
+
+    # ------------------------------------------------------------------ RolloutBackend
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
+        """Complete every prompt n times; input order, a prompt's n samples consecutive, one worker each."""
+        if n < 1:
+            raise ValueError(f"n={n!r} is invalid: an int >= 1")
+        started = time.perf_counter()
+        chunks = _split_groups(len(prompts), len(self.workers))
+        results = self._run_chunks(chunks, prompts, params, n)
+        rollouts = [r for chunk_id in range(len(chunks)) for r in results[chunk_id][1]]
+        stale = {r.policy_version for r in rollouts} - {self.policy_version}
+        if stale:
+            raise RuntimeError(f"rollouts from policy versions {sorted(stale)}; current is {self.policy_version}")
+        if self.learner is not None:
+            refs = [results[chunk_id][0] for chunk_id in range(len(chunks))]
+            self._pending_learner_adds.append(self.learner.add_rollouts.remote(refs))
+        self._record_round(rollouts, time.perf_counter() - started)
+        return rollouts
+
+    def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
+        """Load new policy weights on every worker; returns seconds. Raises WeightSyncError (versions kept)."""
+        seconds = self._sync("policy", named_tensors, version)
+        self.policy_version = version
+        return seconds
+
+    def sync_drafter(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
+        """Load new drafter weights on every worker; returns seconds."""
+        seconds = self._sync("drafter", named_tensors, version)
+        self.drafter_version = version
+        return seconds
+
+    def learner_round(self) -> Any:
+        """Train the drafter on the rollouts so far; publish it to the workers if it measured better."""
+        if self.learner is None:
+            return None
+        ray.get(self._pending_learner_adds)
+        self._pending_learner_adds = []
+        report = ray.get(self.learner.train_round.remote())
+        self._last.update({f"drafter/{k}": float(v) for k, v in vars(report).items()
+                           if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        if report.published and report.version != self.drafter_version:
+            state = ray.get(self.learner.published_state_dict.remote())
+            self.sync_drafter(state, report.version)
+        return report
+
+    def metrics(self) -> dict[str, float]:
+        """Latest round's numbers plus each version and the last sync time."""
+        return {**self._last, "policy_version": float(self.policy_version),
+                "drafter_version": float(self.drafter_version)}
+
+    def shutdown(self) -> None:
+        for actor in [*self.workers, self.learner, self.board]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        if self.placement_group is not None:
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy | None:
+        if self.placement_group is None:
+            return None
+        return PlacementGroupSchedulingStrategy(placement_group=self.placement_group,
+                                                placement_group_bundle_index=index)
+
+    def _run_chunks(self, chunks: list[range], prompts: list[list[int]], params: SamplingParams,
+                    n: int) -> dict[int, tuple[ray.ObjectRef, list[Rollout]]]:
+        """Run every chunk once to completion on some worker, re-sending chunks whose worker died.
+
+        A worker that failed goes back to the idle pool only once a probe call succeeds (Ray has
+        restarted it and its `__init__` reloaded the current weights); one that Ray gave up on is
+        dropped for this call.
+        """
+        pending, idle = deque(range(len(chunks))), deque(self.workers)
+        inflight: dict[ray.ObjectRef, tuple[Any, int | None]] = {}  # chunk None = a liveness probe
+        resends = [0] * len(chunks)
+        results: dict[int, tuple[ray.ObjectRef, list[Rollout]]] = {}
+        while pending or any(chunk is not None for _, chunk in inflight.values()):
+            while pending and idle:
+                chunk_id, worker = pending.popleft(), idle.popleft()
+                batch = [prompts[i] for i in chunks[chunk_id]]
+                inflight[worker.generate.remote(batch, params, n)] = (worker, chunk_id)
+            if not inflight:
+                raise RuntimeError(f"no live rollout worker left for {len(pending)} chunks")
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            worker, chunk_id = inflight.pop(ready[0])
+            try:
+                value = ray.get(ready[0])
+            except ActorUnavailableError:  # restarting: probe again shortly
+                time.sleep(RESTART_PROBE_INTERVAL_S)
+                inflight[worker.versions.remote()] = (worker, None)
+                if chunk_id is not None:
+                    pending.appendleft(self._count_resend(chunk_id, resends))
+                continue
+            except RayActorError as err:
+                if chunk_id is None:  # Ray gave up restarting it
+                    continue
+                pending.appendleft(self._count_resend(chunk_id, resends, err))
+                inflight[worker.versions.remote()] = (worker, None)
+                continue
+            if chunk_id is not None:
+                results[chunk_id] = (ready[0], value)
+            idle.append(worker)
+        return results
+
+    def _count_resend(self, chunk_id: int, resends: list[int], err: Exception | None = None) -> int:
+        resends[chunk_id] += 1
+        self.num_resends += 1
+        if resends[chunk_id] > self.config.topology.max_resends:
+            raise RuntimeError(f"chunk {chunk_id} failed on {resends[chunk_id]} workers") from err
+        return chunk_id
+
+    def _sync(self, role: str, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
+        started = time.perf_counter()
+        sync = self.config.sync
+        buckets, layout = pack_buckets(named_tensors, sync.bucket_bytes, version)
+        payload = push_weights(self.transport, self.workers, role, buckets, layout, sync.timeout_s)
+        if not isinstance(self.transport, ObjectStoreTransport):
+            payload = ObjectStoreTransport().publish(buckets, layout, len(self.workers))
+        ray.get(self.board.post.remote(role, payload))
+        seconds = time.perf_counter() - started
+        self._last[f"sync/{role}_seconds"] = seconds
+        return seconds
+
+    def _record_round(self, rollouts: list[Rollout], seconds: float) -> None:
+        tokens = sum(len(r.completion_ids) for r in rollouts)
+        drafted = sum(r.num_drafted for r in rollouts)
+        accepted = sum(r.num_accepted for r in rollouts)
+        self._last.update({
+            "rollout/tokens": float(tokens),
+            "rollout/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "rollout/acceptance_rate": accepted / drafted if drafted else 0.0,
+            "rollout/seconds": seconds,
+            "rollout/resends": float(self.num_resends),
+        })
+
+
+def _split_groups(num_prompts: int, num_workers: int) -> list[range]:
+    """Contiguous, near-equal ranges of prompt indices, at most one per worker, none empty."""
+    num_chunks = max(1, min(num_prompts, num_workers))
+    base, extra = divmod(num_prompts, num_chunks)
+    bounds = [0]
+    for i in range(num_chunks):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return [range(bounds[i], bounds[i + 1]) for i in range(num_chunks)]
+
+
+__all__ = ["RolloutController", "WeightSyncError"]

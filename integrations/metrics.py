@@ -1,0 +1,104 @@
+"""Prometheus metrics of the rollout workers, exported through `ray.util.metrics`.
+
+Each `RolloutWorker` owns one `WorkerMetrics` and records after every batch and every weight sync.
+Ray's metrics agent on each node serves them on the node's metrics export port, prefixed `ray_`;
+`prometheus_urls()` lists those endpoints (what a Prometheus scrape config, the Grafana dashboard
+and the tests read). Counters are named without `_total`: Ray (OpenTelemetry) appends it.
+
+Names (all tagged `worker`; sync metrics also `role` = policy | drafter):
+`specroll_rollout_tokens` (counter), `specroll_rollout_tokens_per_s`, `specroll_acceptance_rate`,
+`specroll_mean_accepted_len`, `specroll_gamma`, `specroll_live_batch`, `specroll_policy_version`,
+`specroll_drafter_version`, `specroll_sync_seconds`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+from ray.util.metrics import Counter, Gauge
+
+from specroll.rollout import EngineStats
+
+
+@dataclass(frozen=True)
+class BatchMetrics:
+    """What one `generate` call did, from the difference of the engine's stats before and after."""
+
+    tokens: int
+    tokens_per_s: float
+    acceptance_rate: float
+    mean_accepted_len: float
+    mean_gamma: float
+    mean_live_batch: float
+
+    @classmethod
+    def between(cls, before: dict, after: EngineStats) -> BatchMetrics:
+        """`before` is `stats.to_dict()` taken before the call; stats are cumulative across calls."""
+        steps = after.steps - before["steps"]
+        gammas = after.gamma_per_step[len(before["gamma_per_step"]):]
+        lives = after.live_rows_per_step[len(before["live_rows_per_step"]):]
+        tokens = after.generated_tokens - before["generated_tokens"]
+        seconds = after.wall_time_s - before["wall_time_s"]
+        drafted = after.drafted - before["drafted"]
+        accepted = after.accepted - before["accepted"]
+        spec_rows = sum(n for g, n in zip(gammas, lives) if g > 0)
+        return cls(
+            tokens=tokens,
+            tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+            acceptance_rate=accepted / drafted if drafted else 0.0,
+            mean_accepted_len=1.0 + accepted / spec_rows if spec_rows else 1.0,
+            mean_gamma=sum(gammas) / steps if steps else 0.0,
+            mean_live_batch=sum(lives) / steps if steps else 0.0,
+        )
+
+
+class WorkerMetrics:
+    """The Prometheus series of one worker; create it inside the actor (metrics need a Ray worker)."""
+
+    def __init__(self, worker_index: int):
+        self._tags = {"worker": str(worker_index)}
+        keys = ("worker",)
+        self.tokens = Counter("specroll_rollout_tokens", "Generated rollout tokens.", tag_keys=keys)
+        self.gauges = {
+            name: Gauge(f"specroll_{name}", doc, tag_keys=keys)
+            for name, doc in (
+                ("rollout_tokens_per_s", "Rollout tokens per second of the last batch."),
+                ("acceptance_rate", "Fraction of drafted tokens accepted in the last batch."),
+                ("mean_accepted_len", "Tokens emitted per row per speculative step in the last batch."),
+                ("gamma", "Mean drafted tokens per step (gamma) in the last batch."),
+                ("live_batch", "Mean live rows per step in the last batch."),
+                ("policy_version", "Policy version the worker serves."),
+                ("drafter_version", "Drafter version the worker serves."),
+            )
+        }
+        self.sync_seconds = Gauge("specroll_sync_seconds", "Seconds the last weight sync took.",
+                                  tag_keys=("worker", "role"))
+
+    def record_batch(self, batch: BatchMetrics) -> None:
+        if batch.tokens:
+            self.tokens.inc(batch.tokens, tags=self._tags)
+        for name, value in (
+            ("rollout_tokens_per_s", batch.tokens_per_s),
+            ("acceptance_rate", batch.acceptance_rate),
+            ("mean_accepted_len", batch.mean_accepted_len),
+            ("gamma", batch.mean_gamma),
+            ("live_batch", batch.mean_live_batch),
+        ):
+            self.gauges[name].set(value, tags=self._tags)
+
+    def record_versions(self, policy_version: int, drafter_version: int) -> None:
+        self.gauges["policy_version"].set(policy_version, tags=self._tags)
+        self.gauges["drafter_version"].set(drafter_version, tags=self._tags)
+
+    def record_sync(self, role: str, seconds: float) -> None:
+        self.sync_seconds.set(seconds, tags={**self._tags, "role": role})
+
+
+def prometheus_urls() -> list[str]:
+    """The Prometheus text endpoint of every live node's metrics agent (call after `ray.init`)."""
+    return [
+        f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        for node in ray.nodes()
+        if node["Alive"]
+    ]

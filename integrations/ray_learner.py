@@ -1,0 +1,42 @@
+"""DraftLearnerActor: the online draft learner (`specroll.online_drafter.DraftLearner`) as a Ray actor.
+
+The controller forwards each round's rollout ObjectRefs (the learner pulls them from the object
+store itself, so rollouts do not pass through the driver twice) and calls `train_round` between
+rollout rounds, while workers would otherwise idle. The drafter weights live here; when a round
+publishes, the controller fetches `published_state_dict` and syncs it to the workers. The learner
+is not restarted on failure: losing it costs learning, never rollouts, and the controller reports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+
+
+@ray.remote
+class DraftLearnerActor:
+    def __init__(self, drafter_path: str, learner_kwargs: dict[str, Any], dtype: torch.dtype = torch.float32):
+        from specroll.online_drafter import DraftLearner, LearnerConfig
+
+        drafter = AutoModelForCausalLM.from_pretrained(drafter_path, dtype=dtype)
+        self.learner = DraftLearner(drafter, LearnerConfig(**learner_kwargs))
+
+    def add_rollouts(self, rollout_lists: list[ray.ObjectRef]) -> int:
+        """Add the rollouts of a round (refs to workers' `generate` results); returns how many."""
+        rollouts = [r for batch in ray.get(rollout_lists) for r in batch]
+        self.learner.add_rollouts(rollouts)
+        return len(rollouts)
+
+    def train_round(self) -> Any:
+        """One distillation round; returns the learner's `LearnerReport`."""
+        return self.learner.train_round()
+
+    def version(self) -> int:
+        return self.learner.version
+
+    def published_state_dict(self) -> dict[str, torch.Tensor]:
+        """The drafter weights of the latest published version (what workers should serve)."""
+        return self.learner.published_state_dict()

@@ -1,0 +1,28 @@
+"""WeightBoard: the latest successfully synced weights per role, kept for workers that restart.
+
+A Ray actor restarted after a crash re-runs `__init__` with its original arguments; a worker is
+given this board's handle and, in `__init__`, loads whatever the board holds before it serves — so a
+restarted worker never generates with stale weights. The board keeps object-store payloads (refs
+owned by the controller) whatever transport the live sync used, and only versions that every live
+worker accepted are posted.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from .weight_sync import WeightPayload
+
+
+@ray.remote(num_cpus=0)
+class WeightBoard:
+    def __init__(self) -> None:
+        self._latest: dict[str, WeightPayload] = {}
+
+    def post(self, role: str, payload: WeightPayload) -> None:
+        if not isinstance(payload.route, tuple):
+            raise ValueError(f"payload.route={type(payload.route).__name__} is invalid: object-store refs")
+        self._latest[role] = payload
+
+    def latest(self) -> dict[str, WeightPayload]:
+        return dict(self._latest)

@@ -1,0 +1,61 @@
+"""Shared Ray fixtures: ONE two-node local cluster for every Ray test, and tiny saved models.
+
+`ray.init` costs seconds, so all Ray tests share a session-scoped `ray.cluster_utils.Cluster` (a head
+node and a second node on this machine, both on 127.0.0.1), which also serves the multi-node
+placement test. Import the fixtures from a test module: `from ray_fixtures import ray_cluster, ...`.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 turns on token auth for local clusters
+# Ray rewrites 127.0.0.1 to the host's routable IP unless it believes it runs on a laptop; this keeps
+# every node, and the driver's GCS address, on loopback.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import pytest
+import ray
+import torch
+from ray._private import ray_constants
+from ray.cluster_utils import Cluster
+from transformers import LlamaConfig, LlamaForCausalLM
+
+CPUS_PER_NODE = 3  # logical CPUs: tests place 2 workers + a learner per node on 2 physical cores
+VOCAB = 64
+
+
+def tiny_llama(hidden: int, layers: int, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=False)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_paths(tmp_path_factory) -> dict[str, str]:
+    """A 2-layer target and a 1-layer drafter saved with `save_pretrained` (workers load by path)."""
+    root = tmp_path_factory.mktemp("ray_models")
+    paths = {"target": str(root / "target"), "drafter": str(root / "drafter")}
+    tiny_llama(32, 2, seed=0).save_pretrained(paths["target"])
+    tiny_llama(16, 1, seed=1).save_pretrained(paths["drafter"])
+    return paths
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """Two Ray nodes on 127.0.0.1, connected as this process's Ray; torn down at session end."""
+    if ray.is_initialized():
+        ray.shutdown()
+    ray_constants.ENABLE_RAY_CLUSTER = False  # same as the env var above, if ray was imported first
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": CPUS_PER_NODE, "include_dashboard": False, "node_ip_address": "127.0.0.1",
+        "resources": {"node_head": 1},
+    })
+    cluster.add_node(num_cpus=CPUS_PER_NODE, node_ip_address="127.0.0.1", resources={"node_second": 1})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, _node_ip_address="127.0.0.1")
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
