@@ -42,7 +42,8 @@ from .divergence import LOSSES, expected_acceptance
 
 @dataclass
 class LearnerConfig:
-    """Per-round budget (`max_steps`, optional `time_budget_s`), AdamW settings, and the evaluation.
+    """Per-round budget (`max_steps`, optional `time_budget_s` for the whole round, evaluation
+    included), AdamW settings, and the evaluation.
 
     `temperature` must be the rollouts' sampling temperature (1.0 for greedy rollouts, whose signals
     are the T = 1 distribution): q is the drafter's softmax at that temperature, as the engine does.
@@ -147,9 +148,13 @@ class DraftLearner:
             raise ValueError("no held-out rollouts yet: add_rollouts(...) before train_round()")
         started = time.perf_counter()
         before = self.score(self.model)
+        # The time budget covers the whole round: reserve what the closing evaluation will cost.
+        eval_cost = time.perf_counter() - started
+        budget = self.config.time_budget_s
+        deadline = None if budget is None else started + budget - eval_cost
         if self._frozen_score is None:
             self._frozen_score = self.score(self.frozen)
-        losses, num_positions, train_time = self._train_steps()
+        losses, num_positions, train_time = self._train_steps(deadline)
         after = self.score(self.model) if losses else before
         improved = bool(losses) and after > before + self.config.min_improvement
         if improved:
@@ -224,7 +229,7 @@ class DraftLearner:
         self._num_seen_newest += 1
         return math.floor((i + 1) * f + 1 - f + 1e-9) > math.floor(i * f + 1 - f + 1e-9)
 
-    def _train_steps(self) -> tuple[list[float], int, float]:
+    def _train_steps(self, deadline: float | None) -> tuple[list[float], int, float]:
         cfg, losses, num_positions = self.config, [], 0
         if len(self.buffer) == 0:
             return losses, num_positions, 0.0
@@ -232,7 +237,7 @@ class DraftLearner:
         self.model.train()
         loss_fn = LOSSES[cfg.loss]
         for _ in range(cfg.max_steps):
-            if cfg.time_budget_s is not None and time.perf_counter() - started >= cfg.time_budget_s:
+            if deadline is not None and time.perf_counter() >= deadline:
                 break
             batch = self.buffer.sample(cfg.batch_size, self._generator).to(self.device)
             per_position = loss_fn(self._log_q(self.model, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
