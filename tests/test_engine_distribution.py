@@ -75,7 +75,9 @@ def conditional_chi2_pvalue(probs: torch.Tensor, tokens: torch.Tensor) -> float:
 
 def sample_and_test(params: SamplingParams, gamma: int = 3) -> float:
     target, drafter = models()
-    engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=ROWS, max_seq_len=6 + NEW_TOKENS, gamma=gamma))
+    # Half as many slots as rows: finished rows are refilled, so continuous batching is under test too.
+    config = EngineConfig(max_batch_size=ROWS // 2, max_seq_len=6 + NEW_TOKENS, gamma=gamma)
+    engine = SpecEngine(target, drafter, config)
     rollouts = engine.generate(PROMPTS, params)
     assert 0.05 < engine.stats.acceptance_rate < 0.8  # rejections are frequent, acceptances too
     probs, tokens = reference_probs(target, rollouts, params)
