@@ -176,12 +176,13 @@ class SpecEngine:
         k = min(rows.signal_top_k, probs.shape[-1])
         top = probs.topk(k, dim=-1)  # [n, γ+1, k]
         pos_k = positions[..., None].expand(-1, -1, k)
-        rows.topk_ids[live, :, :k] = rows.topk_ids[live, :, :k].scatter(1, pos_k, top.indices)
-        rows.topk_probs[live, :, :k] = rows.topk_probs[live, :, :k].scatter(1, pos_k, top.values)
+        # `live` is a slice, so these are views: scatter in place instead of copying [n, L, k] per step.
+        rows.topk_ids[live, :, :k].scatter_(1, pos_k, top.indices)
+        rows.topk_probs[live, :, :k].scatter_(1, pos_k, top.values)
         no_draft = drafts.new_full((n, 1), -1)
-        rows.draft_ids[live] = rows.draft_ids[live].scatter(1, positions, torch.cat([drafts, no_draft], 1))
+        rows.draft_ids[live].scatter_(1, positions, torch.cat([drafts, no_draft], 1))
         accepted = torch.cat([verdict.accepted, verdict.accepted.new_zeros(n, 1)], 1)
-        rows.draft_accepted[live] = rows.draft_accepted[live].scatter(1, positions, accepted)
+        rows.draft_accepted[live].scatter_(1, positions, accepted)
 
     # ------------------------------------------------------------------ batch bookkeeping
 
