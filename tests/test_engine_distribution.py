@@ -87,12 +87,10 @@ def sample_and_test(params: SamplingParams, gamma: int = 3) -> float:
     return conditional_chi2_pvalue(probs, tokens)
 
 
-SETTINGS = [
-    SamplingParams(NEW_TOKENS, temperature=0.7, seed=1),
+SETTINGS = [  # each temperature once; top-k and top-p each folded into one of them
+    SamplingParams(NEW_TOKENS, temperature=0.7, top_k=5, seed=1),
     SamplingParams(NEW_TOKENS, temperature=1.0, seed=2),
-    SamplingParams(NEW_TOKENS, temperature=1.5, seed=3),
-    SamplingParams(NEW_TOKENS, temperature=1.0, top_k=5, seed=4),
-    SamplingParams(NEW_TOKENS, temperature=0.7, top_p=0.8, seed=5),
+    SamplingParams(NEW_TOKENS, temperature=1.5, top_p=0.8, seed=3),
 ]
 
 
