@@ -21,6 +21,10 @@ from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from specroll.integrations.config import ActorResources, ModelPaths, RayRunConfig, SyncConfig, TopologyConfig
+from specroll.integrations.controller import RolloutController
+from specroll.rollout import EngineConfig
+
 CPUS_PER_NODE = 3  # logical CPUs: tests place 2 workers + a learner per node on 2 physical cores
 VOCAB = 64
 
@@ -59,3 +63,25 @@ def ray_cluster():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+
+
+def make_config(paths: dict[str, str], num_workers: int = 2, strategy: str | None = "PACK",
+                max_restarts: int = 2, online_learning: bool = False) -> RayRunConfig:
+    """Two 1-CPU workers on tiny models, greedy-friendly engine settings, fixed γ = 2."""
+    return RayRunConfig(
+        models=ModelPaths(paths["target"], paths["drafter"]),
+        topology=TopologyConfig(num_workers=num_workers, worker=ActorResources(num_cpus=1),
+                                learner=ActorResources(num_cpus=1), placement_strategy=strategy,
+                                max_restarts=max_restarts),
+        engine=EngineConfig(max_batch_size=8, max_seq_len=128, gamma=2, record_signals=online_learning),
+        sync=SyncConfig(timeout_s=30.0),
+        online_learning=online_learning,
+    )
+
+
+@pytest.fixture(scope="session")
+def controller(ray_cluster, tiny_model_paths):
+    """One shared 2-worker controller (worker start-up costs seconds); tests may move its versions."""
+    ctl = RolloutController(make_config(tiny_model_paths))
+    yield ctl
+    ctl.shutdown()

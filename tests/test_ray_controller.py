@@ -6,35 +6,17 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 import ray
 import torch
 from ray.exceptions import ActorUnavailableError
-from ray_fixtures import VOCAB, ray_cluster, tiny_llama, tiny_model_paths  # noqa: F401
+from ray_fixtures import VOCAB, make_config, tiny_llama
 
-from specroll.integrations.config import ActorResources, ModelPaths, RayRunConfig, TopologyConfig
 from specroll.integrations.controller import RolloutController, _split_groups
 from specroll.rollout import EngineConfig, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 
-
-def make_config(paths, num_workers=2, strategy="PACK", max_restarts=2) -> RayRunConfig:
-    return RayRunConfig(
-        models=ModelPaths(paths["target"], paths["drafter"]),
-        topology=TopologyConfig(num_workers=num_workers, worker=ActorResources(num_cpus=1),
-                                learner=ActorResources(num_cpus=1), placement_strategy=strategy,
-                                max_restarts=max_restarts),
-        engine=EngineConfig(max_batch_size=8, max_seq_len=128, gamma=2),
-        online_learning=False,
-    )
-
-
-@pytest.fixture(scope="module")
-def controller(ray_cluster, tiny_model_paths):  # noqa: F811
-    ctl = RolloutController(make_config(tiny_model_paths))
-    yield ctl
-    ctl.shutdown()
+pytest_plugins = ["ray_fixtures"]  # one session cluster and controller for every Ray test module
 
 
 def prompts_for(num: int) -> list[list[int]]:
@@ -53,15 +35,16 @@ def test_generate_keeps_input_order_and_groups(controller):
     assert all(len(r.completion_ids) == 6 for r in rollouts)
 
 
-def test_ray_path_matches_the_engine_run_directly(controller, tiny_model_paths):  # noqa: F811
+def test_ray_path_matches_the_engine_run_directly(controller, tiny_model_paths):
     from transformers import AutoModelForCausalLM
 
     from specroll.rollout import SpecEngine
 
-    prompts = prompts_for(4)
-    engine = SpecEngine(AutoModelForCausalLM.from_pretrained(tiny_model_paths["target"]),
-                        AutoModelForCausalLM.from_pretrained(tiny_model_paths["drafter"]),
+    target = tiny_llama(32, 2, seed=21)
+    controller.sync_policy(target.state_dict(), version=controller.policy_version + 1)
+    engine = SpecEngine(target, AutoModelForCausalLM.from_pretrained(tiny_model_paths["drafter"]),
                         EngineConfig(max_batch_size=8, max_seq_len=128, gamma=2))
+    prompts = prompts_for(4)
     direct = engine.generate(prompts, GREEDY, n=2)
     via_ray = controller.generate(prompts, GREEDY, n=2)
     assert [r.completion_ids for r in via_ray] == [r.completion_ids for r in direct]
@@ -100,7 +83,7 @@ def versions_once_alive(worker, timeout_s: float = 60.0) -> dict:
             time.sleep(0.2)
 
 
-def test_strict_spread_places_workers_on_two_nodes(ray_cluster, tiny_model_paths):  # noqa: F811
+def test_strict_spread_places_workers_on_two_nodes(ray_cluster, tiny_model_paths):
     config = make_config(tiny_model_paths, strategy="STRICT_SPREAD")
     ctl = RolloutController(config)
     try:
