@@ -52,14 +52,13 @@ class SpecrollRolloutFunc:
         self.learn = learn
         self.synced_step: int | None = None
         self.num_calls = 0
-        self.last_learner_report: Any = None
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         mode = "train" if trainer.model.training else "eval"
-        if mode == "train" and trainer.state.global_step != self.synced_step:
+        if trainer.state.global_step != self.synced_step:  # evaluation, too, sees the current policy
             had_rollouts = self.synced_step is not None
             self.sync_policy(trainer)
-            if self.learn and had_rollouts and trainer.accelerator.is_main_process:
+            if self.learn and had_rollouts and mode == "train" and trainer.accelerator.is_main_process:
                 self._learner_round(trainer)
         prompt_ids = tokenize_prompts(prompts, trainer)
         group_size = trainer.num_generations if mode == "train" else trainer.num_generations_eval
@@ -99,7 +98,6 @@ class SpecrollRolloutFunc:
         report = self.backend.learner_round()
         if report is None:
             return
-        self.last_learner_report = report
         metrics = {f"drafter/{name}": float(getattr(report, name)) for name in _REPORT_FIELDS}
         metrics["drafter/published"] = float(report.published)
         self._log(trainer, "train", metrics)
