@@ -49,3 +49,15 @@ def test_report_html_names_every_plot(tiny_run):
     for stem, heading in PLOTS.items():
         assert f'src="{stem}.png"' in page
         assert heading.replace("&", "&amp;") in page
+
+
+def test_rollout_metrics_reach_tensorboard(tiny_run):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    _, out = tiny_run
+    (events,) = (out / "tensorboard").iterdir()
+    accumulator = event_accumulator.EventAccumulator(str(events))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    for key in ("rollout/tokens_per_s", "rollout/acceptance_rate", "rollout/mean_accepted_len", "rollout/gamma",
+                "drafter/version", "drafter/acceptance_frozen_shadow", "weights/sync_s"):
+        assert f"train/{key}" in tags, key
