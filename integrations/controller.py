@@ -23,7 +23,7 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -51,7 +51,12 @@ class RolloutController:
         self.placement_group = None
         if topo.placement_strategy is not None and all(bundles):
             self.placement_group = placement_group(bundles, strategy=topo.placement_strategy)
-            ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
+            try:
+                ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
+            except GetTimeoutError as err:
+                remove_placement_group(self.placement_group)
+                raise RuntimeError(f"placement group {bundles} ({topo.placement_strategy}) not placed within "
+                                   f"{placement_timeout_s}s; cluster has {ray.cluster_resources()}") from err
         self.workers = [
             RolloutWorker.options(
                 num_cpus=topo.worker.num_cpus, num_gpus=topo.worker.num_gpus, max_restarts=topo.max_restarts,
