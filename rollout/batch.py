@@ -7,6 +7,8 @@ when it finishes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .request import RolloutSignals
@@ -56,17 +58,31 @@ class RowBuffers:
         for t in self._fields():
             t[dst] = t[src]
 
-    def completion(self, slot: int) -> tuple[list[int], list[float]]:
-        start, end = int(self.prompt_len[slot]), int(self.seq_len[slot])
-        return self.tokens[slot, start:end].tolist(), self.logprobs[slot, start:end].tolist()
+    def export(self, slots: list[int]) -> list[FinishedRow]:
+        """Finished rows' completions, counters and signals, with one device→host copy per buffer."""
+        idx = torch.tensor(slots, dtype=torch.long, device=self.tokens.device)
+        meta = torch.stack([self.prompt_len, self.seq_len, self.stopped.long(), self.num_drafted,
+                            self.num_accepted])[:, idx].T.tolist()  # [len(slots), 5]
+        tokens, logprobs = self.tokens[idx].cpu(), self.logprobs[idx].cpu()
+        if self.signal_top_k:
+            signal_rows = [t[idx].cpu() for t in (self.topk_ids, self.topk_probs, self.draft_ids, self.draft_accepted)]
+        out = []
+        for i, (start, end, stopped, drafted, accepted) in enumerate(meta):
+            signals = None
+            if self.signal_top_k:
+                signals = RolloutSignals(*(t[i, start:end].clone() for t in signal_rows))
+            out.append(FinishedRow(
+                completion_ids=tokens[i, start:end].tolist(), logprobs=logprobs[i, start:end].tolist(),
+                stopped=bool(stopped), num_drafted=drafted, num_accepted=accepted, signals=signals,
+            ))
+        return out
 
-    def signals(self, slot: int) -> RolloutSignals | None:
-        if not self.signal_top_k:
-            return None
-        start, end = int(self.prompt_len[slot]), int(self.seq_len[slot])
-        return RolloutSignals(
-            topk_ids=self.topk_ids[slot, start:end].clone(),
-            topk_probs=self.topk_probs[slot, start:end].clone(),
-            draft_ids=self.draft_ids[slot, start:end].clone(),
-            accepted=self.draft_accepted[slot, start:end].clone(),
-        )
+
+@dataclass
+class FinishedRow:
+    completion_ids: list[int]
+    logprobs: list[float]
+    stopped: bool
+    num_drafted: int
+    num_accepted: int
+    signals: RolloutSignals | None

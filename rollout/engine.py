@@ -205,19 +205,18 @@ class SpecEngine:
         if not finished:
             return
         rows = self.rows
-        for slot in finished:
+        for slot, row in zip(finished, rows.export(finished)):
             req = scheduler.running[slot]
-            completion, logprobs = rows.completion(slot)
             req.rollout = Rollout(
                 prompt_ids=req.prompt_ids,
-                completion_ids=completion,
-                logprobs=logprobs,
-                finish_reason="stop" if bool(rows.stopped[slot]) else "length",
-                num_drafted=int(rows.num_drafted[slot]),
-                num_accepted=int(rows.num_accepted[slot]),
+                completion_ids=row.completion_ids,
+                logprobs=row.logprobs,
+                finish_reason="stop" if row.stopped else "length",
+                num_drafted=row.num_drafted,
+                num_accepted=row.num_accepted,
                 policy_version=self.policy_version,
                 drafter_version=self.drafter_version,
-                signals=rows.signals(slot),
+                signals=row.signals,
             )
         plan = scheduler.retire(finished)
         for src, dst in plan.moves:
