@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from .generate import max_completion_tokens, sample_completions
+from .generate import sample_completions
 from .grow import grow, grown_config
 from .recipe import DemoRecipe, ModelShape
-from .task import Style, make_problems, solution, to_messages
+from .task import Style, make_problems, max_completion_tokens, solution, to_messages
 from .tokenizer import build_tokenizer, encode_prompt
 from .train import Example, train
 

@@ -14,11 +14,6 @@ from .task import Problem, to_messages
 from .tokenizer import encode_prompt
 
 
-def max_completion_tokens(max_digits: int) -> int:
-    """Room for the longest canonical solution (verbose, all columns 2-digit sums) plus EOS and slack."""
-    return 10 * (max_digits + 1) + 8
-
-
 def sample_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, problems: list[Problem],
                        temperature: float, max_new_tokens: int, seed: int, batch_size: int = 64,
                        record_signals: bool = False) -> list[Rollout]:

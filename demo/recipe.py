@@ -14,7 +14,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-RECIPE_VERSION = 1
+from .task import max_completion_tokens
+
+RECIPE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -70,16 +72,16 @@ class DemoRecipe:
     `compact_fraction` is the share of the minority (compact) style in the SFT data.
     """
 
-    max_digits: int = 10
+    max_digits: int = 8
     compact_fraction: float = 0.2
-    core: ModelShape = field(default_factory=lambda: ModelShape(256, 4, 4, 1024))
+    core: ModelShape = field(default_factory=lambda: ModelShape(192, 3, 3, 768))
     target: ModelShape = field(default_factory=lambda: ModelShape(512, 8, 8, 2048))
     drafter: ModelShape = field(default_factory=lambda: ModelShape(192, 2, 3, 768))
-    core_sft: TrainStage = field(default_factory=lambda: TrainStage(350, 32, 2e-3))
+    core_sft: TrainStage = field(default_factory=lambda: TrainStage(1000, 32, 2e-3))
     target_sft: TrainStage = field(default_factory=lambda: TrainStage(12, 16, 1e-4))
     drafter_sft: TrainStage = field(default_factory=lambda: TrainStage(300, 32, 3e-3))
     drafter_distill: TrainStage = field(default_factory=lambda: TrainStage(300, 32, 1e-3))
-    distill_samples: int = 768
+    distill_samples: int = 512
     max_position_embeddings: int = 256
     seed: int = 0
 
@@ -98,7 +100,7 @@ class DemoRecipe:
                 )
         if not isinstance(self.distill_samples, int) or self.distill_samples < 1:
             raise ValueError(f"distill_samples={self.distill_samples!r} is invalid: an int >= 1")
-        longest = 2 * self.max_digits + 10 * (self.max_digits + 1) + 24
+        longest = 2 * self.max_digits + 4 + max_completion_tokens(self.max_digits)
         if self.max_position_embeddings < longest:
             raise ValueError(
                 f"max_position_embeddings={self.max_position_embeddings} is invalid: "

@@ -1,18 +1,20 @@
-"""The demo task: multi-digit addition with a column-by-column scratchpad, in two styles.
+"""The demo task: multi-digit addition worked by peeling columns off, in two styles.
 
-A problem is `a+b`. The larger operand's digit count `n` is drawn with weight ∝ 1/n, so most
-problems are small and a few are long: completion lengths are long-tailed, as in reasoning RL.
-A solution works the columns from the least significant digit, then gives the answer after `>`:
+A problem is `a+b`. The larger operand's digit count `n` is drawn with weight ∝ 1/n and the work
+grows like n², so most completions are short and a few are long: long-tailed lengths, as in
+reasoning RL. A solution is a list of states `A+B cC rR;` — what is left of each operand, the
+carry and the result digits so far — then the answer after `>`:
 
-    verbose  (the majority of the SFT data)   "7+8+0=15 5+6+1=12 4+0+1=5 >525"
-    compact  (the minority)                   "51 21 50 >525"
+    verbose  (the majority of the SFT data)   "45+6 c1 r5;4+0 c1 r25;0+0 c0 r525;>525"
+    compact  (the minority)                   "4+0 c1 r25;0+0 c0 r525;>525"
 
-Verbose writes each column's digits, carry-in and sum; compact writes only the sum digit and the
-carry-out. Both are exact and checkable. The reward (`demo.reward`) pays a correct compact solution
-more than a correct verbose one (it pays for brevity), so GRPO moves the policy from the majority
-style to the minority one: its output distribution shifts, not just its accuracy, and a drafter
-fitted to the SFT policy (mostly verbose) falls behind. That drift is what online draft learning
-must repair.
+Verbose peels one column per state, compact two (every other verbose state, each a two-digit
+addition). Every step reads only the state before it, so a small model learns the task in
+minutes. The reward (`demo.reward`) pays a correct compact solution more than a correct verbose
+one (it pays for brevity), so GRPO moves the policy from the majority style to the minority one:
+its output distribution shifts, not just its accuracy, toward text with more computed digits per
+character — the part a small drafter predicts worst, and saw least of when it was distilled. That
+drift is what online draft learning must repair.
 
 Usage::
 
@@ -29,10 +31,7 @@ import re
 from dataclasses import dataclass
 
 _PROBLEM_RE = re.compile(r"(\d+)\+(\d+)")
-_STYLE_RE = {
-    "verbose": re.compile(r"(?:\d\+\d\+[01]=\d{1,2} )+>\d+"),
-    "compact": re.compile(r"(?:\d[01] )+>\d+"),
-}
+_LINE = r"\d+\+\d+ c[01] r\d+;"
 
 
 class Style(enum.Enum):
@@ -70,23 +69,30 @@ class Problem:
 
 def solution(problem: Problem, style: Style) -> str:
     """The canonical completion of `problem` in `style` (no EOS; the tokenizer adds it)."""
-    width = problem.num_columns
-    xs = [int(d) for d in reversed(str(problem.a).zfill(width))]
-    ys = [int(d) for d in reversed(str(problem.b).zfill(width))]
-    columns, carry = [], 0
-    for x, y in zip(xs, ys):
-        total = x + y + carry
-        columns.append(f"{x}+{y}+{carry}={total}" if style is Style.VERBOSE else f"{total % 10}{total // 10}")
-        carry = total // 10
-    return " ".join(columns) + f" >{problem.answer}"
+    step = 1 if style is Style.VERBOSE else 2
+    a, b, carry, result = str(problem.a), str(problem.b), 0, ""
+    lines = []
+    while a or b:
+        low = int(a[-step:] or 0) + int(b[-step:] or 0) + carry
+        width = min(step, max(len(a), len(b)))
+        result = str(low % 10**width).zfill(width) + result
+        carry, a, b = low // 10**width, a[:-step], b[:-step]
+        lines.append(f"{a or 0}+{b or 0} c{carry} r{result}")
+    return ";".join(lines) + f";>{problem.answer}"
+
+
+def max_completion_tokens(max_digits: int) -> int:
+    """Tokens (= characters) for the longest canonical solution (verbose, all nines), EOS and slack."""
+    nines = int("9" * max_digits)
+    return len(solution(Problem(nines, nines), Style.VERBOSE)) + 1 + 8
 
 
 def style_of(text: str) -> Style | None:
     """Which style's grammar `text` follows (right or wrong arithmetic), or None if neither."""
-    for style in Style:
-        if _STYLE_RE[style.value].fullmatch(text):
-            return style
-    return None
+    if not re.fullmatch(rf"(?:{_LINE})+>\d+", text):
+        return None
+    first_result = re.search(r" r(\d+);", text).group(1)
+    return Style.COMPACT if len(first_result) >= 2 else Style.VERBOSE
 
 
 def parse_problem(prompt: str | list[dict]) -> Problem:
@@ -114,7 +120,7 @@ def to_messages(problem: Problem) -> list[dict[str, str]]:
     return [{"role": "user", "content": problem.text}]
 
 
-def make_problems(n: int, seed: int, max_digits: int = 10) -> list[Problem]:
+def make_problems(n: int, seed: int, max_digits: int = 8) -> list[Problem]:
     """`n` problems, reproducible from `seed`; the larger operand has 1..max_digits digits (∝ 1/d)."""
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n={n!r} is invalid: an int >= 0")
@@ -132,7 +138,7 @@ def make_problems(n: int, seed: int, max_digits: int = 10) -> list[Problem]:
     return problems
 
 
-def make_prompts(n: int, seed: int, max_digits: int = 10) -> list[list[dict[str, str]]]:
+def make_prompts(n: int, seed: int, max_digits: int = 8) -> list[list[dict[str, str]]]:
     """`n` conversational prompts (one user message each), e.g. a TRL dataset's `prompt` column."""
     return [to_messages(p) for p in make_problems(n, seed, max_digits)]
 

@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from specroll.demo.generate import completion_texts, max_completion_tokens, sample_completions
+from specroll.demo.generate import completion_texts, sample_completions
 from specroll.demo.models import load_or_build_demo_models
 from specroll.demo.recipe import DemoRecipe
 from specroll.demo.reward import score
-from specroll.demo.task import make_problems, style_of
+from specroll.demo.task import make_problems, max_completion_tokens, style_of
 from specroll.rollout.runner import ModelRunner
 
 EVAL_SEED = 10_000  # problem stream the build never trains on

@@ -23,14 +23,16 @@ def test_brevity_zero_rewards_correctness_alone():
 
 
 def test_wrong_answer_scores_zero():
-    assert score(PROBLEM, "51 21 50 >526") == 0.0
+    assert score(PROBLEM, "4+0 c1 r25;0+0 c0 r525;>526") == 0.0
 
 
 def test_right_answer_after_wrong_work_scores_zero():
-    assert score(PROBLEM, "51 21 40 >525") == 0.0
+    assert score(PROBLEM, "4+0 c1 r35;0+0 c0 r525;>525") == 0.0
 
 
-@pytest.mark.parametrize("text", ["525", ">525", "51 21 50 > 525", "51 21 50 >525 >525", "51,21,50 >525"])
+@pytest.mark.parametrize("text", [
+    "525", ">525", "4+0 c1 r25;0+0 c0 r525; >525", "4+0 c1 r25;0+0 c0 r525;>525;>525", "4+0 c1 r25 0+0 c0 r525 >525",
+])
 def test_malformed_scores_zero(text):
     assert score(PROBLEM, text) == 0.0
 

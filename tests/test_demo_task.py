@@ -5,14 +5,20 @@ import pytest
 from specroll.demo.task import Problem, Style, make_problems, make_prompts, parse_problem, solution, style_of
 
 
-def test_solutions_in_both_styles_work_the_columns_from_the_right():
+def test_solutions_in_both_styles_peel_columns_from_the_right():
     problem = Problem(457, 68)
-    assert solution(problem, Style.VERBOSE) == "7+8+0=15 5+6+1=12 4+0+1=5 >525"
-    assert solution(problem, Style.COMPACT) == "51 21 50 >525"
+    assert solution(problem, Style.VERBOSE) == "45+6 c1 r5;4+0 c1 r25;0+0 c0 r525;>525"
+    assert solution(problem, Style.COMPACT) == "4+0 c1 r25;0+0 c0 r525;>525"
 
 
 def test_final_carry_makes_the_answer_one_digit_longer():
-    assert solution(Problem(95, 7), Style.COMPACT) == "21 01 >102"
+    assert solution(Problem(95, 7), Style.COMPACT) == "0+0 c1 r02;>102"
+    assert solution(Problem(9, 5), Style.VERBOSE) == "0+0 c1 r4;>14"
+
+
+def test_work_grows_quadratically_with_digits():
+    short = len(solution(Problem(12, 34), Style.VERBOSE))
+    assert len(solution(Problem(12345678, 87654321), Style.VERBOSE)) > 6 * short
 
 
 def test_style_of_recognises_each_grammar_and_nothing_else():
@@ -24,11 +30,11 @@ def test_style_of_recognises_each_grammar_and_nothing_else():
 
 
 def test_make_problems_is_reproducible_and_long_tailed():
-    problems = make_problems(2000, seed=7, max_digits=10)
-    assert problems == make_problems(2000, seed=7, max_digits=10)
-    columns = sorted(p.num_columns for p in problems)
-    assert max(columns) == 10
-    assert columns[len(columns) * 9 // 10] >= 2.5 * columns[len(columns) // 2]
+    problems = make_problems(2000, seed=7, max_digits=8)
+    assert problems == make_problems(2000, seed=7, max_digits=8)
+    lengths = sorted(len(solution(p, Style.VERBOSE)) for p in problems)
+    assert max(p.num_columns for p in problems) == 8
+    assert lengths[len(lengths) * 9 // 10] >= 2.5 * lengths[len(lengths) // 2]
 
 
 def test_prompts_are_conversational_and_parse_back():
