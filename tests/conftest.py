@@ -8,6 +8,13 @@ arguments; the engine never changes weights, so sharing them between tests is sa
 
 from __future__ import annotations
 
+import os
+
+# Before anything imports ray: Ray 2.60 turns on token auth for local clusters, and it rewrites
+# 127.0.0.1 to the host's routable address unless told it runs on a laptop — tests stay on loopback.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 import copy
 import functools
 
@@ -22,6 +29,8 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+
+pytest_plugins = ["ray_fixtures"]  # one session Ray cluster shared by every Ray test module
 
 ARCHS = {
     "llama": (LlamaConfig, LlamaForCausalLM),

@@ -16,7 +16,6 @@ from specroll.rollout import EngineConfig, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 
-pytest_plugins = ["ray_fixtures"]  # one session cluster and controller for every Ray test module
 
 
 def prompts_for(num: int) -> list[list[int]]:

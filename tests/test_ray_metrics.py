@@ -22,7 +22,6 @@ EXPECTED = {
     "ray_specroll_sync_seconds",
 }
 
-pytest_plugins = ["ray_fixtures"]  # one session cluster and controller for every Ray test module
 
 
 def scrape() -> dict:

@@ -15,8 +15,6 @@ from specroll.integrations.broadcast_sync import BroadcastRoute, TorchBroadcastT
 from specroll.integrations.weight_sync import WeightSyncError, pack_buckets, push_weights, unpack_buckets
 from specroll.rollout import EngineConfig, SpecEngine
 
-pytest_plugins = ["ray_fixtures"]  # one session cluster and controller for every Ray test module
-
 
 def test_buckets_round_trip_every_dtype_exactly():
     tensors = {
