@@ -151,7 +151,22 @@ def train(config: TrainConfig, sources: ModelSources, backend: RolloutBackend) -
 
 def measure_speed(config: TrainConfig, sources: ModelSources, trainer: Any,
                   backend: RolloutBackend) -> SpeedMeasurement:
-    """Speculative vs plain decoding, interleaved on the same prompts, final policy and drafter."""
+    """Speculative vs plain decoding, interleaved on the same prompts, final policy and drafter.
+
+    Runs in this process with a rollout worker's CPU threads (Ray pins an actor's torch to its
+    `num_cpus`), so the numbers are comparable with the `rollout/tokens_per_s` of training.
+    """
+    threads = torch.get_num_threads()
+    if config.backend.kind == "ray":
+        torch.set_num_threads(max(1, int(config.backend.topology.worker.num_cpus)))
+    try:
+        return _measure_speed(config, sources, trainer, backend)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure_speed(config: TrainConfig, sources: ModelSources, trainer: Any,
+                   backend: RolloutBackend) -> SpeedMeasurement:
     from specroll.demo.task import make_prompts
 
     from .policy_sync import gather_policy_weights
