@@ -4,7 +4,11 @@
 
 Contents of `out_dir`:
 
-- `report.html` — the summary table and four plots, each under a heading that names it (`PLOTS`);
+- `report.html` — the summary table and four plots, each under a heading that names it (`PLOTS`).
+  Acceptance is plotted as expected acceptance Σ min(p, q) on the learner's held-out positions,
+  the same positions for both drafters; the per-drafted-token rate measured in rollouts
+  (`rollout/acceptance_rate`, in the JSONL) also falls when auto-γ drafts further, so it is no
+  measure of drift;
 - `reward.png`, `tokens_per_s.png`, `acceptance.png`, `gamma_live_batch.png`;
 - `metrics.jsonl` — one JSON object per logged trainer step (TRL's own keys plus `rollout/*`,
   `drafter/*`, `weights/sync_s`);
@@ -84,7 +88,6 @@ def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: Spee
         "acceptance": _plot_series(out / "acceptance.png", PLOTS["acceptance"], steps, {
             "drafter/acceptance_before": "online drafter (expected, held-out)",
             "drafter/acceptance_frozen_shadow": "frozen shadow (expected, same positions)",
-            "rollout/acceptance_rate": "online drafter (measured in rollouts)",
         }),
         "gamma_live_batch": _plot_trace(out / "gamma_live_batch.png", speed),
     }
