@@ -6,7 +6,8 @@ Stages, each a `demo.train` run with its own progress bar:
    (`compact_fraction` of them compact);
 2. growth — the core is grown, function-preservingly, to the target shape (`demo.grow`), then
    fine-tuned briefly at full size so every parameter has been trained;
-3. drafter fit — the drafter learns the same SFT data (cheap: it is tiny);
+3. drafter fit — the drafter is cut from the trained core (`demo.truncate`: some of its layers),
+   then fitted to the same SFT data briefly;
 4. drafter distillation — the target samples `distill_samples` completions at T = 1 with the engine,
    recording its full distribution at each position; the drafter is trained toward it (forward KL).
 
@@ -28,6 +29,7 @@ from .recipe import DemoRecipe, ModelShape
 from .task import Style, make_problems, max_completion_tokens, solution, to_messages
 from .tokenizer import build_tokenizer, encode_prompt
 from .train import Example, train
+from .truncate import truncate
 
 # Separate problem streams per use, so training never reuses the report's evaluation problems.
 SFT_SEED, TARGET_SFT_SEED, DISTILL_SEED = 1, 2, 3
@@ -94,8 +96,7 @@ def build(recipe: DemoRecipe, progress: bool = True) -> BuildResult:
     )
     stage("target SFT", target, target_sft, recipe.target_sft)
 
-    torch.manual_seed(recipe.seed + 1)
-    drafter = LlamaForCausalLM(llama_config(recipe.drafter, tokenizer, recipe.max_position_embeddings))
+    drafter = truncate(core, recipe.drafter.num_layers)
     stage("drafter SFT", drafter, sft, recipe.drafter_sft)
 
     sampling_started = time.perf_counter()

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from .task import max_completion_tokens
 
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,9 @@ class DemoRecipe:
     The target is grown from a smaller `core` trained on the SFT data (growth preserves its
     function, see `demo.grow`), then fine-tuned briefly at full size: training a 33M model from
     scratch on 2 CPU cores would take hours, decoding with it costs what a 33M model costs. The
-    drafter is first fitted to the SFT data, then distilled on `distill_samples` completions the
-    target sampled at T = 1 (forward KL to the target's full distribution at every position).
+    drafter is cut from the core (some of its layers, `demo.truncate`), fitted to the SFT data,
+    then distilled on `distill_samples` completions the target sampled at T = 1 (forward KL to the
+    target's full distribution at every position).
     `compact_fraction` is the share of the minority (compact) style in the SFT data.
     """
 
@@ -79,7 +80,7 @@ class DemoRecipe:
     drafter: ModelShape = field(default_factory=lambda: ModelShape(192, 2, 3, 768))
     core_sft: TrainStage = field(default_factory=lambda: TrainStage(1000, 32, 2e-3))
     target_sft: TrainStage = field(default_factory=lambda: TrainStage(12, 16, 1e-4))
-    drafter_sft: TrainStage = field(default_factory=lambda: TrainStage(300, 32, 3e-3))
+    drafter_sft: TrainStage = field(default_factory=lambda: TrainStage(150, 32, 1e-3))
     drafter_distill: TrainStage = field(default_factory=lambda: TrainStage(300, 32, 1e-3))
     distill_samples: int = 512
     max_position_embeddings: int = 256
@@ -98,6 +99,14 @@ class DemoRecipe:
                 raise ValueError(
                     f"target.{name}={getattr(target, name)} is invalid: must be >= core.{name}={getattr(core, name)}"
                 )
+        drafter = self.drafter
+        if (drafter.hidden_size, drafter.num_heads, drafter.intermediate_size) != (
+            core.hidden_size, core.num_heads, core.intermediate_size
+        ) or drafter.num_layers > core.num_layers:
+            raise ValueError(
+                f"drafter={drafter} is invalid: it is cut from the core, so it needs the core's hidden_size, "
+                f"num_heads and intermediate_size and at most core.num_layers={core.num_layers} layers"
+            )
         if not isinstance(self.distill_samples, int) or self.distill_samples < 1:
             raise ValueError(f"distill_samples={self.distill_samples!r} is invalid: an int >= 1")
         longest = 2 * self.max_digits + 4 + max_completion_tokens(self.max_digits)

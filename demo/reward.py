@@ -4,8 +4,8 @@
                                                            canonical solution, in either style
     reward = (1 − brevity) + brevity · len(compact) / len(completion)     otherwise
 
-So a correct compact solution scores 1.0 and a correct verbose one (up to 2× longer) 0.6–0.7 with
-the default `brevity=0.8` (both styles coincide on one-column problems). Strict on purpose: a right
+So a correct compact solution scores 1.0 and a correct verbose one (a third longer or more) about
+0.7–0.8 with the default `brevity=1.0`. Strict on purpose: a right
 answer after wrong work, an extra character, a truncated (overlong) completion or an empty one all
 score 0. The brevity term is the lever that
 moves GRPO's policy from the SFT data's majority style (verbose) to its minority style (compact);
@@ -15,7 +15,7 @@ Usage::
 
     trainer = GRPOTrainer(..., reward_funcs=[make_reward()])
     make_reward()(prompts=[[{"role": "user", "content": "2+3"}]],
-                  completions=[[{"role": "assistant", "content": "0+0 c0 r5;>5"}]])   # [1.0]
+                  completions=[[{"role": "assistant", "content": "0+0|05;>5"}]])   # [1.0]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ RewardFunc = Callable[..., list[float]]
 class RewardConfig:
     """`brevity` in [0, 1]: weight of the length ratio; `max_completion_chars`: longer scores 0."""
 
-    brevity: float = 0.8
+    brevity: float = 1.0
     max_completion_chars: int = 512
 
     def __post_init__(self) -> None:

@@ -2,19 +2,17 @@
 
 A problem is `a+b`. The larger operand's digit count `n` is drawn with weight ∝ 1/n and the work
 grows like n², so most completions are short and a few are long: long-tailed lengths, as in
-reasoning RL. A solution is a list of states `A+B cC rR;` — what is left of each operand, the
-carry and the result digits so far — then the answer after `>`:
+reasoning RL. A solution is one state per column — what is left of each operand, the carry and the
+result digits so far — then the answer after `>`:
 
     verbose  (the majority of the SFT data)   "45+6 c1 r5;4+0 c1 r25;0+0 c0 r525;>525"
-    compact  (the minority)                   "4+0 c1 r25;0+0 c0 r525;>525"
+    compact  (the minority)                   "45+6|15;4+0|125;0+0|0525;>525"
 
-Verbose peels one column per state, compact two (every other verbose state, each a two-digit
-addition). Every step reads only the state before it, so a small model learns the task in
-minutes. The reward (`demo.reward`) pays a correct compact solution more than a correct verbose
-one (it pays for brevity), so GRPO moves the policy from the majority style to the minority one:
-its output distribution shifts, not just its accuracy, toward text with more computed digits per
-character — the part a small drafter predicts worst, and saw least of when it was distilled. That
-drift is what online draft learning must repair.
+Same algorithm, terser states: compact is about a quarter shorter. Every step reads only the state
+before it, so a small model learns the task in minutes. The reward (`demo.reward`) pays for
+brevity, so GRPO moves the policy from the majority style to the minority one: its output
+distribution shifts, not just its accuracy, toward text the drafter saw little of when it was
+distilled from the SFT policy. That drift is what online draft learning must repair.
 
 Usage::
 
@@ -31,7 +29,10 @@ import re
 from dataclasses import dataclass
 
 _PROBLEM_RE = re.compile(r"(\d+)\+(\d+)")
-_LINE = r"\d+\+\d+ c[01] r\d+;"
+_LINE_RE = {
+    "verbose": r"\d+\+\d+ c[01] r\d+;",
+    "compact": r"\d+\+\d+\|[01]\d+;",
+}
 
 
 class Style(enum.Enum):
@@ -69,15 +70,13 @@ class Problem:
 
 def solution(problem: Problem, style: Style) -> str:
     """The canonical completion of `problem` in `style` (no EOS; the tokenizer adds it)."""
-    step = 1 if style is Style.VERBOSE else 2
     a, b, carry, result = str(problem.a), str(problem.b), 0, ""
     lines = []
     while a or b:
-        low = int(a[-step:] or 0) + int(b[-step:] or 0) + carry
-        width = min(step, max(len(a), len(b)))
-        result = str(low % 10**width).zfill(width) + result
-        carry, a, b = low // 10**width, a[:-step], b[:-step]
-        lines.append(f"{a or 0}+{b or 0} c{carry} r{result}")
+        total = int(a[-1:] or 0) + int(b[-1:] or 0) + carry
+        carry, result, a, b = total // 10, str(total % 10) + result, a[:-1], b[:-1]
+        state = f" c{carry} r{result}" if style is Style.VERBOSE else f"|{carry}{result}"
+        lines.append(f"{a or 0}+{b or 0}{state}")
     return ";".join(lines) + f";>{problem.answer}"
 
 
@@ -89,10 +88,10 @@ def max_completion_tokens(max_digits: int) -> int:
 
 def style_of(text: str) -> Style | None:
     """Which style's grammar `text` follows (right or wrong arithmetic), or None if neither."""
-    if not re.fullmatch(rf"(?:{_LINE})+>\d+", text):
-        return None
-    first_result = re.search(r" r(\d+);", text).group(1)
-    return Style.COMPACT if len(first_result) >= 2 else Style.VERBOSE
+    for style in Style:
+        if re.fullmatch(rf"(?:{_LINE_RE[style.value]})+>\d+", text):
+            return style
+    return None
 
 
 def parse_problem(prompt: str | list[dict]) -> Problem:

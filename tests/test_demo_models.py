@@ -13,6 +13,7 @@ from specroll.demo.grow import grow, grown_config
 from specroll.demo.models import build_demo_models, load_or_build_demo_models, models_dir
 from specroll.demo.recipe import DemoRecipe, ModelShape, TrainStage
 from specroll.demo.tokenizer import build_tokenizer
+from specroll.demo.truncate import kept_layers, truncate
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 
@@ -34,6 +35,21 @@ def test_growth_preserves_the_core_function():
     with torch.no_grad():
         torch.testing.assert_close(big(input_ids=ids).logits, core(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
     assert sum(p.numel() for p in big.parameters()) > 3 * sum(p.numel() for p in core.parameters())
+
+
+def test_truncation_keeps_first_and_last_layers_and_runs():
+    assert kept_layers(3, 2) == [0, 2]
+    assert kept_layers(8, 3) == [0, 4, 7]
+    torch.manual_seed(0)
+    core = LlamaForCausalLM(llama_config(ModelShape(32, 3, 2, 64), build_tokenizer(), 64)).eval()
+    whole, cut = truncate(core, 3).eval(), truncate(core, 2).eval()
+    ids = torch.randint(7, 100, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(whole(input_ids=ids).logits, core(input_ids=ids).logits)
+        assert cut(input_ids=ids).logits.shape == (2, 12, core.config.vocab_size)
+    assert cut.config.num_hidden_layers == 2 and core.config.num_hidden_layers == 3
+    with pytest.raises(ValueError, match="num_layers=4"):
+        kept_layers(3, 4)
 
 
 def test_tiny_build_saves_llama_models_and_tokenizer(tiny):
@@ -89,7 +105,9 @@ def test_recipe_validation_names_the_field():
     with pytest.raises(ValueError, match="compact_fraction"):
         DemoRecipe(compact_fraction=1.5)
     with pytest.raises(ValueError, match="head_dim"):
-        DemoRecipe(target=ModelShape(96, 2, 2, 128), core=ModelShape(32, 1, 2, 64))
+        DemoRecipe(target=ModelShape(96, 2, 2, 128), core=ModelShape(32, 1, 2, 64), drafter=ModelShape(32, 1, 2, 64))
+    with pytest.raises(ValueError, match="drafter="):
+        DemoRecipe(drafter=ModelShape(128, 1, 2, 512))
     with pytest.raises(ValueError, match="steps"):
         TrainStage(-1, 8, 1e-3)
 

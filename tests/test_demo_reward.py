@@ -14,24 +14,26 @@ VERBOSE = solution(PROBLEM, Style.VERBOSE)
 def test_right_compact_scores_one_and_right_verbose_scores_less():
     compact, verbose = arithmetic_reward([PROMPT, PROMPT], [COMPACT, VERBOSE])
     assert compact == 1.0
-    assert verbose == pytest.approx(0.2 + 0.8 * len(COMPACT) / len(VERBOSE))
+    assert verbose == pytest.approx(len(COMPACT) / len(VERBOSE))
     assert 0 < verbose < compact
 
 
 def test_brevity_zero_rewards_correctness_alone():
     assert score(PROBLEM, VERBOSE, RewardConfig(brevity=0.0)) == 1.0
+    assert score(PROBLEM, VERBOSE, RewardConfig(brevity=0.5)) == pytest.approx(0.5 + 0.5 * len(COMPACT) / len(VERBOSE))
 
 
 def test_wrong_answer_scores_zero():
-    assert score(PROBLEM, "4+0 c1 r25;0+0 c0 r525;>526") == 0.0
+    assert score(PROBLEM, "45+6|15;4+0|125;0+0|0525;>526") == 0.0
 
 
 def test_right_answer_after_wrong_work_scores_zero():
-    assert score(PROBLEM, "4+0 c1 r35;0+0 c0 r525;>525") == 0.0
+    assert score(PROBLEM, "45+6|15;4+0|135;0+0|0525;>525") == 0.0
 
 
 @pytest.mark.parametrize("text", [
-    "525", ">525", "4+0 c1 r25;0+0 c0 r525; >525", "4+0 c1 r25;0+0 c0 r525;>525;>525", "4+0 c1 r25 0+0 c0 r525 >525",
+    "525", ">525", "45+6|15;4+0|125;0+0|0525; >525", "45+6|15;4+0|125;0+0|0525;>525;>525",
+    "45+6 c1 r5;4+0|125;0+0|0525;>525", "45+6|15 4+0|125 0+0|0525 >525",
 ])
 def test_malformed_scores_zero(text):
     assert score(PROBLEM, text) == 0.0

@@ -8,11 +8,11 @@ from specroll.demo.task import Problem, Style, make_problems, make_prompts, pars
 def test_solutions_in_both_styles_peel_columns_from_the_right():
     problem = Problem(457, 68)
     assert solution(problem, Style.VERBOSE) == "45+6 c1 r5;4+0 c1 r25;0+0 c0 r525;>525"
-    assert solution(problem, Style.COMPACT) == "4+0 c1 r25;0+0 c0 r525;>525"
+    assert solution(problem, Style.COMPACT) == "45+6|15;4+0|125;0+0|0525;>525"
 
 
 def test_final_carry_makes_the_answer_one_digit_longer():
-    assert solution(Problem(95, 7), Style.COMPACT) == "0+0 c1 r02;>102"
+    assert solution(Problem(95, 7), Style.COMPACT) == "9+0|12;0+0|102;>102"
     assert solution(Problem(9, 5), Style.VERBOSE) == "0+0 c1 r4;>14"
 
 
