@@ -82,13 +82,14 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     models = config.models
     if models.source == "pretrained":
         tokenizer = AutoTokenizer.from_pretrained(models.tokenizer or models.target)
-        return ModelSources(models.target, models.drafter, tokenizer, max_digits=10)
+        return ModelSources(models.target, models.drafter, tokenizer, max_digits=models.task_max_digits or 10)
     from specroll.demo.models import load_or_build_demo_models
     from specroll.demo.recipe import DemoRecipe
 
     recipe = DemoRecipe() if models.recipe == "full" else DemoRecipe.tiny()
     demo = load_or_build_demo_models(recipe)
-    return ModelSources(str(demo.path / "target"), str(demo.path / "drafter"), demo.tokenizer, recipe.max_digits)
+    return ModelSources(str(demo.path / "target"), str(demo.path / "drafter"), demo.tokenizer,
+                        models.task_max_digits or recipe.max_digits)
 
 
 def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:

@@ -37,19 +37,23 @@ def _require(ok: bool, name: str, value: object, allowed: str) -> None:
 @dataclass
 class ModelsConfig:
     """`source: demo` builds (or loads from cache) the demo recipe's target, drafter and tokenizer;
-    `source: pretrained` loads `target` / `drafter` / `tokenizer` folders or hub ids from the local cache."""
+    `source: pretrained` loads `target` / `drafter` / `tokenizer` folders or hub ids from the local cache.
+    `task_max_digits` bounds the demo task's operands (default: the recipe's, 10 for pretrained)."""
 
     source: str = "demo"
     recipe: str = "full"
     target: str | None = None
     drafter: str | None = None
     tokenizer: str | None = None
+    task_max_digits: int | None = None
 
     def __post_init__(self) -> None:
         _require(self.source in MODEL_SOURCES, "models.source", self.source, f"one of {MODEL_SOURCES}")
         _require(self.recipe in DEMO_RECIPES, "models.recipe", self.recipe, f"one of {DEMO_RECIPES}")
         if self.source == "pretrained":
             _require(bool(self.target), "models.target", self.target, "a model path when source is pretrained")
+        _require(self.task_max_digits is None or 1 <= self.task_max_digits <= 18, "models.task_max_digits",
+                 self.task_max_digits, "an int in [1, 18] or null")
 
 
 @dataclass
