@@ -81,7 +81,8 @@ def load_demo_models(path: str | Path, recipe: DemoRecipe | None = None) -> Demo
     target = LlamaForCausalLM.from_pretrained(path / "target", dtype=torch.float32).eval()
     drafter = LlamaForCausalLM.from_pretrained(path / "drafter", dtype=torch.float32).eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "tokenizer")
-    return DemoModels(target, drafter, tokenizer, path, recipe or DemoRecipe(), info.get("build_log", {}))
+    recipe = recipe or DemoRecipe.from_dict(info["recipe"])
+    return DemoModels(target, drafter, tokenizer, path, recipe, info.get("build_log", {}))
 
 
 def _build_into(recipe: DemoRecipe, path: Path, progress: bool) -> None:

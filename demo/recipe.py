@@ -135,6 +135,14 @@ class DemoRecipe:
     def to_dict(self) -> dict:
         return {"recipe_version": RECIPE_VERSION, **asdict(self)}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> DemoRecipe:
+        """The inverse of `to_dict` (the `recipe_version` key is ignored)."""
+        nested = {"core": ModelShape, "target": ModelShape, "drafter": ModelShape, "core_sft": TrainStage,
+                  "target_sft": TrainStage, "drafter_sft": TrainStage, "drafter_distill": TrainStage}
+        fields = {k: nested[k](**v) if k in nested else v for k, v in data.items() if k != "recipe_version"}
+        return cls(**fields)
+
     @property
     def hash(self) -> str:
         """12 hex digits of the SHA-256 of the recipe and `RECIPE_VERSION`."""

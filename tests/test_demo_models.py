@@ -10,7 +10,7 @@ from transformers import LlamaForCausalLM
 from specroll.demo import cli_build, models
 from specroll.demo.build import llama_config
 from specroll.demo.grow import grow, grown_config
-from specroll.demo.models import build_demo_models, load_or_build_demo_models, models_dir
+from specroll.demo.models import build_demo_models, load_demo_models, load_or_build_demo_models, models_dir
 from specroll.demo.recipe import DemoRecipe, ModelShape, TrainStage
 from specroll.demo.tokenizer import build_tokenizer
 from specroll.demo.truncate import kept_layers, truncate
@@ -70,6 +70,11 @@ def test_second_call_loads_from_cache_without_building(tiny, monkeypatch):
     monkeypatch.setattr(models, "build", lambda *a, **k: pytest.fail("rebuilt a cached recipe"))
     again = load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=cache, progress=False)
     assert again.path == models_dir(DemoRecipe.tiny(), cache)
+
+
+def test_load_by_path_recovers_the_recipe(tiny):
+    demo, _ = tiny
+    assert load_demo_models(demo.path).recipe == DemoRecipe.tiny()
 
 
 def test_a_changed_recipe_gets_its_own_folder():
