@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     engine_config = EngineConfig(max_batch_size=16, max_seq_len=256, gamma=2)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0)
     prompts = [[(13 * g + j) % 512 for j in range(16)] for g in range(4)]
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False)
+    # Logical CPUs: three controllers' workers (1 + 2, one torch thread each) must all be placed at once.
+    ray.init(num_cpus=max(4, os.cpu_count()), include_dashboard=False)
     print(f"# ray_bench: {os.cpu_count()} CPUs, target 4x256 (vocab 512), drafter 1x64, 4 groups x n={args.n}, "
           f"{args.max_new_tokens} new tokens, gamma=2, T=1, {args.rounds} interleaved rounds")
     direct = SpecEngine(AutoModelForCausalLM.from_pretrained(paths.target),

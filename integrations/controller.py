@@ -70,7 +70,13 @@ class RolloutController:
                 num_cpus=topo.learner.num_cpus, num_gpus=topo.learner.num_gpus,
                 scheduling_strategy=self._bundle(topo.num_workers),
             ).remote(config.models.drafter, config.learner, config.engine.dtype)
-        ray.get([w.versions.remote() for w in self.workers])
+        try:
+            ray.get([w.versions.remote() for w in self.workers], timeout=placement_timeout_s)
+        except GetTimeoutError as err:
+            raise RuntimeError(
+                f"{topo.num_workers} rollout workers ({topo.worker}) not all started within {placement_timeout_s}s; "
+                f"cluster resources {ray.cluster_resources()}, available {ray.available_resources()}"
+            ) from err
         self.policy_version = 0
         self.drafter_version = 0
         self._pending_learner_adds: list[ray.ObjectRef] = []
