@@ -26,6 +26,13 @@ class WritePlan:
     rows: slice | torch.Tensor
     positions: torch.Tensor  # [n, Q] int64 slot of each new token
     kv_len: int  # slots the attention reads: max(start) + Q
+    _index: torch.Tensor | None = None
+
+    def scatter_index(self, shape: torch.Size) -> torch.Tensor:
+        """`positions` broadcast to K/V's [n, H, Q, D], built once per forward and shared by all layers."""
+        if self._index is None or self._index.shape != shape:
+            self._index = self.positions[:, None, :, None].expand(shape)
+        return self._index
 
 
 class RaggedLayer(CacheLayerMixin):
@@ -48,10 +55,15 @@ class RaggedLayer(CacheLayerMixin):
         if plan is None:
             raise RuntimeError("RaggedKVCache.plan_write must be called before each forward")
         rows = plan.rows
-        row_idx = torch.arange(rows.start, rows.stop, device=self.keys.device) if isinstance(rows, slice) else rows
-        # Advanced indices around a slice put the indexed dims first: [n, Q, H, D].
-        self.keys[row_idx[:, None], :, plan.positions] = key_states.transpose(1, 2).to(self.keys.dtype)
-        self.values[row_idx[:, None], :, plan.positions] = value_states.transpose(1, 2).to(self.values.dtype)
+        if isinstance(rows, slice):
+            # Live prefix: scatter in place into views of the buffers (cheaper than index_put).
+            index = plan.scatter_index(key_states.shape)  # [n, H, Q, D]
+            self.keys[rows].scatter_(2, index, key_states.to(self.keys.dtype))
+            self.values[rows].scatter_(2, index, value_states.to(self.values.dtype))
+        else:
+            # Advanced indices around a slice put the indexed dims first: [n, Q, H, D].
+            self.keys[rows[:, None], :, plan.positions] = key_states.transpose(1, 2).to(self.keys.dtype)
+            self.values[rows[:, None], :, plan.positions] = value_states.transpose(1, 2).to(self.values.dtype)
         return self.keys[rows, :, : plan.kv_len], self.values[rows, :, : plan.kv_len]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
