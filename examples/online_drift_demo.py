@@ -32,11 +32,10 @@ from pathlib import Path
 
 import torch
 
-from specroll.demo.generate import max_completion_tokens
 from specroll.demo.models import load_or_build_demo_models
 from specroll.demo.recipe import DemoRecipe
 from specroll.demo.reward import score
-from specroll.demo.task import Style, make_problems, style_of, to_messages
+from specroll.demo.task import Style, make_problems, max_completion_tokens, style_of, to_messages
 from specroll.demo.tokenizer import encode_prompt
 from specroll.online_drafter import DraftLearner, LearnerConfig
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
