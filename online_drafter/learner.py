@@ -15,7 +15,7 @@ The learner trains a private fp32 copy of the drafter, teacher-forced on buffere
 the bucketed forward KL to the target's recorded top-k (`divergence.py` says why). It never holds
 the target: everything it knows of p is the recorded top-k, so no gradient can reach the policy.
 
-A stride-chosen `holdout_fraction` of each policy version's rollouts is held out; only the newest
+A stride-chosen `holdout_fraction` of each policy version's prompt groups is held out; only the newest
 version's are scored (older held-out rollouts join the training buffer when a new version comes).
 Each round scores the published drafter, the candidate and a frozen copy of the initial drafter
 (the *shadow*, what no online learning would give) by expected acceptance Σ min(p, q) on those
@@ -122,6 +122,7 @@ class DraftLearner:
         self._optimizer = self._make_optimizer()
         self._generator = torch.Generator().manual_seed(config.seed)
         self._num_seen_newest = 0
+        self._holdout_prompts: dict[tuple[int, ...], bool] = {}
         self._frozen_score: float | None = None  # cached until the held-out set changes
 
     # ------------------------------------------------------------------ public API
@@ -133,8 +134,14 @@ class DraftLearner:
         if newest > self.holdout_version:
             self.buffer.add(self.holdout)
             self.holdout, self.holdout_version, self._num_seen_newest = [], newest, 0
-        for entry in entries:
-            if entry.policy_version == self.holdout_version and self._next_is_holdout():
+            self._holdout_prompts: dict[tuple[int, ...], bool] = {}
+        for rollout, entry in zip(rollouts, entries):
+            # Whole prompt groups are held out together: a sibling of a training rollout shares its
+            # prompt and much of its text, so splitting a group would score the drafter on what it saw.
+            key = tuple(rollout.prompt_ids)
+            if entry.policy_version == self.holdout_version and key not in self._holdout_prompts:
+                self._holdout_prompts[key] = self._next_is_holdout()
+            if entry.policy_version == self.holdout_version and self._holdout_prompts[key]:
                 self.holdout.append(entry)
             else:
                 self.buffer.add([entry])
@@ -224,7 +231,7 @@ class DraftLearner:
     # ------------------------------------------------------------------ internals
 
     def _next_is_holdout(self) -> bool:
-        """Every 1/f-th rollout of the newest version, starting with the first (exact fraction f)."""
+        """Every 1/f-th prompt group of the newest version, starting with the first (exact fraction f)."""
         i, f = self._num_seen_newest, self.config.holdout_fraction
         self._num_seen_newest += 1
         return math.floor((i + 1) * f + 1 - f + 1e-9) > math.floor(i * f + 1 - f + 1e-9)
