@@ -19,17 +19,13 @@ from typing import Any, TypeVar
 import yaml
 
 from specroll.rollout import EngineConfig, SamplingParams
+from specroll.rollout.config import require
 
 T = TypeVar("T")
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 TRANSPORTS = ("object_store", "torch_distributed")
 DIST_BACKENDS = ("gloo", "nccl")
-
-
-def _require(ok: bool, name: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
 
 
 @dataclass
@@ -40,8 +36,8 @@ class ActorResources:
     num_gpus: float = 0.0
 
     def __post_init__(self) -> None:
-        _require(self.num_cpus >= 0, "num_cpus", self.num_cpus, "a number >= 0")
-        _require(self.num_gpus >= 0, "num_gpus", self.num_gpus, "a number >= 0")
+        require(self.num_cpus >= 0, "num_cpus", self.num_cpus, "a number >= 0")
+        require(self.num_gpus >= 0, "num_gpus", self.num_gpus, "a number >= 0")
 
     def bundle(self) -> dict[str, float]:
         """The placement-group bundle for this actor (Ray rejects zero-valued entries)."""
@@ -57,7 +53,7 @@ class ModelPaths:
     drafter: str | None = None
 
     def __post_init__(self) -> None:
-        _require(bool(self.target), "models.target", self.target, "a model path")
+        require(bool(self.target), "models.target", self.target, "a model path")
 
 
 @dataclass
@@ -77,13 +73,13 @@ class TopologyConfig:
     max_resends: int = 3
 
     def __post_init__(self) -> None:
-        _require(self.num_workers >= 1, "num_workers", self.num_workers, "an int >= 1")
-        _require(
+        require(self.num_workers >= 1, "num_workers", self.num_workers, "an int >= 1")
+        require(
             self.placement_strategy is None or self.placement_strategy in PLACEMENT_STRATEGIES,
             "placement_strategy", self.placement_strategy, f"one of {PLACEMENT_STRATEGIES} or null",
         )
-        _require(self.max_restarts >= 0, "max_restarts", self.max_restarts, "an int >= 0 (-1 is not allowed)")
-        _require(self.max_resends >= 0, "max_resends", self.max_resends, "an int >= 0")
+        require(self.max_restarts >= 0, "max_restarts", self.max_restarts, "an int >= 0 (-1 is not allowed)")
+        require(self.max_resends >= 0, "max_resends", self.max_resends, "an int >= 0")
 
 
 @dataclass
@@ -96,10 +92,10 @@ class SyncConfig:
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        _require(self.transport in TRANSPORTS, "sync.transport", self.transport, f"one of {TRANSPORTS}")
-        _require(self.backend in DIST_BACKENDS, "sync.backend", self.backend, f"one of {DIST_BACKENDS}")
-        _require(self.bucket_mb > 0, "sync.bucket_mb", self.bucket_mb, "a number > 0")
-        _require(self.timeout_s > 0, "sync.timeout_s", self.timeout_s, "a number > 0")
+        require(self.transport in TRANSPORTS, "sync.transport", self.transport, f"one of {TRANSPORTS}")
+        require(self.backend in DIST_BACKENDS, "sync.backend", self.backend, f"one of {DIST_BACKENDS}")
+        require(self.bucket_mb > 0, "sync.bucket_mb", self.bucket_mb, "a number > 0")
+        require(self.timeout_s > 0, "sync.timeout_s", self.timeout_s, "a number > 0")
 
     @property
     def bucket_bytes(self) -> int:
@@ -118,7 +114,7 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "n", "prompt_len", "rounds"):
-            _require(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
+            require(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
 
 
 @dataclass

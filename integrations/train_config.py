@@ -21,17 +21,13 @@ from typing import Any
 import yaml
 
 from specroll.rollout import EngineConfig
+from specroll.rollout.config import require
 
 from .config import SyncConfig, TopologyConfig, from_dict
 
 MODEL_SOURCES = ("demo", "pretrained")
 DEMO_RECIPES = ("full", "tiny")
 BACKENDS = ("ray", "local")
-
-
-def _require(ok: bool, name: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
 
 
 @dataclass
@@ -48,11 +44,11 @@ class ModelsConfig:
     task_max_digits: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.source in MODEL_SOURCES, "models.source", self.source, f"one of {MODEL_SOURCES}")
-        _require(self.recipe in DEMO_RECIPES, "models.recipe", self.recipe, f"one of {DEMO_RECIPES}")
+        require(self.source in MODEL_SOURCES, "models.source", self.source, f"one of {MODEL_SOURCES}")
+        require(self.recipe in DEMO_RECIPES, "models.recipe", self.recipe, f"one of {DEMO_RECIPES}")
         if self.source == "pretrained":
-            _require(bool(self.target), "models.target", self.target, "a model path when source is pretrained")
-        _require(self.task_max_digits is None or 1 <= self.task_max_digits <= 18, "models.task_max_digits",
+            require(bool(self.target), "models.target", self.target, "a model path when source is pretrained")
+        require(self.task_max_digits is None or 1 <= self.task_max_digits <= 18, "models.task_max_digits",
                  self.task_max_digits, "an int in [1, 18] or null")
 
 
@@ -81,18 +77,18 @@ class GRPOSettings:
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "max_completion_length", "num_iterations", "num_train_prompts"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, f"grpo.{name}", value, "an int >= 1")
-        _require(isinstance(self.num_generations, int) and self.num_generations >= 2, "grpo.num_generations",
+            require(isinstance(value, int) and value >= 1, f"grpo.{name}", value, "an int >= 1")
+        require(isinstance(self.num_generations, int) and self.num_generations >= 2, "grpo.num_generations",
                  self.num_generations, "an int >= 2 (GRPO needs a group to compare)")
-        _require(self.learning_rate > 0, "grpo.learning_rate", self.learning_rate, "a number > 0")
-        _require(self.temperature > 0, "grpo.temperature", self.temperature, "a number > 0")
-        _require(self.beta >= 0, "grpo.beta", self.beta, "a number >= 0")
+        require(self.learning_rate > 0, "grpo.learning_rate", self.learning_rate, "a number > 0")
+        require(self.temperature > 0, "grpo.temperature", self.temperature, "a number > 0")
+        require(self.beta >= 0, "grpo.beta", self.beta, "a number >= 0")
         if self.extra:
             from trl import GRPOConfig
 
             known = {f.name for f in dataclasses.fields(GRPOConfig)}
             unknown = sorted(set(self.extra) - known)
-            _require(not unknown, "grpo.extra", unknown, "GRPOConfig field names")
+            require(not unknown, "grpo.extra", unknown, "GRPOConfig field names")
 
 
 @dataclass
@@ -106,7 +102,7 @@ class BackendSettings:
     sync: SyncConfig = field(default_factory=SyncConfig)
 
     def __post_init__(self) -> None:
-        _require(self.kind in BACKENDS, "backend.kind", self.kind, f"one of {BACKENDS}")
+        require(self.kind in BACKENDS, "backend.kind", self.kind, f"one of {BACKENDS}")
 
 
 @dataclass
@@ -118,10 +114,10 @@ class ReportSettings:
     speed_repeats: int = 2
 
     def __post_init__(self) -> None:
-        _require(bool(self.out_dir), "report.out_dir", self.out_dir, "a folder path")
+        require(bool(self.out_dir), "report.out_dir", self.out_dir, "a folder path")
         for name in ("speed_prompts", "speed_repeats"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, f"report.{name}", value, "an int >= 1")
+            require(isinstance(value, int) and value >= 1, f"report.{name}", value, "an int >= 1")
 
 
 @dataclass
@@ -139,9 +135,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         needed = self.grpo.max_completion_length + 8
-        _require(self.engine.max_seq_len >= needed, "engine.max_seq_len", self.engine.max_seq_len,
+        require(self.engine.max_seq_len >= needed, "engine.max_seq_len", self.engine.max_seq_len,
                  f"at least grpo.max_completion_length + a prompt (>= {needed})")
-        _require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
+        require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
                  "an int >= 1 or null")
         _validate_learner(self.learner)
 
@@ -152,7 +148,7 @@ def _validate_learner(learner: dict[str, Any]) -> None:
 
     known = {f.name for f in dataclasses.fields(LearnerConfig)}
     unknown = sorted(set(learner) - known)
-    _require(not unknown, "learner", unknown, f"LearnerConfig fields: {sorted(known)}")
+    require(not unknown, "learner", unknown, f"LearnerConfig fields: {sorted(known)}")
     try:
         LearnerConfig(**learner)
     except ValueError as err:

@@ -13,7 +13,8 @@ from typing import Literal
 import torch
 
 
-def _require(ok: bool, name: str, value: object, allowed: str) -> None:
+def require(ok: bool, name: str, value: object, allowed: str) -> None:
+    """The project's config check: `ValueError` naming the field, its value and what is allowed."""
     if not ok:
         raise ValueError(f"{name}={value!r} is invalid: {allowed}")
 
@@ -34,23 +35,23 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
             "max_new_tokens", self.max_new_tokens, "an int >= 1",
         )
         t = self.temperature
-        _require(
+        require(
             isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
             "temperature", t, "a finite number >= 0 (0 = greedy)",
         )
-        _require(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k, "an int >= 0 (0 = off)")
+        require(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k, "an int >= 0 (0 = off)")
         p = self.top_p
-        _require(
+        require(
             isinstance(p, (int, float)) and math.isfinite(p) and 0 < p <= 1,
             "top_p", p, "a number in (0, 1]",
         )
         object.__setattr__(self, "stop_token_ids", tuple(int(s) for s in self.stop_token_ids))
-        _require(
+        require(
             all(s >= 0 for s in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
             "non-negative token ids",
         )
@@ -90,19 +91,19 @@ class EngineConfig:
     acceptance_ema: float = 0.9
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             isinstance(self.max_batch_size, int) and self.max_batch_size >= 1,
             "max_batch_size", self.max_batch_size, "an int >= 1",
         )
-        _require(
+        require(
             isinstance(self.max_seq_len, int) and self.max_seq_len >= 2,
             "max_seq_len", self.max_seq_len, "an int >= 2",
         )
-        _require(
+        require(
             self.gamma == "auto" or (isinstance(self.gamma, int) and self.gamma >= 0),
             "gamma", self.gamma, "an int >= 0 (0 = plain decoding) or 'auto'",
         )
-        _require(
+        require(
             isinstance(self.max_gamma, int) and self.max_gamma >= 1, "max_gamma", self.max_gamma,
             "an int >= 1",
         )
@@ -110,23 +111,23 @@ class EngineConfig:
             self.max_gamma = self.gamma
         if isinstance(self.dtype, str):
             resolved = getattr(torch, self.dtype, None)
-            _require(
+            require(
                 isinstance(resolved, torch.dtype) and resolved.is_floating_point, "dtype", self.dtype,
                 "a floating torch dtype name such as 'float32', 'bfloat16', 'float16'",
             )
             self.dtype = resolved
-        _require(
+        require(
             0.0 <= self.draft_stop_confidence < 1.0, "draft_stop_confidence", self.draft_stop_confidence,
             "a number in [0, 1) (0 = always draft gamma tokens)",
         )
-        _require(
+        require(
             isinstance(self.signal_top_k, int) and self.signal_top_k >= 1, "signal_top_k",
             self.signal_top_k, "an int >= 1",
         )
-        _require(
+        require(
             0.0 <= self.acceptance_ema < 1.0, "acceptance_ema", self.acceptance_ema, "a number in [0, 1)"
         )
-        _require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
+        require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
         try:
             torch.device(self.device)
         except RuntimeError as err:
