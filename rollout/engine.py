@@ -150,7 +150,7 @@ class SpecEngine:
         token_logprobs = dist.gather(-1, verdict.tokens[..., None]).squeeze(-1)  # [n, γ+1]
         rows.logprobs[live] = rows.logprobs[live].scatter(1, positions, token_logprobs)
         if rows.signal_top_k:
-            self._record_signals(live, positions, drafts, verdict, dist.exp() if params.greedy else p)
+            self._record_signals(live, positions, drafts, verdict, dist)
         new_len = seq_len + num_emit
         rows.seq_len[live] = new_len
         rows.stopped[live] |= stopped
@@ -171,14 +171,15 @@ class SpecEngine:
         return [slot for slot, done in enumerate(summary[1 + gamma :]) if done]
 
     def _record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
-                        probs: torch.Tensor) -> None:
+                        logprobs: torch.Tensor) -> None:
+        """Keep the top-k of `logprobs` [n, γ+1, V] (exponentiating only those k), drafts and verdicts."""
         rows, n = self.rows, drafts.shape[0]
-        k = min(rows.signal_top_k, probs.shape[-1])
-        top = probs.topk(k, dim=-1)  # [n, γ+1, k]
+        k = min(rows.signal_top_k, logprobs.shape[-1])
+        top = logprobs.topk(k, dim=-1)  # [n, γ+1, k]
         pos_k = positions[..., None].expand(-1, -1, k)
         # `live` is a slice, so these are views: scatter in place instead of copying [n, L, k] per step.
         rows.topk_ids[live, :, :k].scatter_(1, pos_k, top.indices)
-        rows.topk_probs[live, :, :k].scatter_(1, pos_k, top.values)
+        rows.topk_probs[live, :, :k].scatter_(1, pos_k, top.values.exp())
         no_draft = drafts.new_full((n, 1), -1)
         rows.draft_ids[live].scatter_(1, positions, torch.cat([drafts, no_draft], 1))
         accepted = torch.cat([verdict.accepted, verdict.accepted.new_zeros(n, 1)], 1)
