@@ -54,6 +54,7 @@ class AcceptanceEstimate:
 
     def __init__(self, max_gamma: int, decay: float):
         self.alpha = [PRIOR_ACCEPTANCE] * max_gamma
+        self.seen = [False] * max_gamma
         self.decay = decay
 
     def update(self, accepted: torch.Tensor) -> None:
@@ -64,14 +65,23 @@ class AcceptanceEstimate:
         kept = accepted.sum(0)  # [γ]
         for j, (r, k) in enumerate(zip(reached.tolist(), kept.tolist())):
             if r:
+                self.seen[j] = True
                 # Weight a step's evidence by how many rows reached position j (1 row ≈ weak evidence).
                 w = (1 - self.decay) * min(1.0, r / 4)
                 self.alpha[j] = (1 - w) * self.alpha[j] + w * (k / r)
 
+    def position_alpha(self, j: int) -> float:
+        """α_j; a position never drafted yet borrows the deepest measured one, so high acceptance at
+        short γ lets the policy try longer drafts (a fixed prior there would pin γ where it started)."""
+        if self.seen[j]:
+            return self.alpha[j]
+        deepest = max((i for i in range(j) if self.seen[i]), default=None)
+        return self.alpha[deepest] if deepest is not None else self.alpha[j]
+
     def expected_tokens(self, gamma: int) -> float:
         total, survive = 1.0, 1.0
         for j in range(gamma):
-            survive *= self.alpha[j]
+            survive *= self.position_alpha(j)
             total += survive
         return total
 

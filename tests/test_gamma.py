@@ -24,6 +24,7 @@ def synthetic(target_time, drafter_time) -> CostModel:
 def with_acceptance(policy: AutoGamma, alpha: float) -> AutoGamma:
     for est in policy.estimates.values():
         est.alpha = [alpha] * len(est.alpha)
+        est.seen = [True] * len(est.alpha)
     return policy
 
 
@@ -103,3 +104,10 @@ def test_confidence_stop_drafts_fewer_and_stays_exact():
     out = engine.generate(prompts, params)
     assert [r.completion_ids for r in out] == [r.completion_ids for r in plain]
     assert max(engine.stats.gamma_per_step) < 6  # the noisy drafter is unsure often enough to stop
+
+
+def test_unmeasured_positions_borrow_the_deepest_measured_acceptance():
+    est = AcceptanceEstimate(max_gamma=6, decay=0.0)
+    est.update(torch.ones(8, 2, dtype=torch.bool))  # γ = 2 steps, everything kept
+    # Positions 3..6 were never drafted: they take position 2's α = 1, not the prior.
+    assert est.expected_tokens(6) == 7.0
