@@ -73,8 +73,6 @@ class EngineConfig:
     number of drafted tokens per step (0 = plain decoding) or `"auto"` (chosen per step from a
     measured cost model, up to `max_gamma`). `record_signals` keeps the target's top-`signal_top_k`
     processed probabilities at each generated position for online draft learning.
-    `draft_stop_confidence` > 0 stops a step's drafting early when every live row's drafter is less
-    confident than that (see `ModelDrafter`).
     """
 
     max_batch_size: int = 16
@@ -83,7 +81,6 @@ class EngineConfig:
     max_gamma: int = 8
     device: str = "cpu"
     dtype: torch.dtype | str = torch.float32
-    draft_stop_confidence: float = 0.0
     record_signals: bool = False
     signal_top_k: int = 16
     calibration_cache: str | None = None
@@ -116,10 +113,6 @@ class EngineConfig:
                 "a floating torch dtype name such as 'float32', 'bfloat16', 'float16'",
             )
             self.dtype = resolved
-        require(
-            0.0 <= self.draft_stop_confidence < 1.0, "draft_stop_confidence", self.draft_stop_confidence,
-            "a number in [0, 1) (0 = always draft gamma tokens)",
-        )
         require(
             isinstance(self.signal_top_k, int) and self.signal_top_k >= 1, "signal_top_k",
             self.signal_top_k, "an int >= 1",

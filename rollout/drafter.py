@@ -49,17 +49,12 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """An independent small LM sharing the target's vocabulary (checked by the engine).
-
-    `stop_confidence` > 0 ends a step's drafting early when every live row's drafter puts less than
-    that probability (at T = 1) on its likeliest token (HF assisted generation's confidence stop, batch-wide).
-    """
+    """An independent small LM sharing the target's vocabulary (checked by the engine)."""
 
     def __init__(self, model: PreTrainedModel, slots: int, length: int, dtype: torch.dtype, device: torch.device,
-                 target_vocab_size: int, stop_confidence: float = 0.0):
+                 target_vocab_size: int):
         self.runner = ModelRunner(model, slots, length, dtype, device)
         self.target_vocab_size = target_vocab_size
-        self.stop_confidence = stop_confidence
 
     @property
     def num_forwards(self) -> int:
@@ -76,11 +71,6 @@ class ModelDrafter:
         logits = self.runner.extend(live, rows.tokens[live], lag)  # [n, V_d]
         for i in range(gamma):
             q[:, i] = process_logits(self._to_target_vocab(logits), params)
-            if i and self.stop_confidence and self._unsure(logits):
-                # Every row's drafter is unsure here: a draft this likely to be rejected costs a
-                # drafter forward and a wider verify for nothing. (Per row would save no target
-                # compute: every row feeds the same number of tokens to the verify forward.)
-                return Proposal(drafts[:, :i], q[:, :i])
             drafts[:, i] = sample(q[:, i], generator)
             if i < gamma - 1:
                 logits = self.runner.feed(live, drafts[:, i : i + 1])[:, 0]
@@ -102,11 +92,6 @@ class ModelDrafter:
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         copy_into(self.runner.model, state_dict, "drafter")
-
-    def _unsure(self, logits: torch.Tensor) -> bool:
-        """Every row's raw (T = 1) top probability is below the threshold — raw, since a greedy
-        processed distribution is one-hot and always 'confident'."""
-        return bool((logits.float().softmax(-1).amax(-1) < self.stop_confidence).all())
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Drafter logits over the target's ids: extra drafter rows dropped, missing ones at -inf."""

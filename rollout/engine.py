@@ -54,8 +54,7 @@ class SpecEngine:
         self.vocab_size = self.target.vocab_size
         self.drafter: ModelDrafter | None = None
         if drafter is not None:
-            self.drafter = ModelDrafter(drafter, slots, length, config.dtype, self.device, self.vocab_size,
-                                        stop_confidence=config.draft_stop_confidence)
+            self.drafter = ModelDrafter(drafter, slots, length, config.dtype, self.device, self.vocab_size)
         self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None)
         self.stats = EngineStats()
         self.gamma_policy: GammaPolicy = make_gamma_policy(
@@ -116,7 +115,6 @@ class SpecEngine:
         if gamma:
             proposal = self.drafter.propose(live, self.rows, gamma, params, generator)
             drafts, q = proposal.drafts, proposal.q  # [n, γ], [n, γ, V]
-            gamma = drafts.shape[1]  # a confidence stop may have drafted fewer
         else:
             drafts = torch.empty(n, 0, dtype=torch.long, device=self.device)
             q = torch.empty(n, 0, self.vocab_size, device=self.device)

@@ -94,18 +94,6 @@ def test_auto_gamma_greedy_output_equals_plain_decoding(tmp_path):
     assert set(auto.stats.gamma_per_step) == {0, 1, 2, 3, 4}
 
 
-def test_confidence_stop_drafts_fewer_and_stays_exact():
-    target, drafter = tiny_lm("llama"), noisy_copy("llama", noise=0.3)
-    prompts = make_prompts(7, 2, 9)
-    params = SamplingParams(max_new_tokens=30, temperature=0)
-    plain = SpecEngine(target, None, EngineConfig(max_batch_size=4, max_seq_len=64, gamma=0)).generate(prompts, params)
-    engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=4, max_seq_len=64, gamma=6,
-                                                      draft_stop_confidence=0.9))
-    out = engine.generate(prompts, params)
-    assert [r.completion_ids for r in out] == [r.completion_ids for r in plain]
-    assert max(engine.stats.gamma_per_step) < 6  # the noisy drafter is unsure often enough to stop
-
-
 def test_unmeasured_positions_borrow_the_deepest_measured_acceptance():
     est = AcceptanceEstimate(max_gamma=6, decay=0.0)
     est.update(torch.ones(8, 2, dtype=torch.bool))  # γ = 2 steps, everything kept
