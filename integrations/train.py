@@ -261,17 +261,21 @@ def _start_ray(config: TrainConfig) -> None:
     if ray.is_initialized():
         return
     address = config.backend.address or os.environ.get("RAY_ADDRESS")
-    if address:  # under `ray job submit`, or a cluster named in the config
+    if address:  # under `ray job submit` (its RAY_ADDRESS is the GCS address), or a cluster named in the config
         ray.init(address=address)
+        print(f"specroll train: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", flush=True)
         return
     topo = config.backend.topology
     cpus = topo.num_workers * topo.worker.num_cpus + (topo.learner.num_cpus if config.online_learning else 0)
+    num_cpus = max(int(cpus + 0.999), 1)
     # address="local": always a fresh embedded cluster, never another user's on this machine
-    ray.init(address="local", num_cpus=max(int(cpus + 0.999), 1), include_dashboard=False,
-             _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    print(f"specroll train: started an embedded Ray cluster ({num_cpus} CPUs)", flush=True)
 
 
 def _stop_ray() -> None:
+    """Shut down the embedded cluster; in a joined cluster (a Ray job) this disconnects the driver only."""
     import sys
 
     ray = sys.modules.get("ray")

@@ -1,7 +1,9 @@
-"""End to end: `ray job submit ... -- python -m specroll.integrations.ray_job` against a local
-`ray start --head` on 127.0.0.1. Slow (a head node with a dashboard, then a job driver and actors:
-about a minute on 2 cores), so marked `slow`. The head runs with `--block` and is stopped by its PID
-(never `ray stop`, which would kill every Ray on the machine)."""
+"""End to end under `ray job submit` against a local `ray start --head` on 127.0.0.1: the Ray rollout
+job (`python -m specroll.integrations.ray_job`) and the main job (`specroll train`). Slow (a head node
+with a dashboard, then job drivers and actors: minutes on 2 cores), so marked `slow`. One head serves
+the module; it runs with `--block` and is stopped by its PID (never `ray stop`, which would kill every
+Ray on the machine). The head's PATH starts with this venv's `bin`, as after `source .venv/bin/activate`,
+so a job's `specroll` is this venv's."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,9 +23,16 @@ import pytest
 from specroll.integrations.config import ModelPaths
 from specroll.integrations.ray_job import make_tiny_models
 
-RAY = str(Path(sys.executable).with_name("ray"))
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ray_local.yaml"
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+RAY = str(VENV_BIN / "ray")
 ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@dataclass
+class RayHead:
+    gcs_address: str
+    dashboard_url: str
 
 
 def free_port() -> int:
@@ -43,34 +53,63 @@ def wait_for_dashboard(url: str, timeout_s: float = 120) -> None:
             time.sleep(1)
 
 
-@pytest.mark.slow
-def test_ray_job_submit_runs_rounds_with_online_learning(tmp_path):
-    make_tiny_models(ModelPaths(str(tmp_path / "target"), str(tmp_path / "drafter")))
-    config = tmp_path / "ray_job.yaml"
-    config.write_text(CONFIG.read_text().replace(".cache/specroll/ray_local", str(tmp_path)))
+@pytest.fixture(scope="module")
+def ray_head():
     gcs_port, dashboard_port = free_port(), free_port()
-    env = {**os.environ, **ENV}
+    env = {**os.environ, **ENV, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
          "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
          f"--dashboard-port={dashboard_port}"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
-    address = f"http://127.0.0.1:{dashboard_port}"
     try:
-        wait_for_dashboard(address)
-        job = subprocess.run(
-            [RAY, "job", "submit", f"--address={address}", f"--runtime-env-json={json.dumps({'env_vars': ENV})}",
-             "--", sys.executable, "-m", "specroll.integrations.ray_job", "--config", str(config)],
-            env=env, capture_output=True, text=True, timeout=300,
-        )
-        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-        rounds = [json.loads(line) for line in job.stdout.splitlines() if line.startswith('{"round"')]
-        assert [r["round"] for r in rounds] == [0, 1]
-        assert all(r["rollouts"] == 8 for r in rounds)
+        dashboard_url = f"http://127.0.0.1:{dashboard_port}"
+        wait_for_dashboard(dashboard_url)
+        yield RayHead(f"127.0.0.1:{gcs_port}", dashboard_url)
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
         current = Path("/tmp/ray/ray_current_cluster")
         if current.exists() and f":{gcs_port}" in current.read_text():
             current.unlink()  # a stopped head leaves it; the next ray.init() would hang on it
+
+
+def submit(head: RayHead, entrypoint: list[str], env_vars: dict[str, str], timeout_s: float) -> str:
+    """`ray job submit` and wait for the job to end; returns its log (the CLI tails it) after checking success."""
+    runtime_env = {"env_vars": {**ENV, **env_vars}}
+    job = subprocess.run(
+        [RAY, "job", "submit", f"--address={head.dashboard_url}", f"--runtime-env-json={json.dumps(runtime_env)}",
+         "--", *entrypoint],
+        env={**os.environ, **ENV}, capture_output=True, text=True, timeout=timeout_s,
+    )
+    assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, job.stdout[-4000:] + job.stderr[-3000:]
+    return job.stdout
+
+
+@pytest.mark.slow
+def test_ray_job_submit_runs_rounds_with_online_learning(ray_head, tmp_path):
+    make_tiny_models(ModelPaths(str(tmp_path / "target"), str(tmp_path / "drafter")))
+    config = tmp_path / "ray_job.yaml"
+    config.write_text((REPO / "configs" / "ray_local.yaml").read_text().replace(".cache/specroll/ray_local",
+                                                                                 str(tmp_path)))
+    log = submit(ray_head, [sys.executable, "-m", "specroll.integrations.ray_job", "--config", str(config)], {},
+                 timeout_s=300)
+    rounds = [json.loads(line) for line in log.splitlines() if line.startswith('{"round"')]
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert all(r["rollouts"] == 8 for r in rounds)
+
+
+@pytest.mark.slow
+def test_ray_job_submit_runs_specroll_train_on_the_submitted_cluster(ray_head, tmp_path):
+    pytest.importorskip("trl")
+    out = tmp_path / "report"
+    log = submit(ray_head, ["specroll", "train", "--config", str(REPO / "configs" / "demo_tiny.yaml"),
+                            "--out-dir", str(out)],
+                 {"SPECROLL_CACHE": str(tmp_path / "cache")}, timeout_s=600)
+    assert f"specroll train: joined the Ray cluster at {ray_head.gcs_address}" in log
+    assert "embedded Ray cluster" not in log
+    for name in ("report.html", "metrics.jsonl", "config.yaml", "summary.json"):
+        assert (out / name).is_file(), name
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in steps if "reward" in e] == [1, 2]
