@@ -26,6 +26,7 @@ class WritePlan:
     rows: slice | torch.Tensor
     positions: torch.Tensor  # [n, Q] int64 slot of each new token
     kv_len: int  # slots the attention reads: max(start) + Q
+    same_start: int | None = None  # every row writes at this slot (then a slice copy replaces the scatter)
     _index: torch.Tensor | None = None
 
     def scatter_index(self, shape: torch.Size) -> torch.Tensor:
@@ -55,7 +56,11 @@ class RaggedLayer(CacheLayerMixin):
         if plan is None:
             raise RuntimeError("RaggedKVCache.plan_write must be called before each forward")
         rows = plan.rows
-        if isinstance(rows, slice):
+        if isinstance(rows, slice) and plan.same_start is not None:
+            span = slice(plan.same_start, plan.same_start + key_states.shape[2])
+            self.keys[rows, :, span] = key_states
+            self.values[rows, :, span] = value_states
+        elif isinstance(rows, slice):
             # Live prefix: scatter in place into views of the buffers (cheaper than index_put).
             index = plan.scatter_index(key_states.shape)  # [n, H, Q, D]
             self.keys[rows].scatter_(2, index, key_states.to(self.keys.dtype))
@@ -107,8 +112,11 @@ class RaggedKVCache(Cache):
         which never holds a valid token.
         """
         positions = start[:, None] + torch.arange(query_len, device=start.device)  # [n, Q]
-        kv_len = min(int(start.max()) + query_len, self.length)
-        self.plan = WritePlan(rows=rows, positions=positions.clamp_max(self.length - 1), kv_len=kv_len)
+        lo, hi = torch.stack([start.min(), start.max()]).tolist()  # one host sync for both
+        kv_len = min(hi + query_len, self.length)
+        same = lo if lo == hi and hi + query_len <= self.length else None
+        self.plan = WritePlan(rows=rows, positions=positions.clamp_max(self.length - 1), kv_len=kv_len,
+                              same_start=same)
         return positions
 
     def move_row(self, src: int, dst: int) -> None:

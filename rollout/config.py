@@ -72,7 +72,10 @@ class EngineConfig:
     queue and refill finished slots. `max_seq_len` bounds prompt + completion per row. `gamma` is the
     number of drafted tokens per step (0 = plain decoding) or `"auto"` (chosen per step from a
     measured cost model, up to `max_gamma`). `record_signals` keeps the target's top-`signal_top_k`
-    processed probabilities at each generated position for online draft learning.
+    processed probabilities at each generated position for online draft learning. `lean_forward`
+    runs Llama-family models (Llama, Mistral, Qwen2, Qwen3 with sdpa) through `rollout.lean`'s
+    fused forward instead of HF's module tree (same weights and math, far fewer kernel calls);
+    other models always use HF's forward.
     """
 
     max_batch_size: int = 16
@@ -86,6 +89,7 @@ class EngineConfig:
     calibration_cache: str | None = None
     cost_model_budget_s: float = 8.0
     acceptance_ema: float = 0.9
+    lean_forward: bool = True
 
     def __post_init__(self) -> None:
         require(
@@ -120,6 +124,7 @@ class EngineConfig:
         require(
             0.0 <= self.acceptance_ema < 1.0, "acceptance_ema", self.acceptance_ema, "a number in [0, 1)"
         )
+        require(isinstance(self.lean_forward, bool), "lean_forward", self.lean_forward, "True or False")
         require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
         try:
             torch.device(self.device)

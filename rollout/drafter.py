@@ -52,8 +52,8 @@ class ModelDrafter:
     """An independent small LM sharing the target's vocabulary (checked by the engine)."""
 
     def __init__(self, model: PreTrainedModel, slots: int, length: int, dtype: torch.dtype, device: torch.device,
-                 target_vocab_size: int):
-        self.runner = ModelRunner(model, slots, length, dtype, device)
+                 target_vocab_size: int, lean: bool = True):
+        self.runner = ModelRunner(model, slots, length, dtype, device, lean)
         self.target_vocab_size = target_vocab_size
 
     @property

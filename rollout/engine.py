@@ -50,11 +50,12 @@ class SpecEngine:
             check_vocab_compatible(target, drafter, target_tokenizer, drafter_tokenizer)
         self.device = torch.device(config.device)
         slots, length = config.max_batch_size, config.cache_len
-        self.target = ModelRunner(target, slots, length, config.dtype, self.device)
+        self.target = ModelRunner(target, slots, length, config.dtype, self.device, config.lean_forward)
         self.vocab_size = self.target.vocab_size
         self.drafter: ModelDrafter | None = None
         if drafter is not None:
-            self.drafter = ModelDrafter(drafter, slots, length, config.dtype, self.device, self.vocab_size)
+            self.drafter = ModelDrafter(drafter, slots, length, config.dtype, self.device, self.vocab_size,
+                                        config.lean_forward)
         self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None)
         self.stats = EngineStats()
         self.gamma_policy: GammaPolicy = make_gamma_policy(

@@ -3,7 +3,8 @@
 Every call feeds the same number Q of tokens to each row (ragged calls pad on the right), with
 per-row `position_ids = start[:, None] + arange(Q)` and one 4D mask shared by all layers: query q
 of row b sees slots `<= start[b] + q`. Eager attention *adds* its mask, so it gets 0 / finfo.min
-floats; sdpa takes booleans.
+floats; sdpa takes booleans. Llama-family models run through `lean.LeanDecoder` when `lean`
+(the default), everything else through HF's forward.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ import torch
 from transformers import PreTrainedModel
 
 from .cache import RaggedKVCache
+from .lean import LeanDecoder, unsupported_reason
 
 
 class ModelRunner:
     """One model (target or drafter) with its ragged cache."""
 
-    def __init__(self, model: PreTrainedModel, batch: int, length: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, model: PreTrainedModel, batch: int, length: int, dtype: torch.dtype, device: torch.device,
+                 lean: bool = True):
         self.model = model.to(device=device, dtype=dtype).eval()
+        self.lean = LeanDecoder(self.model) if lean and unsupported_reason(self.model) is None else None
         self.device = device
         self.cache = RaggedKVCache(model.config, batch, length, dtype, device)
         # A drafter may have fewer embedding rows than the target (both padded past the same tokenizer
@@ -34,8 +38,12 @@ class ModelRunner:
         return self.model.get_output_embeddings().weight.shape[0]
 
     @torch.inference_mode()
-    def forward(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    def forward(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor,
+                logits_at: torch.Tensor | None = None) -> torch.Tensor:
         """Feed `input_ids` [n, Q] to `rows` at slots `start` [n] onward; returns logits [n, Q, V].
+
+        With `logits_at` [n] only each row's logits at that query index are returned, [n, V] (the
+        lean forward then skips the LM head elsewhere — most of a prefill's cost at a large vocab).
 
         Does not move `cache.lens`: the caller sets it to what it keeps (rollback is a length).
         """
@@ -48,16 +56,17 @@ class ModelRunner:
             mask = torch.zeros(mask.shape, dtype=self.mask_dtype, device=self.device).masked_fill_(
                 ~mask, torch.finfo(self.mask_dtype).min
             )
-        out = self.model(
-            input_ids=input_ids.clamp_max(self.max_input_id),
-            position_ids=position_ids,
-            attention_mask=mask,
-            cache=self.cache,
-            use_cache=True,
-        )
-        self.cache.plan = None
-        self.num_forwards += 1
-        return out.logits
+        input_ids = input_ids.clamp_max(self.max_input_id)
+        try:
+            if self.lean is not None:
+                return self.lean(input_ids, position_ids, mask, self.cache, logits_at)
+            logits = self.model(
+                input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache, use_cache=True
+            ).logits
+            return logits if logits_at is None else logits[torch.arange(logits.shape[0], device=self.device), logits_at]
+        finally:
+            self.cache.plan = None
+            self.num_forwards += 1
 
     def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V]."""
@@ -76,7 +85,7 @@ class ModelRunner:
         start = self.cache.lens[rows]  # [n]
         query_len = max(int(count.max()), 1)
         idx = (start[:, None] + torch.arange(query_len, device=self.device)).clamp_max(tokens.shape[1] - 1)
-        logits = self.forward(rows, tokens.gather(1, idx), start)  # [n, Q, V]
-        self.cache.lens[rows] = start + count
         last = (count - 1).clamp_min(0)  # [n]
-        return logits[torch.arange(logits.shape[0], device=self.device), last]
+        logits = self.forward(rows, tokens.gather(1, idx), start, logits_at=last)  # [n, V]
+        self.cache.lens[rows] = start + count
+        return logits

@@ -25,8 +25,8 @@ def counted_engine():
     target, drafter = build_lm("llama", "sdpa"), build_lm("llama", "sdpa", hidden=16, layers=1, seed=1)
     engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=2, max_seq_len=MAX_SEQ_LEN, gamma=2))
     engine.model_calls = []
-    for model in (target, drafter):
-        model.register_forward_pre_hook(lambda module, args: engine.model_calls.append(module))
+    for model in (target, drafter):  # the embedding runs in HF's forward and in the lean one alike
+        model.get_input_embeddings().register_forward_pre_hook(lambda module, args: engine.model_calls.append(module))
     return engine
 
 
