@@ -40,10 +40,13 @@ class LocalBackend:
         drafter: PreTrainedModel | None,
         engine_config: EngineConfig | None = None,
         learner_config: Any | None = None,
+        target_tokenizer=None,
+        drafter_tokenizer=None,
     ) -> LocalBackend:
         """Build the engine, and a learner on a private copy of the drafter when `learner_config` is given.
 
-        The engine records verification signals whenever there is a learner to feed.
+        The engine records verification signals whenever there is a learner to feed. The tokenizers,
+        if given, let the engine compare vocabularies token by token (see `SpecEngine`).
         """
         engine_config = engine_config or EngineConfig()
         learner = None
@@ -54,7 +57,7 @@ class LocalBackend:
 
             engine_config = dataclasses.replace(engine_config, record_signals=True)
             learner = DraftLearner(drafter, learner_config)  # trains its own copy
-        return cls(SpecEngine(target, drafter, engine_config), learner)
+        return cls(SpecEngine(target, drafter, engine_config, target_tokenizer, drafter_tokenizer), learner)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
         self.engine.stats.reset()

@@ -24,6 +24,7 @@ from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 
 from .config import ModelPaths
 from .metrics import BatchMetrics, WorkerMetrics
+from .tokenizers import tokenizer_pair
 from .weight_sync import WeightPayload, WeightSyncError, receiving_transport, unpack_buckets
 
 ROLES = ("policy", "drafter")
@@ -37,7 +38,7 @@ class RolloutWorker:
         dtype = engine_config.dtype
         target = AutoModelForCausalLM.from_pretrained(models.target, dtype=dtype)
         drafter = AutoModelForCausalLM.from_pretrained(models.drafter, dtype=dtype) if models.drafter else None
-        self.engine = SpecEngine(target, drafter, engine_config)
+        self.engine = SpecEngine(target, drafter, engine_config, *tokenizer_pair(models))
         self.metrics = WorkerMetrics(worker_index)
         self.last_batch: BatchMetrics | None = None
         self.num_loads = 0

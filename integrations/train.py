@@ -32,7 +32,9 @@ from transformers.trainer_callback import PrinterCallback
 from specroll.rollout import SamplingParams, SpecEngine
 
 from .backend import RolloutBackend
+from .config import ModelPaths
 from .report import SpeedMeasurement, write_report
+from .tokenizers import tokenizer_pair
 from .train_config import TrainConfig, load_train_config, resolved_dict
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's documented hook
@@ -46,6 +48,12 @@ class ModelSources:
     drafter: str | None
     tokenizer: PreTrainedTokenizerBase
     max_digits: int
+    target_tokenizer: str | None = None  # where the engines load tokenizers for the vocabulary check
+    drafter_tokenizer: str | None = None
+
+    @property
+    def paths(self) -> ModelPaths:
+        return ModelPaths(self.target, self.drafter, self.target_tokenizer, self.drafter_tokenizer)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,14 +90,16 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     models = config.models
     if models.source == "pretrained":
         tokenizer = AutoTokenizer.from_pretrained(models.tokenizer or models.target)
-        return ModelSources(models.target, models.drafter, tokenizer, max_digits=models.task_max_digits or 10)
+        return ModelSources(models.target, models.drafter, tokenizer, max_digits=models.task_max_digits or 10,
+                            target_tokenizer=models.tokenizer or models.target, drafter_tokenizer=models.drafter)
     from specroll.demo.models import load_or_build_demo_models
     from specroll.demo.recipe import DemoRecipe
 
     recipe = DemoRecipe() if models.recipe == "full" else DemoRecipe.tiny()
     demo = load_or_build_demo_models(recipe)
+    tokenizer_dir = str(demo.path / "tokenizer")
     return ModelSources(str(demo.path / "target"), str(demo.path / "drafter"), demo.tokenizer,
-                        models.task_max_digits or recipe.max_digits)
+                        models.task_max_digits or recipe.max_digits, tokenizer_dir, tokenizer_dir)
 
 
 def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
@@ -103,8 +113,9 @@ def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
         return LocalBackend.from_models(
             AutoModelForCausalLM.from_pretrained(sources.target), drafter, config.engine,
             LearnerConfig(**learner) if config.online_learning and drafter is not None else None,
+            *tokenizer_pair(sources.paths),
         )
-    from .config import ModelPaths, RayRunConfig
+    from .config import RayRunConfig
     from .controller import RolloutController
 
     _start_ray(config)
@@ -112,7 +123,7 @@ def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
     if config.online_learning:  # the learner lives on what verification records
         engine = dataclasses.replace(engine, record_signals=True)
     return RolloutController(RayRunConfig(
-        models=ModelPaths(sources.target, sources.drafter), topology=config.backend.topology, engine=engine,
+        models=sources.paths, topology=config.backend.topology, engine=engine,
         sync=config.backend.sync, learner=learner, address=config.backend.address,
         online_learning=config.online_learning,
     ))
@@ -176,7 +187,8 @@ def _measure_speed(config: TrainConfig, sources: ModelSources, trainer: Any,
     policy = gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model))
     drafter = AutoModelForCausalLM.from_pretrained(sources.drafter) if sources.drafter else None
     engine_config = dataclasses.replace(config.engine, record_signals=False)
-    spec = SpecEngine(AutoModelForCausalLM.from_pretrained(sources.target), drafter, engine_config)
+    spec = SpecEngine(AutoModelForCausalLM.from_pretrained(sources.target), drafter, engine_config,
+                      *tokenizer_pair(sources.paths))
     spec.update_target(policy, trainer.state.global_step)
     published = _published_drafter(backend)
     if drafter is not None and published:

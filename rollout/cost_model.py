@@ -149,7 +149,8 @@ def _cache_key(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_ga
         cfg.pop("_name_or_path", None)
         cfg.pop("transformers_version", None)
         dtype = next(runner.model.parameters()).dtype
-        return json.dumps(cfg, sort_keys=True, default=str) + str(dtype)
+        forward = "lean" if runner.lean is not None else "hf"  # the two forwards cost differently
+        return json.dumps(cfg, sort_keys=True, default=str) + str(dtype) + forward
 
     device = target.device
     hw = f"{device}|{torch.get_num_threads()}|{torch.__version__}"

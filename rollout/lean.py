@@ -25,6 +25,17 @@ from .cache import RaggedKVCache
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def lean_decoder(model: PreTrainedModel) -> LeanDecoder | None:
+    """The model's `LeanDecoder` (one per model, shared by every engine that runs it), or None if unsupported."""
+    if unsupported_reason(model) is not None:
+        return None
+    decoder = getattr(model, "_specroll_lean", None)
+    if decoder is None:
+        decoder = LeanDecoder(model)
+        model._specroll_lean = decoder
+    return decoder
+
+
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """None if `LeanDecoder` computes exactly what `model` does, else why not."""
     config = model.config

@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .cache import RaggedKVCache
-from .lean import LeanDecoder, unsupported_reason
+from .lean import lean_decoder
 
 
 class ModelRunner:
@@ -22,7 +22,7 @@ class ModelRunner:
     def __init__(self, model: PreTrainedModel, batch: int, length: int, dtype: torch.dtype, device: torch.device,
                  lean: bool = True):
         self.model = model.to(device=device, dtype=dtype).eval()
-        self.lean = LeanDecoder(self.model) if lean and unsupported_reason(self.model) is None else None
+        self.lean = lean_decoder(self.model) if lean else None
         self.device = device
         self.cache = RaggedKVCache(model.config, batch, length, dtype, device)
         # A drafter may have fewer embedding rows than the target (both padded past the same tokenizer
