@@ -34,6 +34,19 @@ def _count_until_stop(rows: torch.Tensor, stop_ids: tuple[int, ...], budgets: li
     return total
 
 
+def hf_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A private copy in HF's own weight layout, as `from_pretrained` gives it to a user.
+
+    specroll's engine re-lays out the weights of the models it runs (`rollout.lean`: fused, and on CPU
+    input-major); the HF contenders must not inherit that, so each gets a contiguous copy.
+    """
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in clone.parameters():
+            param.data = param.data.contiguous()
+    return clone
+
+
 def _hf_sampling_kwargs(params: SamplingParams) -> dict:
     if params.greedy:
         return {"do_sample": False}
@@ -43,6 +56,7 @@ def _hf_sampling_kwargs(params: SamplingParams) -> dict:
 
 def hf_generate(target: PreTrainedModel, pad_id: int) -> Contender:
     """Batched `model.generate` with left padding — what TRL does without vLLM."""
+    target = hf_copy(target)
 
     @torch.inference_mode()
     def run(prompts: list[list[int]], budgets: list[int], params: SamplingParams) -> int:
@@ -62,7 +76,8 @@ def hf_generate(target: PreTrainedModel, pad_id: int) -> Contender:
 def hf_assisted(target: PreTrainedModel, drafter: PreTrainedModel, pad_id: int,
                 num_assistant_tokens: int | None) -> Contender:
     """HF assisted generation, one prompt at a time; `None` keeps the assistant's default schedule."""
-    assistant = copy.copy(drafter)
+    target = hf_copy(target)
+    assistant = hf_copy(drafter)
     assistant.generation_config = copy.deepcopy(drafter.generation_config)
     if num_assistant_tokens is not None:
         assistant.generation_config.num_assistant_tokens = num_assistant_tokens

@@ -70,8 +70,11 @@ class CostModel:
         if gamma:
             raw += self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1)
         ratio = seconds / raw
-        for key in (gamma, -1):
-            old = self.correction.get(key)
+        pooled = self.correction.get(-1)
+        for key in (-1, gamma):
+            # A γ seen for the first time starts from the pooled ratio, so one noisy step cannot
+            # make it look much cheaper (or dearer) than every other γ.
+            old = self.correction.get(key, pooled)
             self.correction[key] = ratio if old is None else self.ema * old + (1 - self.ema) * ratio
 
 
@@ -111,6 +114,12 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
     measured = batch_sizes[: len(times)]
     runner.cache.lens.zero_()
     runner.num_forwards = 0
+    # More rows or more tokens never take less time: a noisy dip would make the policy chase it.
+    for row in times:
+        for j in range(1, len(row)):
+            row[j] = max(row[j], row[j - 1])
+    for i in range(1, len(times)):
+        times[i] = [max(t, below) for t, below in zip(times[i], times[i - 1])]
     partial = ForwardTimes(measured, query_lens, times)
     full = [[partial(b, q) for q in query_lens] for b in batch_sizes]
     return ForwardTimes(batch_sizes, query_lens, full)
@@ -149,7 +158,7 @@ def _cache_key(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_ga
         cfg.pop("_name_or_path", None)
         cfg.pop("transformers_version", None)
         dtype = next(runner.model.parameters()).dtype
-        forward = "lean" if runner.lean is not None else "hf"  # the two forwards cost differently
+        forward = f"lean-{runner.lean.layout}" if runner.lean is not None else "hf"  # they cost differently
         return json.dumps(cfg, sort_keys=True, default=str) + str(dtype) + forward
 
     device = target.device

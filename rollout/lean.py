@@ -8,8 +8,8 @@ layer, RMSNorm and rotary inline, the HF rotary module for cos/sin (so every `ro
 is honoured), SDPA with the runner's 4D mask, and the LM head only where logits are needed.
 
 The fused weights are the storage of the HF parameters: after fusing, `q_proj.weight` & co. are
-views into the fused tensor, so in-place weight updates (`copy_into`, `load_state_dict`) reach
-both. If something rebinds the parameters (e.g. `model.to(...)` later), the views are rebuilt on
+views into the fused tensor (on CPU stored input-major, see `_fuse`), so in-place weight updates
+(`copy_into`, `load_state_dict`) reach both. If something rebinds the parameters (e.g. `model.to(...)` later), the views are rebuilt on
 the next forward. Models it does not cover (other architectures, eager attention, sliding windows,
 non-SiLU MLPs) run through HF's own forward; `supported` says why.
 """
@@ -59,20 +59,20 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 
 
 class _Layer:
-    """One decoder layer's tensors; `qkv` and `gate_up` are the fused weights the HF params view."""
+    """One decoder layer's tensors; the HF params are views of these (fused, maybe K-major) weights."""
 
-    def __init__(self, layer: torch.nn.Module):
+    def __init__(self, layer: torch.nn.Module, k_major: bool):
         attn, mlp = layer.self_attn, layer.mlp
         self.module = layer
         self.input_norm = layer.input_layernorm
         self.post_norm = layer.post_attention_layernorm
         self.q_norm = getattr(attn, "q_norm", None)  # Qwen3: RMSNorm over each head before rotary
         self.k_norm = getattr(attn, "k_norm", None)
-        self.o_proj = attn.o_proj
-        self.down = mlp.down_proj
-        self.qkv_weight = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.qkv_weight = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], k_major)
         self.qkv_bias = _fuse_bias([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.gate_up_weight = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.o_weight, self.o_bias = _fuse([attn.o_proj], k_major), attn.o_proj.bias
+        self.gate_up_weight = _fuse([mlp.gate_proj, mlp.up_proj], k_major)
+        self.down_weight = _fuse([mlp.down_proj], k_major)
         self.q_size = attn.q_proj.weight.shape[0]
         self.kv_size = attn.k_proj.weight.shape[0]
         self.inter = mlp.gate_proj.weight.shape[0]
@@ -103,7 +103,9 @@ class LeanDecoder:
         self.rotary = body.rotary_emb
         self.final_norm = body.norm
         self.lm_head = self.model.lm_head
-        self.layers = [_Layer(layer) for layer in body.layers]
+        k_major = self.model.lm_head.weight.device.type == "cpu"
+        self.layout = "fused-k-major" if k_major else "fused"  # part of the cost model's cache key
+        self.layers = [_Layer(layer, k_major) for layer in body.layers]
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
@@ -129,10 +131,10 @@ class LeanDecoder:
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
             keys, values = cache.layers[index].update(k, v)  # [n, Hkv, K, D]
             attn = _attention(q, keys, values, mask, groups, self.scaling)  # [n, Q, Hq D]
-            hidden = hidden + layer.o_proj(attn)
+            hidden = hidden + F.linear(attn, layer.o_weight, layer.o_bias)
             x = _rms_norm(hidden, layer.post_norm)
             gate, up = F.linear(x, layer.gate_up_weight).split((layer.inter, layer.inter), dim=-1)
-            hidden = hidden + layer.down(F.silu(gate) * up)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down_weight)
         if logits_at is not None:
             hidden = hidden[torch.arange(n, device=hidden.device), logits_at][:, None]  # [n, 1, H]
         logits = self.lm_head(_rms_norm(hidden, self.final_norm))
@@ -167,9 +169,17 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _fuse(linears: list[torch.nn.Linear]) -> torch.Tensor:
-    """Concatenate the weights along the output axis and rebind each weight as a view of the result."""
+def _fuse(linears: list[torch.nn.Linear], k_major: bool) -> torch.Tensor:
+    """Concatenate the weights along the output axis and rebind each weight as a view of the result.
+
+    `k_major` stores the result transposed ([in, out] contiguous; the returned [out, in] tensor is a
+    view of it). On CPU a product with several rows (verification's γ + 1 tokens, a batch) runs
+    1.4–2.4x faster against that layout, and a one-row product no slower (measured on this project's
+    2-core machine, torch 2.13); GPUs keep HF's layout.
+    """
     fused = torch.cat([lin.weight.data for lin in linears], dim=0)
+    if k_major:
+        fused = fused.t().contiguous().t()
     offset = 0
     for lin in linears:
         rows = lin.weight.shape[0]
