@@ -9,9 +9,10 @@ is honoured), SDPA with the runner's 4D mask, and the LM head only where logits 
 
 The fused weights are the storage of the HF parameters: after fusing, `q_proj.weight` & co. are
 views into the fused tensor (on CPU stored input-major, see `_fuse`), so in-place weight updates
-(`copy_into`, `load_state_dict`) reach both. If something rebinds the parameters (e.g. `model.to(...)` later), the views are rebuilt on
-the next forward. Models it does not cover (other architectures, eager attention, sliding windows,
-non-SiLU MLPs) run through HF's own forward; `supported` says why.
+(`copy_into`, `load_state_dict`) reach both. If something rebinds the parameters (e.g. a later
+`model.to(...)`), the views are rebuilt on the next forward. Models it does not cover (other
+architectures, eager attention, sliding windows, non-SiLU MLPs) run through HF's own forward;
+`unsupported_reason` says why.
 """
 
 from __future__ import annotations
