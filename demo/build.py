@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from ..rollout.lean import unfuse
 from .generate import sample_completions
 from .grow import grow, grown_config
 from .recipe import DemoRecipe, ModelShape
@@ -105,6 +106,7 @@ def build(recipe: DemoRecipe, progress: bool = True) -> BuildResult:
     rollouts = sample_completions(target, tokenizer, problems, temperature=1.0,
                                   max_new_tokens=max_completion_tokens(recipe.max_digits),
                                   seed=recipe.seed, record_signals=True)
+    unfuse(target)  # the engine re-laid out the target's weights; give it plain ones to save
     log["target sampling"] = {"seconds": round(time.perf_counter() - sampling_started, 1)}
     distill = [_distill_example(r, len(tokenizer)) for r in rollouts]
     stage("drafter distill", drafter, distill, recipe.drafter_distill)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from .task import max_completion_tokens
 
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class DemoRecipe:
     core: ModelShape = field(default_factory=lambda: ModelShape(192, 3, 3, 768))
     target: ModelShape = field(default_factory=lambda: ModelShape(512, 8, 8, 2048))
     drafter: ModelShape = field(default_factory=lambda: ModelShape(192, 2, 3, 768))
-    core_sft: TrainStage = field(default_factory=lambda: TrainStage(1000, 32, 2e-3))
+    core_sft: TrainStage = field(default_factory=lambda: TrainStage(2200, 32, 2e-3))
     target_sft: TrainStage = field(default_factory=lambda: TrainStage(12, 16, 1e-4))
     drafter_sft: TrainStage = field(default_factory=lambda: TrainStage(150, 32, 1e-3))
     drafter_distill: TrainStage = field(default_factory=lambda: TrainStage(300, 32, 1e-3))

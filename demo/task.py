@@ -1,6 +1,6 @@
 """The demo task: multi-digit addition worked by peeling columns off, in two styles.
 
-A problem is `a+b`. The larger operand's digit count `n` is drawn with weight ∝ 1/n and the work
+A problem is `a+b`. The larger operand's digit count `n` is drawn with weight ∝ n^-1.5 and the work
 grows like n², so most completions are short and a few are long: long-tailed lengths, as in
 reasoning RL. A solution is one state per column — what is left of each operand, the carry and the
 result digits so far — then the answer after `>`:
@@ -28,6 +28,10 @@ import random
 import re
 from dataclasses import dataclass
 
+# How fast the share of longer problems falls. The SFT models learn the format and short sums within
+# the build's CPU budget, not long ones; at 1.0 the SFT target solved 18% at T = 1 (below the 20%
+# an RL run needs), at 1.5 about half the problems have one digit. Part of the recipe's hash.
+DIGITS_EXPONENT = 1.5
 _PROBLEM_RE = re.compile(r"(\d+)\+(\d+)")
 _LINE_RE = {
     "verbose": r"\d+\+\d+ c[01] r\d+;",
@@ -120,14 +124,14 @@ def to_messages(problem: Problem) -> list[dict[str, str]]:
 
 
 def make_problems(n: int, seed: int, max_digits: int = 8) -> list[Problem]:
-    """`n` problems, reproducible from `seed`; the larger operand has 1..max_digits digits (∝ 1/d)."""
+    """`n` problems, reproducible from `seed`; the larger operand has 1..max_digits digits (∝ d^-1.5)."""
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n={n!r} is invalid: an int >= 0")
     if not isinstance(max_digits, int) or not 1 <= max_digits <= 18:
         raise ValueError(f"max_digits={max_digits!r} is invalid: an int in [1, 18]")
     rng = random.Random(seed)
     sizes = list(range(1, max_digits + 1))
-    weights = [1.0 / d for d in sizes]
+    weights = [d**-DIGITS_EXPONENT for d in sizes]
     problems = []
     for _ in range(n):
         long_digits = rng.choices(sizes, weights)[0]

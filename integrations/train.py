@@ -66,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
     if args.out_dir:
         config.report.out_dir = args.out_dir
     started = time.perf_counter()
+    print("specroll train: resolved config\n" + yaml.safe_dump(resolved_dict(config), sort_keys=False))
+    sources = resolve_models(config)  # a first-run model build has the machine to itself: all threads
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    print("specroll train: resolved config\n" + yaml.safe_dump(resolved_dict(config), sort_keys=False))
-    sources = resolve_models(config)
     backend = make_backend(config, sources)
     try:
         trainer = train(config, sources, backend)

@@ -37,6 +37,22 @@ def lean_decoder(model: PreTrainedModel) -> LeanDecoder | None:
     return decoder
 
 
+@torch.no_grad()
+def unfuse(model: PreTrainedModel) -> PreTrainedModel:
+    """Give `model` back independent, contiguous weights (e.g. before `save_pretrained`, which refuses
+    parameters that share storage); an engine still holding it re-fuses on its next forward."""
+    decoder = getattr(model, "_specroll_lean", None)
+    if decoder is not None:
+        for layer in decoder.layers:
+            attn, mlp = layer.module.self_attn, layer.module.mlp
+            for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                lin.weight.data = lin.weight.data.clone(memory_format=torch.contiguous_format)
+                if lin.bias is not None:
+                    lin.bias.data = lin.bias.data.clone()
+        del model._specroll_lean
+    return model
+
+
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """None if `LeanDecoder` computes exactly what `model` does, else why not."""
     config = model.config

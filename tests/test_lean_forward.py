@@ -13,7 +13,7 @@ import torch
 from conftest import build_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.lean import unsupported_reason
+from specroll.rollout.lean import unfuse, unsupported_reason
 from specroll.rollout.runner import ModelRunner
 from specroll.rollout.weights import copy_into
 
@@ -95,3 +95,14 @@ def test_engine_output_is_the_same_with_and_without_lean_forward():
         assert (engine.target.lean is not None) is lean
         outputs.append([r.completion_ids for r in engine.generate(prompts, params)])
     assert outputs[0] == outputs[1]
+
+
+def test_unfuse_lets_a_model_be_saved_after_the_engine_ran_it(tmp_path):
+    model = perturbed("llama")
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    runner_for(model).extend(slice(0, 1), torch.tensor([[1, 2, 3]]), torch.tensor([3]))
+    unfuse(model)
+    model.save_pretrained(tmp_path)
+    saved = type(model).from_pretrained(tmp_path)
+    for name, value in saved.state_dict().items():
+        torch.testing.assert_close(value, expected[name], atol=0, rtol=0)
