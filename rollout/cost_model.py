@@ -1,9 +1,9 @@
 """Forward-time cost model measured on the running hardware, for choosing γ.
 
 `calibrate` times target and drafter forwards through their ragged caches over a grid of live
-batch sizes and query lengths (≤ `budget_s` seconds, median of a few runs each) and `CostModel`
-interpolates that grid piecewise-linearly. The result is cached on disk per model shape, device,
-dtype and thread count, so a restarted engine does not measure again. The engine then refines it
+batch sizes and query lengths (≤ `budget_s` seconds, fastest of a few runs per point) and
+`CostModel` interpolates that grid piecewise-linearly. The result is cached on disk per model shape,
+weight layout, device, dtype and thread count, so a restarted engine does not measure again. The engine then refines it
 online: `observe` keeps, per γ, an exponentially weighted ratio of measured step time (which also
 includes sampling and bookkeeping) to the calibrated forward time.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,9 +87,13 @@ def _grid(max_batch: int) -> list[int]:
 
 @torch.inference_mode()
 def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[int], deadline: float,
-                  repeats: int = 3) -> ForwardTimes:
-    """Median forward time per (batch, query) on the runner's own cache; stops early at `deadline`
-    and extrapolates the missing large batches linearly from the measured ones."""
+                  repeats: int = 5, point_budget_s: float = 0.4) -> ForwardTimes:
+    """Fastest forward time per (batch, query) on the runner's own cache; stops early at `deadline`
+    and extrapolates the missing large batches linearly from the measured ones.
+
+    The minimum of up to `repeats` runs (at least 2, within `point_budget_s` per point), not the
+    median: on a shared machine the noise is other work, which only ever adds time.
+    """
     device = runner.device
     times: list[list[float]] = []
     for batch in batch_sizes:
@@ -101,13 +104,16 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
             ids = torch.zeros(batch, q, dtype=torch.long, device=device)
             start = runner.cache.lens[rows]
             samples = []
-            for _ in range(repeats + 1):  # first run warms up
+            point_started = time.perf_counter()
+            for i in range(repeats + 1):  # the first run warms up
                 t0 = time.perf_counter()
                 runner.forward(rows, ids, start)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 samples.append(time.perf_counter() - t0)
-            row_times.append(statistics.median(samples[1:]))
+                if i >= 2 and time.perf_counter() - point_started > point_budget_s:
+                    break
+            row_times.append(min(samples[1:]))
         times.append(row_times)
         if time.perf_counter() > deadline and len(times) >= 2:
             break

@@ -23,7 +23,9 @@ from .config import EngineConfig
 from .cost_model import CostModel, calibrate
 from .runner import ModelRunner
 
-PRIOR_ACCEPTANCE = 0.6  # α before any observation: optimistic enough to try speculating once
+PRIOR_ACCEPTANCE = 0.6  # α before any observation
+PRIOR_ROWS = 2  # ... worth this many rows of evidence
+SHRINK_ROWS = 4  # pseudo-rows pulling each position's α toward the pooled one
 EXPLORE_EVERY = 32  # plain steps between probes of the best γ > 0, so stale α estimates can recover
 EXPLORE_WITHIN = 0.75  # ... probed only if predicted to reach this fraction of plain throughput
 
@@ -50,12 +52,26 @@ class FixedGamma:
 
 
 class AcceptanceEstimate:
-    """Conditional acceptance α_j per draft position, exponentially weighted over steps."""
+    """Conditional acceptance α_j per draft position, from exponentially decayed counts.
+
+    Every step decays all counts by `decay` (memory ~1/(1 - decay) steps at any batch size) and adds
+    the step's kept/reached rows per position. Positions share strength: α_j is position j's counts
+    shrunk toward the pooled acceptance of all positions by `SHRINK_ROWS` pseudo-rows, and the pooled
+    rate starts from `PRIOR_ROWS` pseudo-rows at `PRIOR_ACCEPTANCE`. So one unlucky rejection at a
+    deep position (a batch of one row) cannot pin γ below it, and positions never drafted take the
+    pooled rate instead of a fixed prior.
+    """
 
     def __init__(self, max_gamma: int, decay: float):
-        self.alpha = [PRIOR_ACCEPTANCE] * max_gamma
-        self.seen = [False] * max_gamma
+        self.kept = [0.0] * max_gamma
+        self.reached = [0.0] * max_gamma
         self.decay = decay
+        self.seen = [False] * max_gamma
+        self.alpha = [PRIOR_ACCEPTANCE] * max_gamma
+
+    @property
+    def any_seen(self) -> bool:
+        return any(self.seen)
 
     def update(self, accepted: torch.Tensor) -> None:
         """`accepted` [n, γ] bool (prefix-closed) from one step."""
@@ -63,20 +79,18 @@ class AcceptanceEstimate:
             return
         reached = torch.cat([accepted.new_ones(accepted.shape[0], 1), accepted[:, :-1]], 1).sum(0)  # [γ]
         kept = accepted.sum(0)  # [γ]
+        self.kept = [self.decay * k for k in self.kept]
+        self.reached = [self.decay * r for r in self.reached]
         for j, (r, k) in enumerate(zip(reached.tolist(), kept.tolist())):
             if r:
                 self.seen[j] = True
-                # Weight a step's evidence by how many rows reached position j (1 row ≈ weak evidence).
-                w = (1 - self.decay) * min(1.0, r / 4)
-                self.alpha[j] = (1 - w) * self.alpha[j] + w * (k / r)
+                self.kept[j] += k
+                self.reached[j] += r
+        pooled = (sum(self.kept) + PRIOR_ACCEPTANCE * PRIOR_ROWS) / (sum(self.reached) + PRIOR_ROWS)
+        self.alpha = [(k + SHRINK_ROWS * pooled) / (r + SHRINK_ROWS) for k, r in zip(self.kept, self.reached)]
 
     def position_alpha(self, j: int) -> float:
-        """α_j; a position never drafted yet borrows the deepest measured one, so high acceptance at
-        short γ lets the policy try longer drafts (a fixed prior there would pin γ where it started)."""
-        if self.seen[j]:
-            return self.alpha[j]
-        deepest = max((i for i in range(j) if self.seen[i]), default=None)
-        return self.alpha[deepest] if deepest is not None else self.alpha[j]
+        return self.alpha[j]
 
     def expected_tokens(self, gamma: int) -> float:
         total, survive = 1.0, 1.0
@@ -99,6 +113,10 @@ class AutoGamma:
         return tokens / self.cost.step_time(num_live_rows, gamma)
 
     def choose(self, num_live_rows: int, greedy: bool) -> int:
+        if not self.estimates[greedy].any_seen:
+            # Nothing measured yet for this mode: one step at max_gamma measures α at every position
+            # (a prior alone could keep speculation off where it pays).
+            return self.max_gamma
         rates = [self.throughput(num_live_rows, g, greedy) for g in range(self.max_gamma + 1)]
         best = max(range(len(rates)), key=rates.__getitem__)
         if best > 0:
