@@ -49,15 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
 
 
-def _time(contender: Contender, prompts: list[list[int]], budgets: list[int], params: SamplingParams):
+GRID_MIN_PROMPTS = 8  # small batch sizes run several batches of distinct prompts per repeat
+
+
+def _time(contender: Contender, batches: list[list[list[int]]], budgets: list[int], params: SamplingParams):
     started = time.perf_counter()
-    tokens = contender.run(prompts, budgets, params)
+    tokens = sum(contender.run(prompts, budgets[: len(prompts)], params) for prompts in batches)
     return tokens, time.perf_counter() - started
 
 
-def race(contenders: list[Contender], prompts: list[list[int]], budgets: list[int], params: SamplingParams,
+def race(contenders: list[Contender], batches: list[list[list[int]]], budgets: list[int], params: SamplingParams,
          repeats: int) -> dict[str, dict]:
-    """Interleaved runs; tokens/s per contender = all its tokens / all its seconds."""
+    """Interleaved runs, each contender running every batch in turn (one `generate` call per batch);
+    tokens/s per contender = all its tokens / all its seconds."""
+    prompts = batches[0]
     tokens = {c.name: 0 for c in contenders}
     seconds = {c.name: 0.0 for c in contenders}
     gammas: dict[str, list[int]] = {}
@@ -68,7 +73,7 @@ def race(contenders: list[Contender], prompts: list[list[int]], budgets: list[in
         for c in order:
             if c.engine is not None:
                 c.engine.stats.reset()
-            n, s = _time(c, prompts, budgets, params)
+            n, s = _time(c, batches, budgets, params)
             tokens[c.name] += n
             seconds[c.name] += s
             if c.engine is not None:
@@ -114,9 +119,12 @@ def grid(models: BenchModels, args, gammas: list[int]) -> list[dict]:
         for batch in batch_sizes:
             params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=MODES[mode],
                                     stop_token_ids=models.stop_token_ids, seed=batch)
-            prompts = models.prompts[:batch]
+            # A batch of 1 is one short completion: run GRID_MIN_PROMPTS // batch batches of distinct
+            # prompts, so a point is not decided by one prompt's length or one sample's luck.
+            count = max(1, GRID_MIN_PROMPTS // batch)
+            batches = [models.prompts[i * batch : (i + 1) * batch] for i in range(count)]
             active = [c for c in contenders if c.max_batch is None or batch <= c.max_batch]
-            results = race(active, prompts, [args.max_new_tokens] * batch, params, args.repeats)
+            results = race(active, batches, [args.max_new_tokens] * batch, params, args.repeats)
             rows.append({"setting": f"{mode} b={batch}", "mode": mode, "batch": batch, "results": results})
             print(f"  {mode} b={batch}: " + ", ".join(f"{k}={v['tokens_per_s']:.0f}" for k, v in results.items()),
                   flush=True)
@@ -145,7 +153,7 @@ def rollout_workload(models: BenchModels, args, gammas: list[int]) -> list[dict]
     rows = []
     for mode in args.modes.split(","):
         params = SamplingParams(max_new_tokens=args.rollout_cap, temperature=MODES[mode], seed=1)
-        results = race(contenders, prompts, budgets, params, 1)
+        results = race(contenders, [prompts], budgets, params, 1)
         rows.append({"setting": f"{mode} {len(budgets)} req, p50={p50} p90={p90}, slots={args.rollout_batch}",
                      "mode": mode, "p50": p50, "p90": p90, "results": results})
     _print_table("Rollout-shaped workload (continuous batching)", rows, [c.name for c in contenders],
