@@ -21,7 +21,8 @@ import torch
 
 from .runner import ModelRunner
 
-CALIBRATION_CONTEXT = 64  # tokens already in the cache while timing; online refinement covers the rest
+CALIBRATION_CONTEXT = 64  # tokens already in the cache while timing ...
+LONG_CONTEXT = 512  # ... and again at this many (the model interpolates in between, extrapolates past)
 
 
 @dataclass
@@ -51,25 +52,41 @@ def _bracket(grid: list[int], x: float) -> tuple[int, int, float]:
 
 @dataclass
 class CostModel:
-    target: ForwardTimes
+    """Predicted step times: the target's forward (interpolated in the KV length between the two
+    calibrated contexts), γ drafter forwards, and an online per-γ correction."""
+
+    target: ForwardTimes  # at `contexts[0]` tokens already cached
     drafter: ForwardTimes
+    target_long: ForwardTimes | None = None  # at `contexts[1]`; None: context-independent
+    contexts: tuple[int, int] = (CALIBRATION_CONTEXT, CALIBRATION_CONTEXT)
     correction: dict[int, float] = field(default_factory=dict)  # γ → measured / predicted step time
     ema: float = 0.8
 
-    def step_time(self, batch: int, gamma: int) -> float:
-        """Predicted seconds of one engine step with γ drafts for `batch` live rows."""
-        t = self.target(batch, gamma + 1)
+    def target_time(self, batch: int, query_len: int, context: int = CALIBRATION_CONTEXT) -> float:
+        short = self.target(batch, query_len)
+        lo, hi = self.contexts
+        if self.target_long is None or hi <= lo:
+            return short
+        w = max(0.0, (context - lo) / (hi - lo))  # linear in the KV length the attention reads
+        return max(short + w * (self.target_long(batch, query_len) - short), 1e-7)
+
+    def raw_step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> float:
+        t = self.target_time(batch, gamma + 1, context)
         if gamma:
             t += self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1)
-        return t * self.correction.get(gamma, self.correction.get(-1, 1.0))
+        return t
 
-    def observe(self, batch: int, gamma: int, seconds: float) -> None:
+    def step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> float:
+        """Predicted seconds of one engine step with γ drafts for `batch` live rows."""
+        raw = self.raw_step_time(batch, gamma, context)
+        return raw * self.correction.get(gamma, self.correction.get(-1, 1.0))
+
+    def observe(self, batch: int, gamma: int, seconds: float, context: int = CALIBRATION_CONTEXT) -> None:
         """Fold one measured step into the per-γ correction (and a pooled one for unseen γ)."""
-        raw = self.target(batch, gamma + 1)
-        if gamma:
-            raw += self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1)
-        ratio = seconds / raw
+        ratio = seconds / self.raw_step_time(batch, gamma, context)
         pooled = self.correction.get(-1)
+        if pooled is not None:  # one stalled step (GC, another process) must not mark a γ as slow for good
+            ratio = min(max(ratio, pooled / 2), pooled * 2)
         for key in (-1, gamma):
             # A γ seen for the first time starts from the pooled ratio, so one noisy step cannot
             # make it look much cheaper (or dearer) than every other γ.
@@ -87,7 +104,7 @@ def _grid(max_batch: int) -> list[int]:
 
 @torch.inference_mode()
 def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[int], deadline: float,
-                  repeats: int = 5, point_budget_s: float = 0.4) -> ForwardTimes:
+                  repeats: int = 5, point_budget_s: float = 0.4, context: int = CALIBRATION_CONTEXT) -> ForwardTimes:
     """Fastest forward time per (batch, query) on the runner's own cache; stops early at `deadline`
     and extrapolates the missing large batches linearly from the measured ones.
 
@@ -98,7 +115,7 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
     times: list[list[float]] = []
     for batch in batch_sizes:
         rows = slice(0, batch)
-        runner.cache.lens[rows] = CALIBRATION_CONTEXT
+        runner.cache.lens[rows] = context
         row_times = []
         for q in query_lens:
             ids = torch.zeros(batch, q, dtype=torch.long, device=device)
@@ -133,22 +150,37 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
 
 def calibrate(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_gamma: int, budget_s: float,
               cache_dir: str | None = None) -> CostModel:
-    """Measure (or load from the on-disk cache) target and drafter forward times."""
+    """Measure (or load from the on-disk cache) target and drafter forward times.
+
+    The target is timed at two cached-context lengths, `CALIBRATION_CONTEXT` and up to
+    `LONG_CONTEXT` (as far as the cache allows): attention over a long ragged batch reads every
+    row's K/V up to the longest row, which at rollout lengths costs as much as the matrix products.
+    """
     key = _cache_key(target, drafter, max_batch, max_gamma)
     path = Path(cache_dir or _default_cache_dir()) / f"{key}.json"
     if path.exists():
         data = json.loads(path.read_text())
-        return CostModel(target=ForwardTimes(**data["target"]), drafter=ForwardTimes(**data["drafter"]))
+        long = ForwardTimes(**data["target_long"]) if data.get("target_long") else None
+        return CostModel(target=ForwardTimes(**data["target"]), drafter=ForwardTimes(**data["drafter"]),
+                         target_long=long, contexts=tuple(data["contexts"]))
     batch_sizes = _grid(max_batch)
     query_lens = sorted({1, 2, 3, 5, max_gamma + 1} | ({9} if max_gamma >= 8 else set()))
     query_lens = [q for q in query_lens if q <= max_gamma + 1]
-    deadline = time.perf_counter() + budget_s
-    drafter_times = time_forwards(drafter, batch_sizes, [1, 2], time.perf_counter() + budget_s * 0.25)
-    target_times = time_forwards(target, batch_sizes, query_lens, deadline)
-    model = CostModel(target=target_times, drafter=drafter_times)
+    long_context = min(LONG_CONTEXT, target.cache.length - max_gamma - 2)
+    two = long_context >= 2 * CALIBRATION_CONTEXT
+    now = time.perf_counter()
+    drafter_times = time_forwards(drafter, batch_sizes, [1, 2], now + budget_s * 0.2)
+    target_times = time_forwards(target, batch_sizes, query_lens, now + budget_s * (0.6 if two else 1.0))
+    target_long = None
+    if two:
+        target_long = time_forwards(target, batch_sizes, query_lens, now + budget_s, context=long_context)
+    contexts = (CALIBRATION_CONTEXT, long_context if two else CALIBRATION_CONTEXT)
+    model = CostModel(target=target_times, drafter=drafter_times, target_long=target_long, contexts=contexts)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"target": asdict(target_times), "drafter": asdict(drafter_times)}))
+    tmp.write_text(json.dumps({"target": asdict(target_times), "drafter": asdict(drafter_times),
+                               "target_long": asdict(target_long) if target_long else None,
+                               "contexts": list(contexts)}))
     tmp.replace(path)
     return model
 
@@ -171,5 +203,5 @@ def _cache_key(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_ga
     hw = f"{device}|{torch.get_num_threads()}|{torch.__version__}"
     if device.type == "cuda":
         hw += torch.cuda.get_device_name(device)
-    raw = "|".join([shape(target), shape(drafter), str(max_batch), str(max_gamma), hw])
+    raw = "|".join(["v2", shape(target), shape(drafter), str(max_batch), str(max_gamma), hw])
     return hashlib.sha256(raw.encode()).hexdigest()[:20]

@@ -87,8 +87,12 @@ class SpecEngine:
         started = time.perf_counter()
         self._prefill(scheduler.admit())
         while not scheduler.done:
-            gamma = self.gamma_policy.choose(scheduler.num_live_rows, params.greedy) if self.drafter else 0
-            finished = self._step(scheduler.num_live_rows, gamma, params, stop_ids, generator)
+            n = scheduler.num_live_rows
+            gamma, context = 0, 0
+            if self.drafter:  # attention reads every row up to the longest one: the step's KV length
+                context = int(self.rows.seq_len[:n].max())
+                gamma = self.gamma_policy.choose(n, params.greedy, context)
+            finished = self._step(n, gamma, params, stop_ids, generator, context)
             self._finish(scheduler, finished)
         self.stats.wall_time_s += time.perf_counter() - started
         self.stats.target_forwards = self.target.num_forwards
@@ -110,7 +114,7 @@ class SpecEngine:
     # ------------------------------------------------------------------ the step
 
     def _step(self, n: int, gamma: int, params: SamplingParams, stop_ids: torch.Tensor,
-              generator: torch.Generator) -> list[int]:
+              generator: torch.Generator, context: int = 0) -> list[int]:
         live = slice(0, n)
         started = time.perf_counter()
         if gamma:
@@ -126,7 +130,8 @@ class SpecEngine:
         p = process_logits(logits, params)  # [n, γ+1, V]
         verdict = verify(drafts, q, p, generator)
         finished = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids)
-        self.gamma_policy.observe(n, gamma, verdict.accepted, params.greedy, time.perf_counter() - started)
+        self.gamma_policy.observe(n, gamma, verdict.accepted, params.greedy, time.perf_counter() - started,
+                                  context)
         return finished
 
     def _emit(self, live: slice, seq_len: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from .config import EngineConfig
-from .cost_model import CostModel, calibrate
+from .cost_model import CALIBRATION_CONTEXT, CostModel, calibrate
 from .runner import ModelRunner
 
 PRIOR_ACCEPTANCE = 0.6  # α before any observation
@@ -31,10 +31,10 @@ EXPLORE_WITHIN = 0.75  # ... probed only if predicted to reach this fraction of 
 
 
 class GammaPolicy(Protocol):
-    def choose(self, num_live_rows: int, greedy: bool) -> int: ...
+    def choose(self, num_live_rows: int, greedy: bool, context: int = CALIBRATION_CONTEXT) -> int: ...
 
     def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
-                step_time_s: float) -> None: ...
+                step_time_s: float, context: int = CALIBRATION_CONTEXT) -> None: ...
 
 
 class FixedGamma:
@@ -43,11 +43,11 @@ class FixedGamma:
     def __init__(self, gamma: int):
         self.gamma = gamma
 
-    def choose(self, num_live_rows: int, greedy: bool) -> int:
+    def choose(self, num_live_rows: int, greedy: bool, context: int = CALIBRATION_CONTEXT) -> int:
         return self.gamma
 
     def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
-                step_time_s: float) -> None:
+                step_time_s: float, context: int = CALIBRATION_CONTEXT) -> None:
         return None
 
 
@@ -107,17 +107,17 @@ class AutoGamma:
         self.estimates = {True: AcceptanceEstimate(max_gamma, decay), False: AcceptanceEstimate(max_gamma, decay)}
         self.plain_steps = 0
 
-    def throughput(self, num_live_rows: int, gamma: int, greedy: bool) -> float:
-        """Expected tokens per second for the live batch at γ."""
+    def throughput(self, num_live_rows: int, gamma: int, greedy: bool, context: int = CALIBRATION_CONTEXT) -> float:
+        """Expected tokens per second for the live batch at γ, `context` tokens deep."""
         tokens = num_live_rows * self.estimates[greedy].expected_tokens(gamma)
-        return tokens / self.cost.step_time(num_live_rows, gamma)
+        return tokens / self.cost.step_time(num_live_rows, gamma, context)
 
-    def choose(self, num_live_rows: int, greedy: bool) -> int:
+    def choose(self, num_live_rows: int, greedy: bool, context: int = CALIBRATION_CONTEXT) -> int:
         if not self.estimates[greedy].any_seen:
             # Nothing measured yet for this mode: one step at max_gamma measures α at every position
             # (a prior alone could keep speculation off where it pays).
             return self.max_gamma
-        rates = [self.throughput(num_live_rows, g, greedy) for g in range(self.max_gamma + 1)]
+        rates = [self.throughput(num_live_rows, g, greedy, context) for g in range(self.max_gamma + 1)]
         best = max(range(len(rates)), key=rates.__getitem__)
         if best > 0:
             return best
@@ -130,9 +130,9 @@ class AutoGamma:
         return 0
 
     def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
-                step_time_s: float) -> None:
+                step_time_s: float, context: int = CALIBRATION_CONTEXT) -> None:
         self.estimates[greedy].update(accepted)
-        self.cost.observe(num_live_rows, gamma, step_time_s)
+        self.cost.observe(num_live_rows, gamma, step_time_s, context)
 
     @property
     def acceptance(self) -> dict[str, list[float]]:

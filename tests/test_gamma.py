@@ -97,7 +97,7 @@ def test_auto_gamma_greedy_output_equals_plain_decoding(tmp_path):
     # Force the policy through several γ values, plain steps included, within one call.
     policy = with_acceptance(auto.gamma_policy, 0.9)
     schedule = iter([4, 0, 0, 3, 1, 0, 2] * 100)
-    policy.choose = lambda n, greedy: next(schedule)
+    policy.choose = lambda n, greedy, context=0: next(schedule)
     out = auto.generate(prompts, params)
     assert [r.completion_ids for r in out] == [r.completion_ids for r in plain]
     assert set(auto.stats.gamma_per_step) == {0, 1, 2, 3, 4}
@@ -109,3 +109,16 @@ def test_unmeasured_positions_take_the_pooled_acceptance():
     # Positions 3..6 were never drafted: they take the pooled rate (16 of 16 kept), not the 0.6 prior.
     assert min(est.alpha[2:]) > 0.9
     assert est.expected_tokens(6) > 6.0
+
+
+def test_long_contexts_make_verification_dearer():
+    # Short context: a forward costs the same for 1 or 9 tokens; at 512 cached tokens the attention
+    # over every row's K/V makes each query token cost extra. The choice must follow the context.
+    short = synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3)
+    long = synthetic(lambda b, q: 1e-2 + 2e-2 * b * q, lambda b, q: 1e-3)
+    cost = CostModel(target=short.target, drafter=short.drafter, target_long=long.target, contexts=(64, 512))
+    assert cost.target_time(4, 3, context=64) == pytest.approx(1e-2)
+    assert cost.target_time(4, 3, context=288) == pytest.approx(1e-2 + 0.5 * 2e-2 * 12)
+    policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 0.7)
+    assert policy.choose(4, greedy=True, context=64) >= 4
+    assert policy.choose(4, greedy=True, context=512) == 0
