@@ -70,8 +70,10 @@ class RolloutController:
                 num_cpus=topo.learner.num_cpus, num_gpus=topo.learner.num_gpus,
                 scheduling_strategy=self._bundle(topo.num_workers),
             ).remote(config.models.drafter, config.learner, config.engine.dtype)
+        warm_up = ObjectStoreTransport().publish(*pack_buckets({"warm_up": torch.zeros(1)}, 1 << 10, version=-1), 0)
         try:
-            ray.get([w.versions.remote() for w in self.workers], timeout=placement_timeout_s)
+            ray.get([w.versions.remote() for w in self.workers] + [self.board.ping.remote(warm_up)],
+                    timeout=placement_timeout_s)
         except GetTimeoutError as err:
             raise RuntimeError(
                 f"{topo.num_workers} rollout workers ({topo.worker}) not all started within {placement_timeout_s}s; "
