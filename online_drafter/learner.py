@@ -20,7 +20,9 @@ version's are scored (older held-out rollouts join the training buffer when a ne
 Each round scores the published drafter, the candidate and a frozen copy of the initial drafter
 (the *shadow*, what no online learning would give) by expected acceptance Σ min(p, q) on those
 positions; the candidate becomes the next version only if it beats the published one by more than
-`min_improvement`, otherwise the learner reverts to the published weights and the version stays.
+`min_improvement` (and is no worse than the shadow), otherwise the learner reverts to the published
+weights and the version stays — unless the shadow beats both, in which case the initial drafter is
+published again as the next version (a run of small held-out wins can drift below where it started).
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class LearnerReport:
     num_steps: int
     num_holdout_positions: int
     policy_version: int  # the policy version the held-out rollouts came from
+    reverted_to_frozen: bool = False  # published the initial drafter again: it beat both on held-out
 
 
 class DraftLearner:
@@ -163,15 +166,24 @@ class DraftLearner:
             self._frozen_score = self.score(self.frozen)
         losses, num_positions, train_time = self._train_steps(deadline)
         after = self.score(self.model) if losses else before
-        improved = bool(losses) and after > before + self.config.min_improvement
+        margin = self.config.min_improvement
+        improved = bool(losses) and after > before + margin and after >= self._frozen_score
+        # Never keep serving a drafter that measures worse than the one training started from: a
+        # string of small held-out wins can still drift below it, so the frozen copy competes too.
+        reverted = not improved and self._frozen_score > max(before, after) + margin
         if improved:
             self._published = self._snapshot()
             self.version += 1
+        elif reverted:
+            self._published = {n: p.detach().clone() for n, p in self.frozen.named_parameters()}
+            self.version += 1
+            self._restore_published()
         else:
             self._restore_published()
         round_time = time.perf_counter() - started
         return LearnerReport(
-            published=improved,
+            published=improved or reverted,
+            reverted_to_frozen=reverted,
             version=self.version,
             acceptance_before=before,
             acceptance_after=after,

@@ -99,6 +99,22 @@ def test_publishes_only_if_held_out_acceptance_improves(setup):
     assert learner.score(engine.drafter.runner.model) == pytest.approx(report.acceptance_after, abs=1e-5)
 
 
+def test_initial_drafter_is_published_again_when_it_beats_the_served_one(setup):
+    engine, drafter, rollouts = setup
+    learner = DraftLearner(drafter, small_config(max_steps=1, lr=1e-9))  # a round that changes nothing
+    learner.add_rollouts(rollouts)
+    with torch.no_grad():  # the served version drifted somewhere bad (as a string of noisy wins can)
+        for param in learner.model.parameters():
+            param.add_(0.5 * torch.randn_like(param))
+    learner._published = learner._snapshot()
+    report = learner.train_round()
+    assert report.reverted_to_frozen and report.published and report.version == 1
+    assert report.acceptance_frozen_shadow > report.acceptance_before
+    for name, param in learner.frozen.named_parameters():
+        assert torch.equal(learner.published_state_dict()[name], param)
+        assert torch.equal(dict(learner.model.named_parameters())[name], param)
+
+
 def test_save_and_load_resume_the_same_run(setup, tmp_path):
     _, drafter, rollouts = setup
     learner = DraftLearner(drafter, small_config())
