@@ -100,7 +100,7 @@ def test_publishes_only_if_held_out_acceptance_improves(setup):
 
 
 def test_initial_drafter_is_published_again_when_it_beats_the_served_one(setup):
-    engine, drafter, rollouts = setup
+    _, drafter, rollouts = setup
     learner = DraftLearner(drafter, small_config(max_steps=1, lr=1e-9))  # a round that changes nothing
     learner.add_rollouts(rollouts)
     with torch.no_grad():  # the served version drifted somewhere bad (as a string of noisy wins can)
