@@ -130,8 +130,11 @@ class SpecEngine:
         p = process_logits(logits, params)  # [n, γ+1, V]
         verdict = verify(drafts, q, p, generator)
         finished = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids)
+        # Drafts past a row's stop token or length limit were verified but never used: they are no
+        # evidence about acceptance (counting them as kept would reward drafting across the end).
+        decided = torch.arange(gamma, device=self.device) < (self.rows.seq_len[live] - seq_len)[:, None]  # [n, γ]
         self.gamma_policy.observe(n, gamma, verdict.accepted, params.greedy, time.perf_counter() - started,
-                                  context)
+                                  context, decided)
         return finished
 
     def _emit(self, live: slice, seq_len: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,

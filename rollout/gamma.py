@@ -34,7 +34,8 @@ class GammaPolicy(Protocol):
     def choose(self, num_live_rows: int, greedy: bool, context: int = CALIBRATION_CONTEXT) -> int: ...
 
     def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
-                step_time_s: float, context: int = CALIBRATION_CONTEXT) -> None: ...
+                step_time_s: float, context: int = CALIBRATION_CONTEXT, decided: torch.Tensor | None = None) -> None:
+        ...
 
 
 class FixedGamma:
@@ -47,7 +48,7 @@ class FixedGamma:
         return self.gamma
 
     def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
-                step_time_s: float, context: int = CALIBRATION_CONTEXT) -> None:
+                step_time_s: float, context: int = CALIBRATION_CONTEXT, decided: torch.Tensor | None = None) -> None:
         return None
 
 
@@ -73,12 +74,15 @@ class AcceptanceEstimate:
     def any_seen(self) -> bool:
         return any(self.seen)
 
-    def update(self, accepted: torch.Tensor) -> None:
-        """`accepted` [n, γ] bool (prefix-closed) from one step."""
+    def update(self, accepted: torch.Tensor, decided: torch.Tensor | None = None) -> None:
+        """`accepted` [n, γ] bool (prefix-closed) from one step; `decided` [n, γ] masks out drafts
+        whose outcome did not matter (past the row's stop token or length limit)."""
         if accepted.numel() == 0:
             return
-        reached = torch.cat([accepted.new_ones(accepted.shape[0], 1), accepted[:, :-1]], 1).sum(0)  # [γ]
-        kept = accepted.sum(0)  # [γ]
+        reached = torch.cat([accepted.new_ones(accepted.shape[0], 1), accepted[:, :-1]], 1)  # [n, γ]
+        if decided is not None:
+            reached, accepted = reached & decided, accepted & decided
+        reached, kept = reached.sum(0), accepted.sum(0)  # [γ]
         self.kept = [self.decay * k for k in self.kept]
         self.reached = [self.decay * r for r in self.reached]
         for j, (r, k) in enumerate(zip(reached.tolist(), kept.tolist())):
@@ -130,8 +134,8 @@ class AutoGamma:
         return 0
 
     def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
-                step_time_s: float, context: int = CALIBRATION_CONTEXT) -> None:
-        self.estimates[greedy].update(accepted)
+                step_time_s: float, context: int = CALIBRATION_CONTEXT, decided: torch.Tensor | None = None) -> None:
+        self.estimates[greedy].update(accepted, decided)
         self.cost.observe(num_live_rows, gamma, step_time_s, context)
 
     @property

@@ -122,3 +122,11 @@ def test_long_contexts_make_verification_dearer():
     policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 0.7)
     assert policy.choose(4, greedy=True, context=64) >= 4
     assert policy.choose(4, greedy=True, context=512) == 0
+
+
+def test_drafts_past_a_rows_end_are_no_evidence():
+    est = AcceptanceEstimate(max_gamma=4, decay=0.0)
+    accepted = torch.ones(8, 4, dtype=torch.bool)  # every draft matched the target ...
+    decided = torch.tensor([[True, True, False, False]]).repeat(8, 1)  # ... but the rows stopped after 2
+    est.update(accepted, decided)
+    assert est.reached == [8.0, 8.0, 0.0, 0.0] and est.kept == [8.0, 8.0, 0.0, 0.0]
