@@ -3,9 +3,10 @@
 `calibrate` times target and drafter forwards through their ragged caches over a grid of live
 batch sizes and query lengths (≤ `budget_s` seconds, fastest of a few runs per point) and
 `CostModel` interpolates that grid piecewise-linearly. The result is cached on disk per model shape,
-weight layout, device, dtype and thread count, so a restarted engine does not measure again. The engine then refines it
-online: `observe` keeps, per γ, an exponentially weighted ratio of measured step time (which also
-includes sampling and bookkeeping) to the calibrated forward time.
+weight layout, device, dtype and thread count, so a restarted engine does not measure again. The
+engine then refines it online: `observe` keeps an exponentially weighted ratio of measured step time
+(which also includes sampling and bookkeeping) to the calibrated forward time, pooled over γ (and per
+γ, for reporting).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class CostModel:
     drafter: ForwardTimes
     target_long: ForwardTimes | None = None  # at `contexts[1]`; None: context-independent
     contexts: tuple[int, int] = (CALIBRATION_CONTEXT, CALIBRATION_CONTEXT)
-    correction: dict[int, float] = field(default_factory=dict)  # γ → measured / predicted step time
+    correction: dict[int, float] = field(default_factory=dict)  # γ → measured / predicted; -1 = all γ
     ema: float = 0.8
 
     def target_time(self, batch: int, query_len: int, context: int = CALIBRATION_CONTEXT) -> float:
@@ -77,9 +78,14 @@ class CostModel:
         return t
 
     def step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> float:
-        """Predicted seconds of one engine step with γ drafts for `batch` live rows."""
-        raw = self.raw_step_time(batch, gamma, context)
-        return raw * self.correction.get(gamma, self.correction.get(-1, 1.0))
+        """Predicted seconds of one engine step with γ drafts for `batch` live rows.
+
+        Scaled by the pooled correction only: the calibrated forwards (with the KV-length term) predict
+        the ratio between γ values within a few percent, while a per-γ correction is learnt only for
+        the γ the policy picks — one slow step would keep a γ looking slow forever. The per-γ ratios
+        are still kept, for dashboards.
+        """
+        return self.raw_step_time(batch, gamma, context) * self.correction.get(-1, 1.0)
 
     def observe(self, batch: int, gamma: int, seconds: float, context: int = CALIBRATION_CONTEXT) -> None:
         """Fold one measured step into the per-γ correction (and a pooled one for unseen γ)."""

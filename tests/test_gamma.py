@@ -130,3 +130,11 @@ def test_drafts_past_a_rows_end_are_no_evidence():
     decided = torch.tensor([[True, True, False, False]]).repeat(8, 1)  # ... but the rows stopped after 2
     est.update(accepted, decided)
     assert est.reached == [8.0, 8.0, 0.0, 0.0] and est.kept == [8.0, 8.0, 0.0, 0.0]
+
+
+def test_one_slow_step_does_not_mark_its_gamma_as_slow():
+    cost = synthetic(lambda b, q: 1e-2 * q, lambda b, q: 1e-3)
+    ratio = cost.step_time(4, 4) / cost.step_time(4, 2)
+    cost.observe(4, 2, cost.step_time(4, 2))
+    cost.observe(4, 4, 10 * cost.step_time(4, 4))  # a stalled step (GC, another process)
+    assert cost.step_time(4, 4) / cost.step_time(4, 2) == pytest.approx(ratio)
