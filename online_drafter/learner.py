@@ -175,7 +175,7 @@ class DraftLearner:
             self._published = self._snapshot()
             self.version += 1
         elif reverted:
-            self._published = {n: p.detach().clone() for n, p in self.frozen.named_parameters()}
+            self._published = self._snapshot(self.frozen)
             self.version += 1
             self._restore_published()
         else:
@@ -290,8 +290,8 @@ class DraftLearner:
         index = batch.loss_index[..., None].expand(-1, -1, logits.shape[-1])  # [B, T, V]
         return (logits.gather(1, index).float() / self.config.temperature).log_softmax(-1)
 
-    def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {name: p.detach().clone() for name, p in self.model.named_parameters()}
+    def _snapshot(self, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in (model or self.model).named_parameters()}
 
     @torch.no_grad()
     def _restore_published(self) -> None:

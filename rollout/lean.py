@@ -44,8 +44,7 @@ def unfuse(model: PreTrainedModel) -> PreTrainedModel:
     decoder = getattr(model, "_specroll_lean", None)
     if decoder is not None:
         for layer in decoder.layers:
-            attn, mlp = layer.module.self_attn, layer.module.mlp
-            for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            for lin in layer.linears:
                 lin.weight.data = lin.weight.data.clone(memory_format=torch.contiguous_format)
                 if lin.bias is not None:
                     lin.bias.data = lin.bias.data.clone()
@@ -85,6 +84,7 @@ class _Layer:
         self.post_norm = layer.post_attention_layernorm
         self.q_norm = getattr(attn, "q_norm", None)  # Qwen3: RMSNorm over each head before rotary
         self.k_norm = getattr(attn, "k_norm", None)
+        self.linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         self.qkv_weight = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], k_major)
         self.qkv_bias = _fuse_bias([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o_weight, self.o_bias = _fuse([attn.o_proj], k_major), attn.o_proj.bias
@@ -197,11 +197,7 @@ def _fuse(linears: list[torch.nn.Linear], k_major: bool) -> torch.Tensor:
     fused = torch.cat([lin.weight.data for lin in linears], dim=0)
     if k_major:
         fused = fused.t().contiguous().t()
-    offset = 0
-    for lin in linears:
-        rows = lin.weight.shape[0]
-        lin.weight.data = fused[offset : offset + rows]
-        offset += rows
+    _rebind_rows(linears, fused, "weight")
     return fused
 
 
@@ -213,10 +209,16 @@ def _fuse_bias(linears: list[torch.nn.Linear]) -> torch.Tensor | None:
     like = next(lin.bias for lin in linears if lin.bias is not None)
     parts = [lin.bias.data if lin.bias is not None else like.new_zeros(lin.weight.shape[0]) for lin in linears]
     fused = torch.cat(parts)
+    _rebind_rows(linears, fused, "bias")
+    return fused
+
+
+def _rebind_rows(linears: list[torch.nn.Linear], fused: torch.Tensor, name: str) -> None:
+    """Make each linear's `name` parameter (where it has one) the view of its rows of `fused`."""
     offset = 0
     for lin in linears:
         rows = lin.weight.shape[0]
-        if lin.bias is not None:
-            lin.bias.data = fused[offset : offset + rows]
+        param = getattr(lin, name)
+        if param is not None:
+            param.data = fused[offset : offset + rows]
         offset += rows
-    return fused
