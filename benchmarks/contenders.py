@@ -8,7 +8,7 @@ including the first stop token, for every system alike.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +23,9 @@ class Contender:
     run: Callable[[list[list[int]], list[int], SamplingParams], int]  # → tokens generated
     max_batch: int | None = None  # HF assisted generation refuses batch size > 1
     engine: SpecEngine | None = None
+    # The same work one engine step per `next` (returns the token count): lets a race run several
+    # engines in lockstep. None for systems that cannot be stepped (HF).
+    steps: Callable[[list[list[int]], list[int], SamplingParams], Generator[int, None, int]] | None = None
 
 
 def _count_until_stop(rows: torch.Tensor, stop_ids: tuple[int, ...], budgets: list[int]) -> int:
@@ -111,5 +114,9 @@ def specroll(target: PreTrainedModel, drafter: PreTrainedModel | None, gamma: in
         rollouts = engine.generate(prompts, params, max_new_tokens=budgets)
         return sum(len(r.completion_ids) for r in rollouts)
 
+    def steps(prompts: list[list[int]], budgets: list[int], params: SamplingParams) -> Generator[int, None, int]:
+        rollouts = yield from engine.generate_steps(prompts, params, max_new_tokens=budgets)
+        return sum(len(r.completion_ids) for r in rollouts)
+
     default = "specroll_plain" if gamma == 0 else f"specroll_gamma_{gamma}"
-    return Contender(name or default, run, engine=engine)
+    return Contender(name or default, run, engine=engine, steps=steps)

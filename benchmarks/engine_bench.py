@@ -1,7 +1,8 @@
 """`specroll bench`: specroll against HF generate and HF assisted generation, ratios from one run.
 
-Two parts, same target, drafter, prompts and sampling for every contender, interleaved (each repeat
-runs every contender once, in turn) so machine noise hits all of them alike:
+Two parts, same target, drafter, prompts and sampling for every contender, interleaved so machine
+noise hits all of them alike: each repeat runs every HF contender once, in turn, and all specroll
+engines in lockstep (one engine step each, in turn, timed per engine):
 
 1. A grid over batch sizes × {greedy, T = 1}: HF `generate` (batched, left-padded), HF assisted
    generation (batch 1 only — it refuses more — default schedule and constant k ∈ {2, 4, 8}),
@@ -21,6 +22,7 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Generator
 from pathlib import Path
 
 import torch
@@ -45,11 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-requests", type=int, default=128, help="0 skips the rollout workload")
     parser.add_argument("--rollout-batch", type=int, default=16)
     parser.add_argument("--rollout-cap", type=int, default=512)
+    parser.add_argument("--rollout-repeats", type=int, default=1)
     parser.add_argument("--out", default="bench_results/engine_bench.json")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
 
 
-GRID_MIN_PROMPTS = 8  # small batch sizes run several batches of distinct prompts per repeat
+GRID_MIN_PROMPTS = 16  # small batch sizes run several batches of distinct prompts per repeat
 
 
 def _time(contender: Contender, batches: list[list[list[int]]], budgets: list[int], params: SamplingParams):
@@ -58,26 +61,60 @@ def _time(contender: Contender, batches: list[list[list[int]]], budgets: list[in
     return tokens, time.perf_counter() - started
 
 
+def _lockstep(contenders: list[Contender], batches: list[list[list[int]]], budgets: list[int],
+              params: SamplingParams) -> dict[str, tuple[int, float]]:
+    """Run steppable contenders one engine step each in turn until all are done; each one's time is
+    the sum of its own steps. A slow spell of the machine (seconds long here) then hits every
+    contender alike, instead of whichever one happened to run during it."""
+
+    def chain(c: Contender) -> Generator[None, None, int]:
+        total = 0
+        for prompts in batches:
+            total += yield from c.steps(prompts, budgets[: len(prompts)], params)
+        return total
+
+    running = {c.name: chain(c) for c in contenders}
+    out = {c.name: (0, 0.0) for c in contenders}
+    while running:
+        for name, steps in list(running.items()):
+            started = time.perf_counter()
+            try:
+                next(steps)
+                tokens = 0
+            except StopIteration as done:
+                tokens = done.value
+                del running[name]
+            spent = time.perf_counter() - started
+            out[name] = (out[name][0] + tokens, out[name][1] + spent)
+    return out
+
+
 def race(contenders: list[Contender], batches: list[list[list[int]]], budgets: list[int], params: SamplingParams,
          repeats: int) -> dict[str, dict]:
     """Interleaved runs, each contender running every batch in turn (one `generate` call per batch);
-    tokens/s per contender = all its tokens / all its seconds."""
+    specroll engines run in lockstep with each other (`_lockstep`). tokens/s per contender = all its
+    tokens / all its seconds."""
     prompts = batches[0]
     tokens = {c.name: 0 for c in contenders}
     seconds = {c.name: 0.0 for c in contenders}
     gammas: dict[str, list[int]] = {}
     for c in contenders:  # warm-up: first-call costs (allocation, calibration, lazy init) are not timed
         c.run(prompts[:1], [min(4, budgets[0])], params)
+    stepped = [c for c in contenders if c.steps is not None]
     for rep in range(repeats):
         order = contenders if rep % 2 == 0 else contenders[::-1]
+        for c in stepped:
+            c.engine.stats.reset()
         for c in order:
-            if c.engine is not None:
-                c.engine.stats.reset()
-            n, s = _time(c, batches, budgets, params)
-            tokens[c.name] += n
-            seconds[c.name] += s
-            if c.engine is not None:
-                gammas[c.name] = c.engine.stats.gamma_per_step
+            if c.steps is None:
+                n, s = _time(c, batches, budgets, params)
+                tokens[c.name] += n
+                seconds[c.name] += s
+        for name, (n, s) in _lockstep([c for c in order if c.steps is not None], batches, budgets, params).items():
+            tokens[name] += n
+            seconds[name] += s
+        for c in stepped:
+            gammas[c.name] = c.engine.stats.gamma_per_step
     out = {}
     for c in contenders:
         entry = {"tokens": tokens[c.name], "seconds": seconds[c.name],
@@ -153,7 +190,7 @@ def rollout_workload(models: BenchModels, args, gammas: list[int]) -> list[dict]
     rows = []
     for mode in args.modes.split(","):
         params = SamplingParams(max_new_tokens=args.rollout_cap, temperature=MODES[mode], seed=1)
-        results = race(contenders, [prompts], budgets, params, 1)
+        results = race(contenders, [prompts], budgets, params, args.rollout_repeats)
         rows.append({"setting": f"{mode} {len(budgets)} req, p50={p50} p90={p90}, slots={args.rollout_batch}",
                      "mode": mode, "p50": p50, "p90": p90, "results": results})
     _print_table("Rollout-shaped workload (continuous batching)", rows, [c.name for c in contenders],

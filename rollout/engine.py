@@ -15,7 +15,7 @@ or γ = 0 the same loop is plain batched decoding — the fair baseline.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 from .batch import RowBuffers
 from .config import EngineConfig, SamplingParams
 from .drafter import ModelDrafter
-from .gamma import GammaPolicy, make_gamma_policy
+from .gamma import GammaPolicy, StepOutcome, StepShape, make_gamma_policy
 from .request import Request, Rollout
 from .runner import ModelRunner
 from .sampling import Verdict, process_logits, verify
@@ -63,6 +63,7 @@ class SpecEngine:
         )
         self.policy_version = 0
         self.drafter_version = 0
+        self._generating = False
 
     # ------------------------------------------------------------------ public API
 
@@ -72,6 +73,23 @@ class SpecEngine:
 
         `max_new_tokens`, if given, is a per-prompt budget (each in [1, params.max_new_tokens]).
         """
+        steps = self.generate_steps(prompts, params, n, max_new_tokens)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def generate_steps(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1,
+                       max_new_tokens: Sequence[int] | None = None) -> Generator[int, None, list[Rollout]]:
+        """`generate` one engine step at a time: a generator that yields the live batch size after
+        each step and returns the rollouts (`StopIteration.value`). Arguments are checked here, before
+        the generator exists.
+
+        Lets a caller interleave work between steps, or run several engines in lockstep (the
+        benchmarks do, so that machine noise hits every contender alike). `stats.wall_time_s` counts
+        only the time spent inside the generator.
+        """
         budgets = validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len,
                                          max_new_tokens)
         requests = [
@@ -79,25 +97,51 @@ class SpecEngine:
             for i, prompt in enumerate(prompts)
             for j in range(n)
         ]
+        return self._run(requests, params)
+
+    def _run(self, requests: list[Request], params: SamplingParams) -> Generator[int, None, list[Rollout]]:
+        if self._generating:  # one batch state per engine: two generations would corrupt each other
+            raise RuntimeError("this engine is already running a generation; finish or close it first")
+        self._generating = True
+        try:
+            return (yield from self._steps(requests, params))
+        finally:
+            self._generating = False
+
+    def _steps(self, requests: list[Request], params: SamplingParams) -> Generator[int, None, list[Rollout]]:
+        started = time.perf_counter()
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,)))
         generator = torch.Generator(device=self.device).manual_seed(seed)
         stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.device)
         scheduler = Scheduler(self.config.max_batch_size)
         scheduler.add(requests)
-        started = time.perf_counter()
         self._prefill(scheduler.admit())
         while not scheduler.done:
-            n = scheduler.num_live_rows
-            gamma, context = 0, 0
-            if self.drafter:  # attention reads every row up to the longest one: the step's KV length
-                context = int(self.rows.seq_len[:n].max())
-                gamma = self.gamma_policy.choose(n, params.greedy, context)
-            finished = self._step(n, gamma, params, stop_ids, generator, context)
+            shape = self._shape(scheduler.num_live_rows)
+            gamma = self.gamma_policy.choose(shape, params.greedy) if self.drafter else 0
+            finished = self._step(shape, gamma, params, stop_ids, generator)
             self._finish(scheduler, finished)
+            self._pause_clock(started)
+            yield scheduler.num_live_rows
+            started = time.perf_counter()
+        self._pause_clock(started)
+        return [req.rollout for req in requests]
+
+    def _shape(self, live: int) -> StepShape:
+        """The live batch as an adaptive γ policy sees it (one host copy; skipped for a fixed γ)."""
+        if not (self.drafter and self.gamma_policy.adaptive):
+            return StepShape(live)
+        seq_len = self.rows.seq_len[:live]
+        # Attention reads every row up to the longest one: that is the step's KV length. A row with
+        # r tokens left can use r - 1 drafts.
+        room = (self.rows.max_len[:live] - seq_len - 1).clamp(0, self.config.max_gamma)
+        host = torch.cat([seq_len.max()[None], torch.bincount(room, minlength=self.config.max_gamma + 1)]).tolist()
+        return StepShape(live, host[0], host[1:])
+
+    def _pause_clock(self, started: float) -> None:
         self.stats.wall_time_s += time.perf_counter() - started
         self.stats.target_forwards = self.target.num_forwards
         self.stats.drafter_forwards = self.drafter.num_forwards if self.drafter else 0
-        return [req.rollout for req in requests]
 
     def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (all or some parameters, by name) between `generate` calls."""
@@ -113,8 +157,9 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ the step
 
-    def _step(self, n: int, gamma: int, params: SamplingParams, stop_ids: torch.Tensor,
-              generator: torch.Generator, context: int = 0) -> list[int]:
+    def _step(self, shape: StepShape, gamma: int, params: SamplingParams, stop_ids: torch.Tensor,
+              generator: torch.Generator) -> list[int]:
+        n = shape.rows
         live = slice(0, n)
         started = time.perf_counter()
         if gamma:
@@ -129,17 +174,20 @@ class SpecEngine:
         logits = self.target.feed(live, torch.cat([last_token, drafts], dim=1)).float()  # [n, γ+1, V]
         p = process_logits(logits, params)  # [n, γ+1, V]
         verdict = verify(drafts, q, p, generator)
-        finished = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids)
-        # Drafts past a row's stop token or length limit were verified but never used: they are no
-        # evidence about acceptance (counting them as kept would reward drafting across the end).
-        decided = torch.arange(gamma, device=self.device) < (self.rows.seq_len[live] - seq_len)[:, None]  # [n, γ]
-        self.gamma_policy.observe(n, gamma, verdict.accepted, params.greedy, time.perf_counter() - started,
-                                  context, decided)
+        finished, emitted, stopped = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids)
+        if self.gamma_policy.adaptive:
+            # Drafts past a row's stop token or length limit were verified but never used: they are no
+            # evidence about acceptance (counting them as kept would reward drafting across the end).
+            decided = torch.arange(gamma, device=self.device) < (self.rows.seq_len[live] - seq_len)[:, None]  # [n, γ]
+            outcome = StepOutcome(gamma, verdict.accepted, decided, emitted, stopped, time.perf_counter() - started)
+            self.gamma_policy.observe(shape, outcome, params.greedy)
         return finished
 
     def _emit(self, live: slice, seq_len: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
-              logits: torch.Tensor, p: torch.Tensor, params: SamplingParams, stop_ids: torch.Tensor) -> list[int]:
-        """Append each row's kept tokens, roll caches back to them, and return the finished slots."""
+              logits: torch.Tensor, p: torch.Tensor, params: SamplingParams,
+              stop_ids: torch.Tensor) -> tuple[list[int], int, int]:
+        """Append each row's kept tokens and roll caches back to them. Returns the finished slots,
+        the tokens emitted and the rows that emitted a stop token."""
         rows, (n, width) = self.rows, verdict.tokens.shape
         gamma = width - 1
         offsets = torch.arange(width, device=self.device)  # [γ+1]
@@ -167,15 +215,17 @@ class SpecEngine:
         if self.drafter:
             self.drafter.keep(live, seq_len, verdict.accepted_len, gamma)
         finished = rows.stopped[live] | (new_len >= rows.max_len[live])  # [n]
-        summary = torch.cat([num_emit.sum()[None], verdict.accepted.sum(0), finished.long()]).tolist()
+        # One device→host copy for everything the host needs from this step.
+        summary = torch.cat([num_emit.sum()[None], stopped.sum()[None], verdict.accepted.sum(0), finished.long()]).tolist()
+        emitted, num_stopped, kept = summary[0], summary[1], summary[2 : 2 + gamma]
         self.stats.steps += 1
-        self.stats.generated_tokens += summary[0]
+        self.stats.generated_tokens += emitted
         self.stats.drafted += n * gamma
-        self.stats.accepted += sum(summary[1 : 1 + gamma])
-        self.stats.record_position_counts([n] * gamma, summary[1 : 1 + gamma])
+        self.stats.accepted += sum(kept)
+        self.stats.record_position_counts([n] * gamma, kept)
         self.stats.gamma_per_step.append(gamma)
         self.stats.live_rows_per_step.append(n)
-        return [slot for slot, done in enumerate(summary[1 + gamma :]) if done]
+        return [slot for slot, done in enumerate(summary[2 + gamma :]) if done], emitted, num_stopped
 
     def _record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
                         logprobs: torch.Tensor) -> None:

@@ -4,8 +4,12 @@ The engine asks `choose(num_live_rows, greedy)` before each step and reports the
 `observe(...)` after it. `AutoGamma` picks γ ∈ {0, …, max_gamma} maximising expected tokens per
 second for the live batch:
 
-    E[tokens per row | γ] = 1 + Σ_{i=1..γ} Π_{j≤i} α_j      (α_j: P(draft j kept | drafts < j kept))
+    E[tokens per row | γ] = Σ_{k=0..min(γ, room)} S_k,   S_k = Π_{j≤k} α_j (1 - h)
     time(γ, n)           = γ drafter forwards + one target forward of γ + 1 tokens, for n rows
+
+(α_j: P(draft j kept | drafts < j kept); h: the rate at which emitted tokens are stop tokens, after
+which a row's remaining drafts are wasted; room: drafts a row's length budget can still use.) Rows
+about to end make long drafts pay less: the engine reports each row's room, and h is kept online.
 
 with α_j kept online (exponentially weighted, per draft position, separately for greedy and sampled
 runs) and time from a `CostModel` measured on this hardware. γ = 0 (plain decoding) wins whenever
@@ -15,6 +19,7 @@ forward of γ + 1 tokens per row is no longer nearly free. There is no hard-code
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -24,31 +29,55 @@ from .cost_model import CALIBRATION_CONTEXT, CostModel, calibrate
 from .runner import ModelRunner
 
 PRIOR_ACCEPTANCE = 0.6  # α before any observation
+PRIOR_TOKENS = 32  # the stop rate h starts at 0 stops in this many emitted tokens
 PRIOR_ROWS = 2  # ... worth this many rows of evidence
 SHRINK_ROWS = 4  # pseudo-rows pulling each position's α toward the pooled one
 EXPLORE_EVERY = 32  # plain steps between probes of the best γ > 0, so stale α estimates can recover
+CONTEXT_BUCKET = 16  # step-time predictions are cached per this many tokens of context
 EXPLORE_WITHIN = 0.75  # ... probed only if predicted to reach this fraction of plain throughput
 
 
-class GammaPolicy(Protocol):
-    def choose(self, num_live_rows: int, greedy: bool, context: int = CALIBRATION_CONTEXT) -> int: ...
+@dataclass
+class StepShape:
+    """What a policy may look at before a step (the engine fills it only for adaptive policies)."""
 
-    def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
-                step_time_s: float, context: int = CALIBRATION_CONTEXT, decided: torch.Tensor | None = None) -> None:
-        ...
+    rows: int  # live rows
+    context: int = CALIBRATION_CONTEXT  # KV length the step's attention reads (the longest row)
+    room: list[int] | None = None  # room[m]: rows whose length budget can use at most m drafts (m ≤ max_gamma)
+
+
+@dataclass
+class StepOutcome:
+    """What one step revealed: per-draft verdicts, tokens emitted, rows ended by a stop token, time."""
+
+    gamma: int
+    accepted: torch.Tensor  # [n, γ] bool, prefix-closed
+    decided: torch.Tensor | None  # [n, γ] bool: False past a row's stop token or length limit
+    emitted: int
+    stopped: int
+    seconds: float
+
+
+class GammaPolicy(Protocol):
+    adaptive: bool  # False: `choose` ignores the shape, and the engine does not compute it
+
+    def choose(self, shape: StepShape, greedy: bool) -> int: ...
+
+    def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None: ...
 
 
 class FixedGamma:
     """Always the configured γ (0 = plain decoding)."""
 
+    adaptive = False
+
     def __init__(self, gamma: int):
         self.gamma = gamma
 
-    def choose(self, num_live_rows: int, greedy: bool, context: int = CALIBRATION_CONTEXT) -> int:
+    def choose(self, shape: StepShape, greedy: bool) -> int:
         return self.gamma
 
-    def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
-                step_time_s: float, context: int = CALIBRATION_CONTEXT, decided: torch.Tensor | None = None) -> None:
+    def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
         return None
 
 
@@ -66,6 +95,7 @@ class AcceptanceEstimate:
     def __init__(self, max_gamma: int, decay: float):
         self.kept = [0.0] * max_gamma
         self.reached = [0.0] * max_gamma
+        self.stops, self.emitted = 0.0, 0.0  # decayed like the counts: the stop rate h
         self.decay = decay
         self.seen = [False] * max_gamma
         self.alpha = [PRIOR_ACCEPTANCE] * max_gamma
@@ -74,9 +104,13 @@ class AcceptanceEstimate:
     def any_seen(self) -> bool:
         return any(self.seen)
 
-    def update(self, accepted: torch.Tensor, decided: torch.Tensor | None = None) -> None:
+    def update(self, accepted: torch.Tensor, decided: torch.Tensor | None = None, emitted: int = 0,
+               stopped: int = 0) -> None:
         """`accepted` [n, γ] bool (prefix-closed) from one step; `decided` [n, γ] masks out drafts
-        whose outcome did not matter (past the row's stop token or length limit)."""
+        whose outcome did not matter (past the row's stop token or length limit); `emitted` tokens,
+        `stopped` of them stop tokens."""
+        self.stops = self.decay * self.stops + stopped
+        self.emitted = self.decay * self.emitted + emitted
         if accepted.numel() == 0:
             return
         reached = torch.cat([accepted.new_ones(accepted.shape[0], 1), accepted[:, :-1]], 1)  # [n, γ]
@@ -93,35 +127,75 @@ class AcceptanceEstimate:
         pooled = (sum(self.kept) + PRIOR_ACCEPTANCE * PRIOR_ROWS) / (sum(self.reached) + PRIOR_ROWS)
         self.alpha = [(k + SHRINK_ROWS * pooled) / (r + SHRINK_ROWS) for k, r in zip(self.kept, self.reached)]
 
-    def position_alpha(self, j: int) -> float:
-        return self.alpha[j]
+    @property
+    def stop_rate(self) -> float:
+        """h: the share of emitted tokens that end their row."""
+        return self.stops / (self.emitted + PRIOR_TOKENS)
+
+    def cumulative(self) -> list[float]:
+        """C[k] = Σ_{i≤k} S_i: expected tokens a row emits with k drafts and room for all of them."""
+        keep = 1.0 - self.stop_rate
+        total, survive, out = 1.0, 1.0, [1.0]
+        for a in self.alpha:
+            survive *= a * keep
+            total += survive
+            out.append(total)
+        return out
 
     def expected_tokens(self, gamma: int) -> float:
-        total, survive = 1.0, 1.0
-        for j in range(gamma):
-            survive *= self.position_alpha(j)
-            total += survive
-        return total
+        return self.cumulative()[gamma]
+
+    def batch_tokens(self, rows: int, room: list[int] | None) -> list[float]:
+        """Expected tokens of the whole batch for every γ = 0..max_gamma (`room` as in `StepShape`)."""
+        c = self.cumulative()
+        if room is None:
+            return [rows * x for x in c]
+        # Σ_m room[m] · C[min(γ, m)]: rows with room m < γ stop gaining at C[m].
+        out, capped, below = [], 0.0, 0
+        for g, cg in enumerate(c):
+            out.append(capped + (rows - below) * cg)
+            if g < len(room):
+                capped += room[g] * cg
+                below += room[g]
+        return out
 
 
 class AutoGamma:
+    adaptive = True
+
     def __init__(self, cost: CostModel, max_gamma: int, decay: float):
         self.cost = cost
         self.max_gamma = max_gamma
         self.estimates = {True: AcceptanceEstimate(max_gamma, decay), False: AcceptanceEstimate(max_gamma, decay)}
         self.plain_steps = 0
+        self._raw_times: dict[tuple[int, int], list[float]] = {}
 
-    def throughput(self, num_live_rows: int, gamma: int, greedy: bool, context: int = CALIBRATION_CONTEXT) -> float:
-        """Expected tokens per second for the live batch at γ, `context` tokens deep."""
-        tokens = num_live_rows * self.estimates[greedy].expected_tokens(gamma)
-        return tokens / self.cost.step_time(num_live_rows, gamma, context)
+    def step_times(self, rows: int, context: int) -> list[float]:
+        """Predicted step seconds for every γ. The calibrated part is cached per (rows, context to
+        CONTEXT_BUCKET tokens): a policy that costs a millisecond per step would eat the gain of
+        small models. The online correction is one factor for all γ, applied on top."""
+        key = (rows, context // CONTEXT_BUCKET)
+        raw = self._raw_times.get(key)
+        if raw is None:
+            start = key[1] * CONTEXT_BUCKET
+            raw = self._raw_times[key] = [self.cost.raw_step_time(rows, g, start) for g in range(self.max_gamma + 1)]
+        scale = self.cost.correction.get(-1, 1.0)
+        return [t * scale for t in raw]
 
-    def choose(self, num_live_rows: int, greedy: bool, context: int = CALIBRATION_CONTEXT) -> int:
+    def rates(self, shape: StepShape, greedy: bool) -> list[float]:
+        """Expected tokens per second of the step for every γ = 0..max_gamma."""
+        tokens = self.estimates[greedy].batch_tokens(shape.rows, shape.room)
+        return [t / s for t, s in zip(tokens, self.step_times(shape.rows, shape.context))]
+
+    def throughput(self, shape: StepShape, gamma: int, greedy: bool) -> float:
+        return self.rates(shape, greedy)[gamma]
+
+    def choose(self, shape: StepShape, greedy: bool) -> int:
         if not self.estimates[greedy].any_seen:
             # Nothing measured yet for this mode: one step at max_gamma measures α at every position
             # (a prior alone could keep speculation off where it pays).
             return self.max_gamma
-        rates = [self.throughput(num_live_rows, g, greedy, context) for g in range(self.max_gamma + 1)]
+        rates = self.rates(shape, greedy)
         best = max(range(len(rates)), key=rates.__getitem__)
         if best > 0:
             return best
@@ -133,10 +207,9 @@ class AutoGamma:
             return runner_up
         return 0
 
-    def observe(self, num_live_rows: int, gamma: int, accepted: torch.Tensor, greedy: bool,
-                step_time_s: float, context: int = CALIBRATION_CONTEXT, decided: torch.Tensor | None = None) -> None:
-        self.estimates[greedy].update(accepted, decided)
-        self.cost.observe(num_live_rows, gamma, step_time_s, context)
+    def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
+        self.estimates[greedy].update(outcome.accepted, outcome.decided, outcome.emitted, outcome.stopped)
+        self.cost.observe(shape.rows, outcome.gamma, outcome.seconds, shape.context)
 
     @property
     def acceptance(self) -> dict[str, list[float]]:

@@ -9,7 +9,7 @@ from conftest import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.cost_model import CostModel, ForwardTimes, calibrate
-from specroll.rollout.gamma import AcceptanceEstimate, AutoGamma
+from specroll.rollout.gamma import AcceptanceEstimate, AutoGamma, StepShape
 
 BATCHES = [1, 4, 16, 64]
 QUERIES = [1, 2, 3, 5, 9]
@@ -32,13 +32,13 @@ def with_acceptance(policy: AutoGamma, alpha: float) -> AutoGamma:
 def test_free_drafts_all_accepted_picks_max_gamma():
     cost = synthetic(lambda b, q: 1e-2, lambda b, q: 1e-9)
     policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 1.0)
-    assert [policy.choose(b, greedy=True) for b in BATCHES] == [8, 8, 8, 8]
+    assert [policy.choose(StepShape(b), greedy=True) for b in BATCHES] == [8, 8, 8, 8]
 
 
 def test_linear_target_cost_and_low_acceptance_picks_plain():
     cost = synthetic(lambda b, q: 1e-3 * b * q, lambda b, q: 1e-4 * b)
     policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 0.1)
-    assert [policy.choose(b, greedy=False) for b in BATCHES] == [0, 0, 0, 0]
+    assert [policy.choose(StepShape(b), greedy=False) for b in BATCHES] == [0, 0, 0, 0]
 
 
 def test_speculation_switches_off_when_batch_makes_verification_expensive():
@@ -46,7 +46,7 @@ def test_speculation_switches_off_when_batch_makes_verification_expensive():
     # batches: cost grows with tokens (compute bound). The choice must follow the live batch.
     cost = synthetic(lambda b, q: 1e-2 * max(1.0, b * q / 16), lambda b, q: 1e-3 * max(1.0, b / 16))
     policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 0.7)
-    chosen = {b: policy.choose(b, greedy=True) for b in BATCHES}
+    chosen = {b: policy.choose(StepShape(b), greedy=True) for b in BATCHES}
     assert chosen[1] >= 2 and chosen[64] == 0, chosen
 
 
@@ -97,7 +97,7 @@ def test_auto_gamma_greedy_output_equals_plain_decoding(tmp_path):
     # Force the policy through several γ values, plain steps included, within one call.
     policy = with_acceptance(auto.gamma_policy, 0.9)
     schedule = iter([4, 0, 0, 3, 1, 0, 2] * 100)
-    policy.choose = lambda n, greedy, context=0: next(schedule)
+    policy.choose = lambda shape, greedy: next(schedule)
     out = auto.generate(prompts, params)
     assert [r.completion_ids for r in out] == [r.completion_ids for r in plain]
     assert set(auto.stats.gamma_per_step) == {0, 1, 2, 3, 4}
@@ -120,8 +120,8 @@ def test_long_contexts_make_verification_dearer():
     assert cost.target_time(4, 3, context=64) == pytest.approx(1e-2)
     assert cost.target_time(4, 3, context=288) == pytest.approx(1e-2 + 0.5 * 2e-2 * 12)
     policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 0.7)
-    assert policy.choose(4, greedy=True, context=64) >= 4
-    assert policy.choose(4, greedy=True, context=512) == 0
+    assert policy.choose(StepShape(4, context=64), greedy=True) >= 4
+    assert policy.choose(StepShape(4, context=512), greedy=True) == 0
 
 
 def test_drafts_past_a_rows_end_are_no_evidence():
@@ -138,3 +138,25 @@ def test_one_slow_step_does_not_mark_its_gamma_as_slow():
     cost.observe(4, 2, cost.step_time(4, 2))
     cost.observe(4, 4, 10 * cost.step_time(4, 4))  # a stalled step (GC, another process)
     assert cost.step_time(4, 4) / cost.step_time(4, 2) == pytest.approx(ratio)
+
+
+def test_rows_near_their_length_limit_cap_the_useful_draft_length():
+    # Drafting is cheap but not free; acceptance is 1. With room for every draft the policy drafts
+    # max_gamma; when every row has only 2 tokens left, drafts past the first are wasted.
+    cost = synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3)
+    policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 1.0)
+    assert policy.choose(StepShape(4, room=[0] * 8 + [4]), greedy=True) == 8
+    assert policy.choose(StepShape(4, room=[0, 4] + [0] * 7), greedy=True) == 1
+    # Mixed rooms: expected tokens add up per row, capped at each row's room.
+    est = policy.estimates[True]
+    assert est.batch_tokens(3, [1, 1, 0, 1])[:4] == pytest.approx([3, 5, 6, 7])
+
+
+def test_stop_rate_discounts_long_drafts():
+    est = AcceptanceEstimate(max_gamma=4, decay=0.0)
+    est.update(torch.ones(800, 4, dtype=torch.bool), emitted=4000, stopped=0)
+    assert est.expected_tokens(4) == pytest.approx(5.0, abs=0.05)
+    # Every 5th token a stop token: a token is used only if none before it ended the row.
+    est.update(torch.ones(800, 4, dtype=torch.bool), emitted=10_000, stopped=2_000)
+    keep = 1 - 2_000 / (10_000 + 32)
+    assert est.expected_tokens(4) == pytest.approx(sum(keep**k for k in range(5)), abs=0.05)
