@@ -216,7 +216,8 @@ class SpecEngine:
             self.drafter.keep(live, seq_len, verdict.accepted_len, gamma)
         finished = rows.stopped[live] | (new_len >= rows.max_len[live])  # [n]
         # One device→host copy for everything the host needs from this step.
-        summary = torch.cat([num_emit.sum()[None], stopped.sum()[None], verdict.accepted.sum(0), finished.long()]).tolist()
+        counts = torch.stack([num_emit.sum(), stopped.sum()])
+        summary = torch.cat([counts, verdict.accepted.sum(0), finished.long()]).tolist()
         emitted, num_stopped, kept = summary[0], summary[1], summary[2 : 2 + gamma]
         self.stats.steps += 1
         self.stats.generated_tokens += emitted
