@@ -63,9 +63,11 @@ def _time(contender: Contender, batches: list[list[list[int]]], budgets: list[in
 
 def _lockstep(contenders: list[Contender], batches: list[list[list[int]]], budgets: list[int],
               params: SamplingParams) -> dict[str, tuple[int, float]]:
-    """Run steppable contenders one engine step each in turn until all are done; each one's time is
-    the sum of its own steps. A slow spell of the machine (seconds long here) then hits every
-    contender alike, instead of whichever one happened to run during it."""
+    """Run steppable contenders one engine step at a time, always stepping the one that has generated
+    the fewest tokens so far, so they all move through the same work together (greedy runs emit the
+    same tokens; sampled runs the same amounts in expectation). Each one's time is the sum of its own
+    steps. A slow spell of the machine (seconds long here) then hits every contender alike, instead
+    of whichever one happened to run during it — or whichever one was still running at the end."""
 
     def chain(c: Contender) -> Generator[None, None, int]:
         total = 0
@@ -73,19 +75,20 @@ def _lockstep(contenders: list[Contender], batches: list[list[list[int]]], budge
             total += yield from c.steps(prompts, budgets[: len(prompts)], params)
         return total
 
-    running = {c.name: chain(c) for c in contenders}
+    running = {c.name: (c, chain(c)) for c in contenders}
     out = {c.name: (0, 0.0) for c in contenders}
     while running:
-        for name, steps in list(running.items()):
-            started = time.perf_counter()
-            try:
-                next(steps)
-                tokens = 0
-            except StopIteration as done:
-                tokens = done.value
-                del running[name]
-            spent = time.perf_counter() - started
-            out[name] = (out[name][0] + tokens, out[name][1] + spent)
+        name = min(running, key=lambda k: running[k][0].engine.stats.generated_tokens)
+        steps = running[name][1]
+        started = time.perf_counter()
+        try:
+            next(steps)
+            tokens = 0
+        except StopIteration as done:
+            tokens = done.value
+            del running[name]
+        spent = time.perf_counter() - started
+        out[name] = (out[name][0] + tokens, out[name][1] + spent)
     return out
 
 

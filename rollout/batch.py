@@ -27,6 +27,7 @@ class RowBuffers:
         self.num_drafted = zeros(batch)  # [B]
         self.num_accepted = zeros(batch)  # [B]
         self.stopped = zeros(batch, dtype=torch.bool)  # [B] emitted a stop token
+        self.rejected = zeros(batch, dtype=torch.bool)  # [B] the last speculative step ended in a rejection
         self.signal_top_k = signal_top_k
         if signal_top_k:
             self.topk_ids = zeros(batch, length, signal_top_k)  # [B, L, k]
@@ -37,7 +38,7 @@ class RowBuffers:
     def _fields(self) -> list[torch.Tensor]:
         fields = [
             self.tokens, self.seq_len, self.prompt_len, self.max_len, self.logprobs,
-            self.num_drafted, self.num_accepted, self.stopped,
+            self.num_drafted, self.num_accepted, self.stopped, self.rejected,
         ]
         if self.signal_top_k:
             fields += [self.topk_ids, self.topk_probs, self.draft_ids, self.draft_accepted]

@@ -170,6 +170,7 @@ class SpecEngine:
             q = torch.empty(n, 0, self.vocab_size, device=self.device)
         # A copy, not a view: `_emit` overwrites rows.seq_len, and the drafter rolls back to the old length.
         seq_len = self.rows.seq_len[live].clone()  # [n]
+        after_rejection = self.rows.rejected[live].clone() if self.gamma_policy.adaptive else None  # [n]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
         logits = self.target.feed(live, torch.cat([last_token, drafts], dim=1)).float()  # [n, γ+1, V]
         p = process_logits(logits, params)  # [n, γ+1, V]
@@ -179,7 +180,8 @@ class SpecEngine:
             # Drafts past a row's stop token or length limit were verified but never used: they are no
             # evidence about acceptance (counting them as kept would reward drafting across the end).
             decided = torch.arange(gamma, device=self.device) < (self.rows.seq_len[live] - seq_len)[:, None]  # [n, γ]
-            outcome = StepOutcome(gamma, verdict.accepted, decided, emitted, stopped, time.perf_counter() - started)
+            outcome = StepOutcome(gamma, verdict.accepted, decided, emitted, stopped, time.perf_counter() - started,
+                                  after_rejection)
             self.gamma_policy.observe(shape, outcome, params.greedy)
         return finished
 
@@ -211,6 +213,8 @@ class SpecEngine:
         rows.stopped[live] |= stopped
         rows.num_drafted[live] += gamma
         rows.num_accepted[live] += verdict.accepted_len
+        if gamma:  # a plain step says nothing about where the drafter stands
+            rows.rejected[live] = verdict.accepted_len < gamma
         self.target.cache.lens[live] = new_len - 1
         if self.drafter:
             self.drafter.keep(live, seq_len, verdict.accepted_len, gamma)

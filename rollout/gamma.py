@@ -56,6 +56,7 @@ class StepOutcome:
     emitted: int
     stopped: int
     seconds: float
+    after_rejection: torch.Tensor | None = None  # [n] bool: the row's previous speculative step ended in a rejection
 
 
 class GammaPolicy(Protocol):
@@ -90,25 +91,37 @@ class AcceptanceEstimate:
     rate starts from `PRIOR_ROWS` pseudo-rows at `PRIOR_ACCEPTANCE`. So one unlucky rejection at a
     deep position (a batch of one row) cannot pin γ below it, and positions never drafted take the
     pooled rate instead of a fixed prior.
+
+    Acceptance is autocorrelated along a row: a step that starts right after a rejection starts in
+    text the drafter just got wrong, and its first drafts are kept less often (demo models, T = 1:
+    0.73–0.78 at positions 1–2 after a rejection, 0.85–0.90 otherwise). Long drafts end in a
+    rejection more often, so under a larger γ more steps start in that state — a per-step estimate
+    taken at a small γ overstates what a large one gains. So counts are also kept per start state
+    (0: the row's last speculative step kept every draft, or the row is new; 1: it ended in a
+    rejection), α^s_j shrunk toward α_j, and the tokens expected from γ mix the two states at their
+    long-run shares under γ: P(state 0) = S¹_γ / (S¹_γ + 1 − S⁰_γ), with S^s_γ the chance that a
+    step from state s keeps all γ drafts.
     """
 
     def __init__(self, max_gamma: int, decay: float):
-        self.kept = [0.0] * max_gamma
-        self.reached = [0.0] * max_gamma
+        self.max_gamma = max_gamma
+        self.kept = [[0.0] * max_gamma, [0.0] * max_gamma]  # per start state, per position
+        self.reached = [[0.0] * max_gamma, [0.0] * max_gamma]
         self.stops, self.emitted = 0.0, 0.0  # decayed like the counts: the stop rate h
         self.decay = decay
         self.seen = [False] * max_gamma
-        self.alpha = [PRIOR_ACCEPTANCE] * max_gamma
+        self.alpha = [PRIOR_ACCEPTANCE] * max_gamma  # pooled over start states
+        self.alpha_by_state = [list(self.alpha), list(self.alpha)]
 
     @property
     def any_seen(self) -> bool:
         return any(self.seen)
 
     def update(self, accepted: torch.Tensor, decided: torch.Tensor | None = None, emitted: int = 0,
-               stopped: int = 0) -> None:
+               stopped: int = 0, after_rejection: torch.Tensor | None = None) -> None:
         """`accepted` [n, γ] bool (prefix-closed) from one step; `decided` [n, γ] masks out drafts
         whose outcome did not matter (past the row's stop token or length limit); `emitted` tokens,
-        `stopped` of them stop tokens."""
+        `stopped` of them stop tokens; `after_rejection` [n] bool: the row's start state."""
         self.stops = self.decay * self.stops + stopped
         self.emitted = self.decay * self.emitted + emitted
         if accepted.numel() == 0:
@@ -116,47 +129,71 @@ class AcceptanceEstimate:
         reached = torch.cat([accepted.new_ones(accepted.shape[0], 1), accepted[:, :-1]], 1)  # [n, γ]
         if decided is not None:
             reached, accepted = reached & decided, accepted & decided
-        reached, kept = reached.sum(0), accepted.sum(0)  # [γ]
-        self.kept = [self.decay * k for k in self.kept]
-        self.reached = [self.decay * r for r in self.reached]
-        for j, (r, k) in enumerate(zip(reached.tolist(), kept.tolist())):
-            if r:
-                self.seen[j] = True
-                self.kept[j] += k
-                self.reached[j] += r
-        pooled = (sum(self.kept) + PRIOR_ACCEPTANCE * PRIOR_ROWS) / (sum(self.reached) + PRIOR_ROWS)
-        self.alpha = [(k + SHRINK_ROWS * pooled) / (r + SHRINK_ROWS) for k, r in zip(self.kept, self.reached)]
+        state = accepted.new_zeros(accepted.shape[0]) if after_rejection is None else after_rejection
+        state = state[:, None]
+        counts = torch.stack([reached & ~state, accepted & ~state, reached & state, accepted & state]).sum(1)
+        counts = counts.tolist()  # [4, γ]: reached/kept from state 0, then from state 1
+        for s in (0, 1):
+            self.kept[s] = [self.decay * k for k in self.kept[s]]
+            self.reached[s] = [self.decay * r for r in self.reached[s]]
+            for j, (r, k) in enumerate(zip(counts[2 * s], counts[2 * s + 1])):
+                if r:
+                    self.seen[j] = True
+                    self.kept[s][j] += k
+                    self.reached[s][j] += r
+        kept = [a + b for a, b in zip(*self.kept)]
+        reached = [a + b for a, b in zip(*self.reached)]
+        pooled = (sum(kept) + PRIOR_ACCEPTANCE * PRIOR_ROWS) / (sum(reached) + PRIOR_ROWS)
+        self.alpha = [(k + SHRINK_ROWS * pooled) / (r + SHRINK_ROWS) for k, r in zip(kept, reached)]
+        self.alpha_by_state = [
+            [(k + SHRINK_ROWS * a) / (r + SHRINK_ROWS) for k, r, a in zip(self.kept[s], self.reached[s], self.alpha)]
+            for s in (0, 1)
+        ]
 
     @property
     def stop_rate(self) -> float:
         """h: the share of emitted tokens that end their row."""
         return self.stops / (self.emitted + PRIOR_TOKENS)
 
-    def cumulative(self) -> list[float]:
-        """C[k] = Σ_{i≤k} S_i: expected tokens a row emits with k drafts and room for all of them."""
+    def _survival(self) -> list[list[float]]:
+        """S^s_k for both start states, k = 0..max_gamma: drafts 1..k kept and no stop token before."""
         keep = 1.0 - self.stop_rate
-        total, survive, out = 1.0, 1.0, [1.0]
-        for a in self.alpha:
-            survive *= a * keep
-            total += survive
+        out = []
+        for alpha in self.alpha_by_state:
+            survive, curve = 1.0, [1.0]
+            for a in alpha:
+                survive *= a * keep
+                curve.append(survive)
+            out.append(curve)
+        return out
+
+    def cumulative(self, gamma: int, survival: list[list[float]] | None = None) -> list[float]:
+        """C[k] = Σ_{i≤k} S_i for k = 0..γ under γ's long-run mix of start states: the expected
+        tokens of a step with γ drafts whose row has room for k of them."""
+        s0, s1 = survival or self._survival()
+        churn = s1[gamma] + 1.0 - s0[gamma]
+        share = s1[gamma] / churn if churn > 1e-12 else 1.0  # long-run share of steps from state 0
+        total, out = 0.0, []
+        for a, b in zip(s0[: gamma + 1], s1[: gamma + 1]):
+            total += share * a + (1.0 - share) * b
             out.append(total)
         return out
 
     def expected_tokens(self, gamma: int) -> float:
-        return self.cumulative()[gamma]
+        return self.cumulative(gamma)[gamma]
 
     def batch_tokens(self, rows: int, room: list[int] | None) -> list[float]:
         """Expected tokens of the whole batch for every γ = 0..max_gamma (`room` as in `StepShape`)."""
-        c = self.cumulative()
-        if room is None:
-            return [rows * x for x in c]
-        # Σ_m room[m] · C[min(γ, m)]: rows with room m < γ stop gaining at C[m].
-        out, capped, below = [], 0.0, 0
-        for g, cg in enumerate(c):
-            out.append(capped + (rows - below) * cg)
-            if g < len(room):
-                capped += room[g] * cg
-                below += room[g]
+        survival = self._survival()
+        out = []
+        for g in range(self.max_gamma + 1):
+            c = self.cumulative(g, survival)
+            if room is None:
+                out.append(rows * c[g])
+                continue
+            # Σ_m room[m] · C[min(γ, m)]: rows with room m < γ stop gaining at C[m].
+            capped = sum(room[m] * c[m] for m in range(min(g, len(room))))
+            out.append(capped + (rows - sum(room[:g])) * c[g])
         return out
 
 
@@ -208,7 +245,8 @@ class AutoGamma:
         return 0
 
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
-        self.estimates[greedy].update(outcome.accepted, outcome.decided, outcome.emitted, outcome.stopped)
+        self.estimates[greedy].update(outcome.accepted, outcome.decided, outcome.emitted, outcome.stopped,
+                                      outcome.after_rejection)
         self.cost.observe(shape.rows, outcome.gamma, outcome.seconds, shape.context)
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 from conftest import build_lm, make_prompts, noisy_copy, tiny_lm
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -155,3 +156,35 @@ def test_same_seed_reproduces_and_other_seed_differs():
     assert sampled_run(engine, seed=123) == first  # same engine again: no state leaks between calls
     assert sampled_run(new_engine(), seed=123) == first
     assert [c for c, _ in sampled_run(engine, seed=124)] != [c for c, _ in first]
+
+
+def test_generate_steps_in_lockstep_equals_generate():
+    # Two engines stepped alternately (as the benchmark races them) give what `generate` gives,
+    # with the same seed; one engine cannot run two generations at once; bad input fails before
+    # the generator exists.
+    target, drafter = tiny_lm("llama"), noisy_copy("llama")
+    prompts = make_prompts(6, 2, 9)
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=7)
+    config = EngineConfig(max_batch_size=4, max_seq_len=64, gamma=3)
+    expected = SpecEngine(target, drafter, config).generate(prompts, params)
+    a, b = SpecEngine(target, drafter, config), SpecEngine(target, None, EngineConfig(max_batch_size=4, max_seq_len=64))
+    runs = {"a": a.generate_steps(prompts, params), "b": b.generate_steps(prompts[:3], params)}
+    results, live_sizes = {}, []
+    while runs:
+        for name, steps in list(runs.items()):
+            try:
+                live_sizes.append(next(steps))
+            except StopIteration as done:
+                results[name] = done.value
+                del runs[name]
+    assert [r.completion_ids for r in results["a"]] == [r.completion_ids for r in expected]
+    assert len(results["b"]) == 3 and all(0 <= n <= 4 for n in live_sizes)
+    assert a.stats.steps > 0 and a.stats.wall_time_s > 0
+    busy = a.generate_steps(prompts, params)
+    next(busy)
+    with pytest.raises(RuntimeError, match="already running"):
+        a.generate(prompts, params)
+    busy.close()  # a closed generation frees the engine
+    assert len(a.generate(prompts[:1], params)) == 1
+    with pytest.raises(ValueError, match="is empty"):
+        a.generate_steps([[1], []], params)

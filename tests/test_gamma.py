@@ -25,6 +25,7 @@ def synthetic(target_time, drafter_time) -> CostModel:
 def with_acceptance(policy: AutoGamma, alpha: float) -> AutoGamma:
     for est in policy.estimates.values():
         est.alpha = [alpha] * len(est.alpha)
+        est.alpha_by_state = [list(est.alpha), list(est.alpha)]
         est.seen = [True] * len(est.alpha)
     return policy
 
@@ -129,7 +130,7 @@ def test_drafts_past_a_rows_end_are_no_evidence():
     accepted = torch.ones(8, 4, dtype=torch.bool)  # every draft matched the target ...
     decided = torch.tensor([[True, True, False, False]]).repeat(8, 1)  # ... but the rows stopped after 2
     est.update(accepted, decided)
-    assert est.reached == [8.0, 8.0, 0.0, 0.0] and est.kept == [8.0, 8.0, 0.0, 0.0]
+    assert est.reached[0] == [8.0, 8.0, 0.0, 0.0] and est.kept[0] == [8.0, 8.0, 0.0, 0.0]
 
 
 def test_one_slow_step_does_not_mark_its_gamma_as_slow():
@@ -160,3 +161,28 @@ def test_stop_rate_discounts_long_drafts():
     est.update(torch.ones(800, 4, dtype=torch.bool), emitted=10_000, stopped=2_000)
     keep = 1 - 2_000 / (10_000 + 32)
     assert est.expected_tokens(4) == pytest.approx(sum(keep**k for k in range(5)), abs=0.05)
+
+
+def test_drafts_after_a_rejection_are_weighed_at_their_long_run_share():
+    # Rows that just had a draft rejected keep their next first draft half the time; the others
+    # always. Under γ = 1 every step is kept or rejected at once; under larger γ more steps start
+    # after a rejection. The estimate must follow the state mix, not a pooled per-position rate.
+    est = AcceptanceEstimate(max_gamma=4, decay=0.0)
+    fresh = torch.ones(1000, 4, dtype=torch.bool)  # from state 0: every draft kept
+    hard = torch.zeros(1000, 4, dtype=torch.bool)
+    hard[:500] = True  # from state 1: half the rows keep all, half none
+    accepted = torch.cat([fresh, hard])
+    state = torch.cat([torch.zeros(1000, dtype=torch.bool), torch.ones(1000, dtype=torch.bool)])
+    est.update(accepted, after_rejection=state)
+    assert est.alpha_by_state[0][0] == pytest.approx(1.0, abs=0.01)
+    assert est.alpha_by_state[1][0] == pytest.approx(0.5, abs=0.01)
+    # Steps from state 0 never reject, so in the long run every step starts in state 0: γ = 4 gives 5.
+    assert est.expected_tokens(4) == pytest.approx(5.0, abs=0.05)
+    # Now state-0 rows reject their 3rd draft: a γ ≥ 3 step ends in state 1 and the mix moves.
+    fresh[:, 2:] = False
+    est.update(torch.cat([fresh, hard]), after_rejection=state)
+    s0 = [1, 1, 1, 0, 0]  # survival from state 0
+    s1 = [1, 0.5, 0.5, 0.5, 0.5]
+    share = s1[4] / (s1[4] + 1 - s0[4])  # 1/3 of steps start in state 0
+    assert est.expected_tokens(4) == pytest.approx(sum(share * a + (1 - share) * b for a, b in zip(s0, s1)), abs=0.05)
+    assert est.expected_tokens(2) == pytest.approx(3.0, abs=0.05)  # γ = 2 never leaves state 0
