@@ -1,20 +1,19 @@
 """How many tokens to draft per step: the `GammaPolicy` protocol, a fixed policy and `AutoGamma`.
 
-The engine asks `choose(num_live_rows, greedy)` before each step and reports the step with
-`observe(...)` after it. `AutoGamma` picks γ ∈ {0, …, max_gamma} maximising expected tokens per
-second for the live batch:
+Before each step the engine hands an adaptive policy the live batch's `StepShape` (rows, KV length,
+each row's room left) and asks `choose(shape, greedy)`; after it, `observe(shape, outcome, greedy)`.
+`AutoGamma` picks γ ∈ {0, …, max_gamma} maximising expected tokens per second for the live batch:
 
-    E[tokens per row | γ] = Σ_{k=0..min(γ, room)} S_k,   S_k = Π_{j≤k} α_j (1 - h)
-    time(γ, n)           = γ drafter forwards + one target forward of γ + 1 tokens, for n rows
+    E[tokens of a row | γ] = Σ_{k=0..min(γ, room)} S_k,   S_k = Π_{j≤k} α_j (1 - h)
+    time(γ, n)            = γ drafts (forward + sampling) + one target forward of γ + 1 tokens, n rows
 
-(α_j: P(draft j kept | drafts < j kept); h: the rate at which emitted tokens are stop tokens, after
-which a row's remaining drafts are wasted; room: drafts a row's length budget can still use.) Rows
-about to end make long drafts pay less: the engine reports each row's room, and h is kept online.
-
-with α_j kept online (exponentially weighted, per draft position, separately for greedy and sampled
-runs) and time from a `CostModel` measured on this hardware. γ = 0 (plain decoding) wins whenever
-the drafter's cost or a low acceptance does not pay — as it does for large live batches, where a
-forward of γ + 1 tokens per row is no longer nearly free. There is no hard-coded batch threshold.
+α_j = P(draft j kept | drafts < j kept), kept online per draft position (exponentially weighted,
+separately for greedy and sampled runs, and per start state: see `AcceptanceEstimate`); h = the share
+of emitted tokens that are stop tokens, after which a row's remaining drafts are wasted; room = the
+drafts a row's length budget can still use. Time comes from a `CostModel` measured on this hardware.
+γ = 0 (plain decoding) wins whenever the drafter's cost or a low acceptance does not pay — as it
+does for large live batches, where a forward of γ + 1 tokens per row is no longer nearly free.
+There is no hard-coded batch threshold.
 """
 
 from __future__ import annotations
@@ -29,12 +28,12 @@ from .cost_model import CALIBRATION_CONTEXT, CostModel, calibrate
 from .runner import ModelRunner
 
 PRIOR_ACCEPTANCE = 0.6  # α before any observation
-PRIOR_TOKENS = 32  # the stop rate h starts at 0 stops in this many emitted tokens
 PRIOR_ROWS = 2  # ... worth this many rows of evidence
 SHRINK_ROWS = 4  # pseudo-rows pulling each position's α toward the pooled one
+PRIOR_TOKENS = 32  # the stop rate h starts at 0 stops in this many emitted tokens
 EXPLORE_EVERY = 32  # plain steps between probes of the best γ > 0, so stale α estimates can recover
-CONTEXT_BUCKET = 16  # step-time predictions are cached per this many tokens of context
 EXPLORE_WITHIN = 0.75  # ... probed only if predicted to reach this fraction of plain throughput
+CONTEXT_BUCKET = 16  # step-time predictions are cached per this many tokens of context
 
 
 @dataclass
