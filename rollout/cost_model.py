@@ -91,9 +91,11 @@ class CostModel:
         """
         return self.raw_step_time(batch, gamma, context) * self.correction.get(-1, 1.0)
 
-    def observe(self, batch: int, gamma: int, seconds: float, context: int = CALIBRATION_CONTEXT) -> None:
-        """Fold one measured step into the per-γ correction (and a pooled one for unseen γ)."""
-        ratio = seconds / self.raw_step_time(batch, gamma, context)
+    def observe(self, batch: int, gamma: int, seconds: float, context: int = CALIBRATION_CONTEXT,
+                predicted: float | None = None) -> None:
+        """Fold one measured step into the per-γ correction (and a pooled one for unseen γ).
+        `predicted`: the step's `raw_step_time`, if the caller has it at hand."""
+        ratio = seconds / (predicted or self.raw_step_time(batch, gamma, context))
         pooled = self.correction.get(-1)
         if pooled is not None:  # one stalled step (GC, another process) must not mark a γ as slow for good
             ratio = min(max(ratio, pooled / 2), pooled * 2)

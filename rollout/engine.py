@@ -179,7 +179,10 @@ class SpecEngine:
         if self.gamma_policy.adaptive:
             # Drafts past a row's stop token or length limit were verified but never used: they are no
             # evidence about acceptance (counting them as kept would reward drafting across the end).
-            decided = torch.arange(gamma, device=self.device) < (self.rows.seq_len[live] - seq_len)[:, None]  # [n, γ]
+            decided = None
+            if gamma:
+                emitted_per_row = self.rows.seq_len[live] - seq_len  # [n]
+                decided = torch.arange(gamma, device=self.device) < emitted_per_row[:, None]  # [n, γ]
             outcome = StepOutcome(gamma, verdict.accepted, decided, emitted, stopped, time.perf_counter() - started,
                                   after_rejection)
             self.gamma_policy.observe(shape, outcome, params.greedy)

@@ -206,17 +206,21 @@ class AutoGamma:
         self.plain_steps = 0
         self._raw_times: dict[tuple[int, int], list[float]] = {}
 
-    def step_times(self, rows: int, context: int) -> list[float]:
-        """Predicted step seconds for every γ. The calibrated part is cached per (rows, context to
-        CONTEXT_BUCKET tokens): a policy that costs a millisecond per step would eat the gain of
-        small models. The online correction is one factor for all γ, applied on top."""
+    def _raw_step_times(self, rows: int, context: int) -> list[float]:
+        """Calibrated step seconds for every γ, cached per (rows, context to CONTEXT_BUCKET tokens):
+        a policy that costs a millisecond per step would eat the gain of small models."""
         key = (rows, context // CONTEXT_BUCKET)
         raw = self._raw_times.get(key)
         if raw is None:
             start = key[1] * CONTEXT_BUCKET
             raw = self._raw_times[key] = [self.cost.raw_step_time(rows, g, start) for g in range(self.max_gamma + 1)]
+        return raw
+
+    def step_times(self, rows: int, context: int) -> list[float]:
+        """Predicted step seconds for every γ: the calibrated times times the online correction (one
+        factor for all γ)."""
         scale = self.cost.correction.get(-1, 1.0)
-        return [t * scale for t in raw]
+        return [t * scale for t in self._raw_step_times(rows, context)]
 
     def rates(self, shape: StepShape, greedy: bool) -> list[float]:
         """Expected tokens per second of the step for every γ = 0..max_gamma."""
@@ -246,7 +250,8 @@ class AutoGamma:
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
         self.estimates[greedy].update(outcome.accepted, outcome.decided, outcome.emitted, outcome.stopped,
                                       outcome.after_rejection)
-        self.cost.observe(shape.rows, outcome.gamma, outcome.seconds, shape.context)
+        predicted = self._raw_step_times(shape.rows, shape.context)[outcome.gamma]
+        self.cost.observe(shape.rows, outcome.gamma, outcome.seconds, shape.context, predicted)
 
     @property
     def acceptance(self) -> dict[str, list[float]]:
