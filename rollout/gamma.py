@@ -227,9 +227,6 @@ class AutoGamma:
         tokens = self.estimates[greedy].batch_tokens(shape.rows, shape.room)
         return [t / s for t, s in zip(tokens, self.step_times(shape.rows, shape.context))]
 
-    def throughput(self, shape: StepShape, gamma: int, greedy: bool) -> float:
-        return self.rates(shape, greedy)[gamma]
-
     def choose(self, shape: StepShape, greedy: bool) -> int:
         if not self.estimates[greedy].any_seen:
             # Nothing measured yet for this mode: one step at max_gamma measures α at every position
