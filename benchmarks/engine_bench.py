@@ -6,7 +6,9 @@ engines in lockstep (one engine step each, in turn, timed per engine):
 
 1. A grid over batch sizes × {greedy, T = 1}: HF `generate` (batched, left-padded), HF assisted
    generation (batch 1 only — it refuses more — default schedule and constant k ∈ {2, 4, 8}),
-   specroll plain (γ = 0), specroll at fixed γ, and specroll `gamma="auto"`.
+   specroll plain (γ = 0), specroll at fixed γ, and specroll `gamma="auto"`. Greedy rows end at the
+   stop token (every contender emits the same tokens); sampled rows run to the token budget (with
+   a stop token, each contender's own luck in when rows end swamps the differences measured).
 2. A rollout-shaped workload: many requests with long-tailed (lognormal) token budgets through
    `max_batch_size` slots with continuous batching, no stop token (every contender does the same
    work), plain vs fixed γ vs auto.
@@ -23,6 +25,7 @@ import random
 import statistics
 import time
 from collections.abc import Generator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -106,14 +109,19 @@ def race(contenders: list[Contender], batches: list[list[list[int]]], budgets: l
     stepped = [c for c in contenders if c.steps is not None]
     for rep in range(repeats):
         order = contenders if rep % 2 == 0 else contenders[::-1]
+        # A new seed per repeat: at T = 1 each contender's draws depend on its γ, so one seed would
+        # give every repeat the same completions — repeats would average the machine's noise but not
+        # the luck of which texts (how long, how easy to draft) a contender happened to sample.
+        rep_params = params if params.seed is None else replace(params, seed=params.seed + 1000 * rep)
         for c in stepped:
             c.engine.stats.reset()
         for c in order:
             if c.steps is None:
-                n, s = _time(c, batches, budgets, params)
+                n, s = _time(c, batches, budgets, rep_params)
                 tokens[c.name] += n
                 seconds[c.name] += s
-        for name, (n, s) in _lockstep([c for c in order if c.steps is not None], batches, budgets, params).items():
+        stepping = [c for c in order if c.steps is not None]
+        for name, (n, s) in _lockstep(stepping, batches, budgets, rep_params).items():
             tokens[name] += n
             seconds[name] += s
         for c in stepped:
@@ -157,8 +165,14 @@ def grid(models: BenchModels, args, gammas: list[int]) -> list[dict]:
     rows = []
     for mode in args.modes.split(","):
         for batch in batch_sizes:
+            # Sampled runs go to the token budget, as the rollout workload does: with a stop token,
+            # which rows end early is the luck of each contender's own draws (its γ decides how it
+            # consumes the random stream), and on 16 prompts that luck moved a contender by ±15 %
+            # (γ = 4 16 % ahead of both γ = 2 and γ = 8 at b = 16). Greedy runs emit the same tokens
+            # in every contender, so they keep the stop token.
+            stops = models.stop_token_ids if mode == "greedy" else ()
             params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=MODES[mode],
-                                    stop_token_ids=models.stop_token_ids, seed=batch)
+                                    stop_token_ids=stops, seed=batch)
             # A batch of 1 is one short completion: run GRID_MIN_PROMPTS // batch batches of distinct
             # prompts, so a point is not decided by one prompt's length or one sample's luck.
             count = max(1, GRID_MIN_PROMPTS // batch)

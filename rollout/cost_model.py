@@ -4,9 +4,8 @@
 batch sizes and query lengths (≤ `budget_s` seconds, fastest of a few runs per point) and
 `CostModel` interpolates that grid piecewise-linearly. The result is cached on disk per model shape,
 weight layout, device, dtype and thread count, so a restarted engine does not measure again. The
-engine then refines it online: `observe` keeps an exponentially weighted ratio of measured step time
-(which also includes sampling and bookkeeping) to the calibrated forward time, pooled over γ (and per
-γ, for reporting).
+engine then refines it online from the steps it runs (`CostModel.observe`): a measured slow-down of
+the drafts and a measured per-step overhead on top of the target's forward.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from .sampling import process_logits, sample
 
 CALIBRATION_CONTEXT = 64  # tokens already in the cache while timing ...
 DRAFT_PARAMS = SamplingParams(max_new_tokens=1, temperature=1.0)
+OFFSET_MEMORY = 100  # steps (at one batch size) over which a per-γ overhead offset fades when γ is not run
 LONG_CONTEXT = 512  # ... and again at this many (the model interpolates in between, extrapolates past)
 
 
@@ -58,13 +58,26 @@ def _bracket(grid: list[int], x: float) -> tuple[int, int, float]:
 @dataclass
 class CostModel:
     """Predicted step times: the target's forward (interpolated in the KV length between the two
-    calibrated contexts), γ drafter forwards, and an online per-γ correction."""
+    calibrated contexts) plus the step's measured overhead, and γ drafter forwards times their
+    measured slow-down.
+
+    Measured on this project's CPU (demo models), a step differs from its calibrated forwards in two
+    ways that do not share one factor: each draft costs ~2× its calibrated forward at every batch
+    size and γ (a small model's weights and activations fall out of the caches while the target
+    runs), while the verification part costs its forward plus a per-step overhead that hardly
+    depends on γ (+4–9 ms at 1 row, +11–16 ms at 16: sampling, verification, bookkeeping, colder
+    weights). One factor for the whole step made each extra query token look up to 1.4× dearer than
+    it is and the policy drafted too little; hence a multiplicative correction for the drafts and an
+    additive one, per live batch size, for the rest.
+    """
 
     target: ForwardTimes  # at `contexts[0]` tokens already cached
     drafter: ForwardTimes
     target_long: ForwardTimes | None = None  # at `contexts[1]`; None: context-independent
     contexts: tuple[int, int] = (CALIBRATION_CONTEXT, CALIBRATION_CONTEXT)
-    correction: dict[int, float] = field(default_factory=dict)  # γ → measured / predicted; -1 = all γ
+    draft_scale: float | None = None  # measured / calibrated drafting time; None until measured
+    overhead: dict[int, float] = field(default_factory=dict)  # live rows → step seconds beyond the forwards
+    overhead_offsets: dict[int, list[float]] = field(default_factory=dict)  # live rows → per-γ offsets from it
     ema: float = 0.8
 
     def target_time(self, batch: int, query_len: int, context: int = CALIBRATION_CONTEXT) -> float:
@@ -75,35 +88,66 @@ class CostModel:
         w = max(0.0, (context - lo) / (hi - lo))  # linear in the KV length the attention reads
         return max(short + w * (self.target_long(batch, query_len) - short), 1e-7)
 
-    def raw_step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> float:
-        t = self.target_time(batch, gamma + 1, context)
-        if gamma:
-            t += self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1)
-        return t
+    def draft_time(self, batch: int, gamma: int) -> float:
+        """Calibrated seconds of γ drafts: a catch-up forward of up to two tokens, then γ - 1 of one."""
+        return self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1) if gamma else 0.0
+
+    def raw_step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> tuple[float, float]:
+        """Calibrated (verify, draft) seconds of a step with γ drafts for `batch` live rows."""
+        return self.target_time(batch, gamma + 1, context), self.draft_time(batch, gamma)
+
+    def step_overheads(self, batch: int, max_gamma: int) -> list[float]:
+        """Measured seconds a step spends beyond its calibrated forwards at `batch` live rows, for
+        γ = 0..max_gamma: the batch size's (the nearest measured one's; 0 before any step) plus each
+        (batch, γ)'s own offset where one was measured."""
+        if batch in self.overhead:
+            pooled = self.overhead[batch]
+        elif self.overhead:
+            pooled = self.overhead[min(self.overhead, key=lambda b: abs(b - batch))]
+        else:
+            pooled = 0.0
+        offsets = self.overhead_offsets.get(batch)
+        if offsets is None:
+            return [pooled] * (max_gamma + 1)
+        return [pooled + (offsets[g] if g < len(offsets) else 0.0) for g in range(max_gamma + 1)]
 
     def step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> float:
-        """Predicted seconds of one engine step with γ drafts for `batch` live rows.
-
-        Scaled by the pooled correction only: the calibrated forwards (with the KV-length term) predict
-        the ratio between γ values within a few percent, while a per-γ correction is learnt only for
-        the γ the policy picks — one slow step would keep a γ looking slow forever. The per-γ ratios
-        are still kept, for dashboards.
-        """
-        return self.raw_step_time(batch, gamma, context) * self.correction.get(-1, 1.0)
+        """Predicted seconds of one engine step with γ drafts for `batch` live rows."""
+        verify, draft = self.raw_step_time(batch, gamma, context)
+        return verify + self.step_overheads(batch, gamma)[gamma] + (self.draft_scale or 1.0) * draft
 
     def observe(self, batch: int, gamma: int, seconds: float, context: int = CALIBRATION_CONTEXT,
-                predicted: float | None = None) -> None:
-        """Fold one measured step into the per-γ correction (and a pooled one for unseen γ).
-        `predicted`: the step's `raw_step_time`, if the caller has it at hand."""
-        ratio = seconds / (predicted or self.raw_step_time(batch, gamma, context))
-        pooled = self.correction.get(-1)
-        if pooled is not None:  # one stalled step (GC, another process) must not mark a γ as slow for good
-            ratio = min(max(ratio, pooled / 2), pooled * 2)
-        for key in (-1, gamma):
-            # A γ seen for the first time starts from the pooled ratio, so one noisy step cannot
-            # make it look much cheaper (or dearer) than every other γ.
-            old = self.correction.get(key, pooled)
-            self.correction[key] = ratio if old is None else self.ema * old + (1 - self.ema) * ratio
+                draft_seconds: float | None = None, predicted: tuple[float, float] | None = None) -> None:
+        """Fold one measured step into the corrections. `draft_seconds`: the part of `seconds` spent
+        drafting (None: unknown, taken as predicted); `predicted`: the step's `raw_step_time`, if the
+        caller has it at hand."""
+        verify, draft = predicted or self.raw_step_time(batch, gamma, context)
+        if draft_seconds is None:
+            draft_seconds = (self.draft_scale or 1.0) * draft
+        elif gamma:
+            ratio = draft_seconds / draft
+            old = self.draft_scale
+            # One stalled step (GC, another process) must not make drafting look dear for good.
+            self.draft_scale = ratio if old is None else self.ema * old + (1 - self.ema) * min(max(ratio, old / 2), old * 2)
+        extra = seconds - draft_seconds - verify
+        old = self.overhead.get(batch)
+        if old is None:
+            self.overhead[batch] = extra
+            return
+        extra = min(max(extra, -verify / 2), 2 * max(old, 0.0) + verify / 10)  # ... nor a step look slow
+        self.overhead[batch] = self.ema * old + (1 - self.ema) * extra
+        # The calibrated forwards get the growth with γ right only to a few ms (e.g. one row at 450
+        # tokens of context: 3.3 ms over for γ = 0, 0.4 ms for γ = 4), so each (batch, γ) also learns
+        # an offset from the batch size's overhead; offsets of γ not run fade (memory ~OFFSET_MEMORY
+        # steps at that batch size), so one unlucky measurement cannot rule a γ out for good.
+        offsets = self.overhead_offsets.setdefault(batch, [0.0] * (gamma + 1))
+        if len(offsets) <= gamma:
+            offsets.extend([0.0] * (gamma + 1 - len(offsets)))
+        fade = 1.0 - 1.0 / OFFSET_MEMORY
+        for g in range(len(offsets)):
+            if g != gamma:
+                offsets[g] *= fade
+        offsets[gamma] = self.ema * offsets[gamma] + (1 - self.ema) * (extra - self.overhead[batch])
 
 
 def _grid(max_batch: int) -> list[int]:

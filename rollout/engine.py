@@ -165,9 +165,12 @@ class SpecEngine:
         if gamma:
             proposal = self.drafter.propose(live, self.rows, gamma, params, generator)
             drafts, q = proposal.drafts, proposal.q  # [n, γ], [n, γ, V]
+            if self.gamma_policy.adaptive and drafts.is_cuda:
+                torch.cuda.synchronize(drafts.device)  # the policy times the draft part on its own
         else:
             drafts = torch.empty(n, 0, dtype=torch.long, device=self.device)
             q = torch.empty(n, 0, self.vocab_size, device=self.device)
+        drafted = time.perf_counter()
         # A copy, not a view: `_emit` overwrites rows.seq_len, and the drafter rolls back to the old length.
         seq_len = self.rows.seq_len[live].clone()  # [n]
         after_rejection = self.rows.rejected[live].clone() if self.gamma_policy.adaptive else None  # [n]
@@ -184,7 +187,7 @@ class SpecEngine:
                 emitted_per_row = self.rows.seq_len[live] - seq_len  # [n]
                 decided = torch.arange(gamma, device=self.device) < emitted_per_row[:, None]  # [n, γ]
             outcome = StepOutcome(gamma, verdict.accepted, decided, emitted, stopped, time.perf_counter() - started,
-                                  after_rejection)
+                                  after_rejection, drafted - started)
             self.gamma_policy.observe(shape, outcome, params.greedy)
         return finished
 

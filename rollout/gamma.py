@@ -29,7 +29,9 @@ from .runner import ModelRunner
 
 PRIOR_ACCEPTANCE = 0.6  # α before any observation
 PRIOR_ROWS = 2  # ... worth this many rows of evidence
-SHRINK_ROWS = 4  # pseudo-rows pulling each position's α toward the pooled one
+SHRINK_ROWS = 16  # pseudo-rows pulling each position's α toward the pooled one
+MEMORY_ROWS = 4  # steps of fewer live rows decay the counts less (memory in evidence, not in steps)
+STICK_WITHIN = 0.03  # keep the last γ while it is predicted within this fraction of the best
 PRIOR_TOKENS = 32  # the stop rate h starts at 0 stops in this many emitted tokens
 EXPLORE_EVERY = 32  # plain steps between probes of the best γ > 0, so stale α estimates can recover
 EXPLORE_WITHIN = 0.75  # ... probed only if predicted to reach this fraction of plain throughput
@@ -56,6 +58,7 @@ class StepOutcome:
     stopped: int
     seconds: float
     after_rejection: torch.Tensor | None = None  # [n] bool: the row's previous speculative step ended in a rejection
+    draft_seconds: float | None = None  # the part of `seconds` spent drafting
 
 
 class GammaPolicy(Protocol):
@@ -121,8 +124,11 @@ class AcceptanceEstimate:
         """`accepted` [n, γ] bool (prefix-closed) from one step; `decided` [n, γ] masks out drafts
         whose outcome did not matter (past the row's stop token or length limit); `emitted` tokens,
         `stopped` of them stop tokens; `after_rejection` [n] bool: the row's start state."""
-        self.stops = self.decay * self.stops + stopped
-        self.emitted = self.decay * self.emitted + emitted
+        decay = self.decay
+        if accepted.shape[0] < MEMORY_ROWS:  # a step of few rows is little evidence: forget less
+            decay = decay ** (accepted.shape[0] / MEMORY_ROWS)
+        self.stops = decay * self.stops + stopped
+        self.emitted = decay * self.emitted + emitted
         if accepted.numel() == 0:
             return
         reached = torch.cat([accepted.new_ones(accepted.shape[0], 1), accepted[:, :-1]], 1)  # [n, γ]
@@ -133,8 +139,8 @@ class AcceptanceEstimate:
         counts = torch.stack([reached & ~state, accepted & ~state, reached & state, accepted & state]).sum(1)
         counts = counts.tolist()  # [4, γ]: reached/kept from state 0, then from state 1
         for s in (0, 1):
-            self.kept[s] = [self.decay * k for k in self.kept[s]]
-            self.reached[s] = [self.decay * r for r in self.reached[s]]
+            self.kept[s] = [decay * k for k in self.kept[s]]
+            self.reached[s] = [decay * r for r in self.reached[s]]
             for j, (r, k) in enumerate(zip(counts[2 * s], counts[2 * s + 1])):
                 if r:
                     self.seen[j] = True
@@ -204,23 +210,25 @@ class AutoGamma:
         self.max_gamma = max_gamma
         self.estimates = {True: AcceptanceEstimate(max_gamma, decay), False: AcceptanceEstimate(max_gamma, decay)}
         self.plain_steps = 0
-        self._raw_times: dict[tuple[int, int], list[float]] = {}
+        self.last: dict[bool, int] = {}  # the γ chosen last, per mode
+        self._raw_times: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
 
-    def _raw_step_times(self, rows: int, context: int) -> list[float]:
-        """Calibrated step seconds for every γ, cached per (rows, context to CONTEXT_BUCKET tokens):
-        a policy that costs a millisecond per step would eat the gain of small models."""
+    def _raw_step_times(self, rows: int, context: int) -> tuple[list[float], list[float]]:
+        """Calibrated (verify, draft) seconds for every γ, cached per (rows, context to CONTEXT_BUCKET
+        tokens): a policy that costs a millisecond per step would eat the gain of small models."""
         key = (rows, context // CONTEXT_BUCKET)
         raw = self._raw_times.get(key)
         if raw is None:
             start = key[1] * CONTEXT_BUCKET
-            raw = self._raw_times[key] = [self.cost.raw_step_time(rows, g, start) for g in range(self.max_gamma + 1)]
+            parts = [self.cost.raw_step_time(rows, g, start) for g in range(self.max_gamma + 1)]
+            raw = self._raw_times[key] = ([v for v, _ in parts], [d for _, d in parts])
         return raw
 
     def step_times(self, rows: int, context: int) -> list[float]:
-        """Predicted step seconds for every γ: the calibrated times times the online correction (one
-        factor for all γ)."""
-        scale = self.cost.correction.get(-1, 1.0)
-        return [t * scale for t in self._raw_step_times(rows, context)]
+        """Predicted step seconds for every γ: calibrated forwards plus the online corrections."""
+        overheads, scale = self.cost.step_overheads(rows, self.max_gamma), self.cost.draft_scale or 1.0
+        verify, draft = self._raw_step_times(rows, context)
+        return [v + o + scale * d for v, o, d in zip(verify, overheads, draft)]
 
     def rates(self, shape: StepShape, greedy: bool) -> list[float]:
         """Expected tokens per second of the step for every γ = 0..max_gamma."""
@@ -234,6 +242,10 @@ class AutoGamma:
             return self.max_gamma
         rates = self.rates(shape, greedy)
         best = max(range(len(rates)), key=rates.__getitem__)
+        last = self.last.get(greedy)
+        if last is not None and rates[last] >= (1 - STICK_WITHIN) * rates[best]:
+            best = last  # not worth a switch: near the top the ranking is mostly estimation noise
+        self.last[greedy] = best
         if best > 0:
             return best
         # Acceptance is only measured while speculating: an estimate that talked us into plain
@@ -247,8 +259,9 @@ class AutoGamma:
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
         self.estimates[greedy].update(outcome.accepted, outcome.decided, outcome.emitted, outcome.stopped,
                                       outcome.after_rejection)
-        predicted = self._raw_step_times(shape.rows, shape.context)[outcome.gamma]
-        self.cost.observe(shape.rows, outcome.gamma, outcome.seconds, shape.context, predicted)
+        verify, draft = self._raw_step_times(shape.rows, shape.context)
+        self.cost.observe(shape.rows, outcome.gamma, outcome.seconds, shape.context, outcome.draft_seconds,
+                          (verify[outcome.gamma], draft[outcome.gamma]))
 
     @property
     def acceptance(self) -> dict[str, list[float]]:
