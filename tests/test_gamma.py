@@ -9,7 +9,7 @@ from conftest import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.cost_model import CostModel, ForwardTimes, calibrate
-from specroll.rollout.gamma import AcceptanceEstimate, AutoGamma, StepShape
+from specroll.rollout.gamma import MEMORY_ROWS, STICK_WITHIN, AcceptanceEstimate, AutoGamma, StepShape
 
 BATCHES = [1, 4, 16, 64]
 QUERIES = [1, 2, 3, 5, 9]
@@ -228,3 +228,39 @@ def test_drafts_after_a_rejection_are_weighed_at_their_long_run_share():
     share = s1[4] / (s1[4] + 1 - s0[4])  # 1/3 of steps start in state 0
     assert est.expected_tokens(4) == pytest.approx(sum(share * a + (1 - share) * b for a, b in zip(s0, s1)), abs=0.05)
     assert est.expected_tokens(2) == pytest.approx(3.0, abs=0.05)  # γ = 2 never leaves state 0
+
+
+def test_choice_sticks_to_the_last_gamma_unless_another_is_clearly_better():
+    cost = synthetic(lambda b, q: 1e-2 * (1 + 0.1 * q), lambda b, q: 1e-3)
+    policy = with_acceptance(AutoGamma(cost, max_gamma=8, decay=0.9), 0.8)
+    shape = StepShape(4)
+    rates = policy.rates(shape, greedy=True)
+    best = max(range(9), key=rates.__getitem__)
+    near = [g for g in range(1, 9) if g != best and rates[g] >= (1 - STICK_WITHIN / 2) * rates[best]]
+    far = [g for g in range(1, 9) if rates[g] < (1 - 2 * STICK_WITHIN) * rates[best]]
+    assert near and far, rates
+    policy.last[True] = near[0]
+    assert policy.choose(shape, greedy=True) == near[0]  # within noise of the best: no switch
+    policy.last[True] = far[0]
+    assert policy.choose(shape, greedy=True) == best
+
+
+def test_memory_counts_evidence_rows_not_steps():
+    # A step of one row decays the counts by decay ** (1 / MEMORY_ROWS), a step of MEMORY_ROWS rows or
+    # more by decay: a batch of one keeps about as many rows of evidence as a batch of four.
+    small, large = AcceptanceEstimate(max_gamma=1, decay=0.5), AcceptanceEstimate(max_gamma=1, decay=0.5)
+    for est, rows in ((small, 1), (large, MEMORY_ROWS)):
+        for _ in range(2):
+            est.update(torch.ones(rows, 1, dtype=torch.bool))
+    assert small.reached[0][0] == pytest.approx(0.5 ** (1 / MEMORY_ROWS) + 1)
+    assert large.reached[0][0] == pytest.approx(MEMORY_ROWS * 1.5)
+
+
+def test_engine_feeds_the_cost_corrections(tmp_path):
+    engine = SpecEngine(tiny_lm("llama"), noisy_copy("llama"),
+                        EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto", max_gamma=4,
+                                     calibration_cache=str(tmp_path), cost_model_budget_s=1.0))
+    engine.generate(make_prompts(4, 2, 9), SamplingParams(max_new_tokens=16, temperature=0))
+    cost = engine.gamma_policy.cost
+    assert cost.draft_scale is not None and cost.draft_scale > 0  # drafting was timed on its own
+    assert set(cost.overhead) <= {1, 2, 3, 4} and 4 in cost.overhead
