@@ -10,8 +10,11 @@ each row's room left) and asks `choose(shape, greedy)`; after it, `observe(shape
 α_j = P(draft j kept | drafts < j kept), kept online per draft position (exponentially weighted,
 separately for greedy and sampled runs, and per start state: see `AcceptanceEstimate`); h = the share
 of emitted tokens that are stop tokens, after which a row's remaining drafts are wasted; room = the
-drafts a row's length budget can still use. Time comes from a `CostModel` measured on this hardware.
-γ = 0 (plain decoding) wins whenever the drafter's cost or a low acceptance does not pay — as it
+drafts a row's length budget can still use. Time comes from a `CostModel` measured on this hardware
+and corrected online from the steps run (drafts and the rest of the step separately, per batch size
+and γ). Near the top the predicted rates differ by less than their error, so the policy keeps its last
+γ unless another is predicted `STICK_WITHIN` better, and every `TRY_EVERY` steps runs a γ predicted
+within `TRY_WITHIN` of the best, so that γ's own step time gets measured. γ = 0 (plain decoding) wins whenever the drafter's cost or a low acceptance does not pay — as it
 does for large live batches, where a forward of γ + 1 tokens per row is no longer nearly free.
 There is no hard-coded batch threshold.
 """
