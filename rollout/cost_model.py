@@ -128,7 +128,9 @@ class CostModel:
             ratio = draft_seconds / draft
             old = self.draft_scale
             # One stalled step (GC, another process) must not make drafting look dear for good.
-            self.draft_scale = ratio if old is None else self.ema * old + (1 - self.ema) * min(max(ratio, old / 2), old * 2)
+            if old is not None:
+                ratio = self.ema * old + (1 - self.ema) * min(max(ratio, old / 2), old * 2)
+            self.draft_scale = ratio
         extra = seconds - draft_seconds - verify
         old = self.overhead.get(batch)
         if old is None:

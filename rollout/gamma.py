@@ -14,9 +14,10 @@ drafts a row's length budget can still use. Time comes from a `CostModel` measur
 and corrected online from the steps run (drafts and the rest of the step separately, per batch size
 and γ). Near the top the predicted rates differ by less than their error, so the policy keeps its last
 γ unless another is predicted `STICK_WITHIN` better, and every `TRY_EVERY` steps runs a γ predicted
-within `TRY_WITHIN` of the best, so that γ's own step time gets measured. γ = 0 (plain decoding) wins whenever the drafter's cost or a low acceptance does not pay — as it
-does for large live batches, where a forward of γ + 1 tokens per row is no longer nearly free.
-There is no hard-coded batch threshold.
+within `TRY_WITHIN` of the best, so that γ's own step time gets measured. γ = 0 (plain decoding)
+wins whenever the drafter's cost or a low acceptance does not pay — as it does for large live
+batches, where a forward of γ + 1 tokens per row is no longer nearly free. There is no hard-coded
+batch threshold.
 """
 
 from __future__ import annotations
