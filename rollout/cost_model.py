@@ -26,8 +26,8 @@ from .sampling import process_logits, sample
 
 CALIBRATION_CONTEXT = 64  # tokens already in the cache while timing ...
 DRAFT_PARAMS = SamplingParams(max_new_tokens=1, temperature=1.0)
-OFFSET_MEMORY = 100  # steps (at one batch size) over which a per-γ overhead offset fades when γ is not run
 LONG_CONTEXT = 512  # ... and again at this many (the model interpolates in between, extrapolates past)
+OFFSET_MEMORY = 100  # steps (at one batch size) over which a per-γ overhead offset fades when γ is not run
 
 
 @dataclass
@@ -111,10 +111,15 @@ class CostModel:
             return [pooled] * (max_gamma + 1)
         return [pooled + (offsets[g] if g < len(offsets) else 0.0) for g in range(max_gamma + 1)]
 
+    def corrected(self, batch: int, verify: list[float], draft: list[float]) -> list[float]:
+        """Predicted step seconds for γ = 0, 1, … from their calibrated (verify, draft) parts."""
+        overheads, scale = self.step_overheads(batch, len(verify) - 1), self.draft_scale or 1.0
+        return [v + o + scale * d for v, o, d in zip(verify, overheads, draft)]
+
     def step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> float:
         """Predicted seconds of one engine step with γ drafts for `batch` live rows."""
-        verify, draft = self.raw_step_time(batch, gamma, context)
-        return verify + self.step_overheads(batch, gamma)[gamma] + (self.draft_scale or 1.0) * draft
+        parts = [self.raw_step_time(batch, g, context) for g in range(gamma + 1)]
+        return self.corrected(batch, [v for v, _ in parts], [d for _, d in parts])[gamma]
 
     def observe(self, batch: int, gamma: int, seconds: float, context: int = CALIBRATION_CONTEXT,
                 draft_seconds: float | None = None, predicted: tuple[float, float] | None = None) -> None:

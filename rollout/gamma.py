@@ -234,9 +234,7 @@ class AutoGamma:
 
     def step_times(self, rows: int, context: int) -> list[float]:
         """Predicted step seconds for every γ: calibrated forwards plus the online corrections."""
-        overheads, scale = self.cost.step_overheads(rows, self.max_gamma), self.cost.draft_scale or 1.0
-        verify, draft = self._raw_step_times(rows, context)
-        return [v + o + scale * d for v, o, d in zip(verify, overheads, draft)]
+        return self.cost.corrected(rows, *self._raw_step_times(rows, context))
 
     def rates(self, shape: StepShape, greedy: bool) -> list[float]:
         """Expected tokens per second of the step for every γ = 0..max_gamma."""
