@@ -219,7 +219,7 @@ class SpecEngine:
         rows.stopped[live] |= stopped
         rows.num_drafted[live] += gamma
         rows.num_accepted[live] += verdict.accepted_len
-        if gamma:  # a plain step says nothing about where the drafter stands
+        if gamma and self.gamma_policy.adaptive:  # a plain step says nothing about where the drafter stands
             rows.rejected[live] = verdict.accepted_len < gamma
         self.target.cache.lens[live] = new_len - 1
         if self.drafter:
