@@ -28,6 +28,10 @@ class RowBuffers:
         self.num_accepted = zeros(batch)  # [B]
         self.stopped = zeros(batch, dtype=torch.bool)  # [B] emitted a stop token
         self.rejected = zeros(batch, dtype=torch.bool)  # [B] the last speculative step ended in a rejection
+        # Host copies of seq_len and max_len, kept in step by the engine, so that a step's shape costs
+        # no device→host copy of its own.
+        self.host_seq_len = [0] * batch
+        self.host_max_len = [0] * batch
         self.signal_top_k = signal_top_k
         if signal_top_k:
             self.topk_ids = zeros(batch, length, signal_top_k)  # [B, L, k]
@@ -52,12 +56,14 @@ class RowBuffers:
         self.seq_len[slot] = n
         self.prompt_len[slot] = n
         self.max_len[slot] = n + max_new_tokens
+        self.host_seq_len[slot], self.host_max_len[slot] = n, n + max_new_tokens
         if self.signal_top_k:
             self.draft_ids[slot] = -1
 
     def move_row(self, src: int, dst: int) -> None:
         for t in self._fields():
             t[dst] = t[src]
+        self.host_seq_len[dst], self.host_max_len[dst] = self.host_seq_len[src], self.host_max_len[src]
 
     def export(self, slots: list[int]) -> list[FinishedRow]:
         """Finished rows' completions, counters and signals, with one device→host copy per buffer."""

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 from .batch import RowBuffers
 from .config import EngineConfig, SamplingParams
 from .drafter import ModelDrafter
-from .gamma import GammaPolicy, StepOutcome, StepShape, make_gamma_policy
+from .gamma import GammaPolicy, StepOutcome, StepShape, acceptance_counts, make_gamma_policy
 from .request import Request, Rollout
 from .runner import ModelRunner
 from .sampling import Verdict, process_logits, verify
@@ -128,15 +128,16 @@ class SpecEngine:
         return [req.rollout for req in requests]
 
     def _shape(self, live: int) -> StepShape:
-        """The live batch as an adaptive γ policy sees it (one host copy; skipped for a fixed γ)."""
+        """The live batch as an adaptive γ policy sees it (from the host copies; skipped for a fixed γ)."""
         if not (self.drafter and self.gamma_policy.adaptive):
             return StepShape(live)
-        seq_len = self.rows.seq_len[:live]
+        lens, limits, top = self.rows.host_seq_len[:live], self.rows.host_max_len[:live], self.config.max_gamma
         # Attention reads every row up to the longest one: that is the step's KV length. A row with
         # r tokens left can use r - 1 drafts.
-        room = (self.rows.max_len[:live] - seq_len - 1).clamp(0, self.config.max_gamma)
-        host = torch.cat([seq_len.max()[None], torch.bincount(room, minlength=self.config.max_gamma + 1)]).tolist()
-        return StepShape(live, host[0], host[1:])
+        room = [0] * (top + 1)
+        for length, limit in zip(lens, limits):
+            room[min(max(limit - length - 1, 0), top)] += 1
+        return StepShape(live, max(lens), room)
 
     def _pause_clock(self, started: float) -> None:
         self.stats.wall_time_s += time.perf_counter() - started
@@ -173,29 +174,23 @@ class SpecEngine:
         drafted = time.perf_counter()
         # A copy, not a view: `_emit` overwrites rows.seq_len, and the drafter rolls back to the old length.
         seq_len = self.rows.seq_len[live].clone()  # [n]
-        after_rejection = self.rows.rejected[live].clone() if self.gamma_policy.adaptive else None  # [n]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
         logits = self.target.feed(live, torch.cat([last_token, drafts], dim=1)).float()  # [n, γ+1, V]
         p = process_logits(logits, params)  # [n, γ+1, V]
         verdict = verify(drafts, q, p, generator)
-        finished, emitted, stopped = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids)
+        finished, emitted, stopped, counts = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids)
         if self.gamma_policy.adaptive:
-            # Drafts past a row's stop token or length limit were verified but never used: they are no
-            # evidence about acceptance (counting them as kept would reward drafting across the end).
-            decided = None
-            if gamma:
-                emitted_per_row = self.rows.seq_len[live] - seq_len  # [n]
-                decided = torch.arange(gamma, device=self.device) < emitted_per_row[:, None]  # [n, γ]
-            outcome = StepOutcome(gamma, verdict.accepted, decided, emitted, stopped, time.perf_counter() - started,
-                                  after_rejection, drafted - started)
+            outcome = StepOutcome(gamma, n, counts, emitted, stopped, time.perf_counter() - started,
+                                  drafted - started)
             self.gamma_policy.observe(shape, outcome, params.greedy)
         return finished
 
     def _emit(self, live: slice, seq_len: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
               logits: torch.Tensor, p: torch.Tensor, params: SamplingParams,
-              stop_ids: torch.Tensor) -> tuple[list[int], int, int]:
+              stop_ids: torch.Tensor) -> tuple[list[int], int, int, list[list[int]] | None]:
         """Append each row's kept tokens and roll caches back to them. Returns the finished slots,
-        the tokens emitted and the rows that emitted a stop token."""
+        the tokens emitted, the rows that emitted a stop token and, for an adaptive γ policy's
+        speculative step, the drafts' `acceptance_counts`."""
         rows, (n, width) = self.rows, verdict.tokens.shape
         gamma = width - 1
         offsets = torch.arange(width, device=self.device)  # [γ+1]
@@ -219,16 +214,26 @@ class SpecEngine:
         rows.stopped[live] |= stopped
         rows.num_drafted[live] += gamma
         rows.num_accepted[live] += verdict.accepted_len
-        if gamma and self.gamma_policy.adaptive:  # a plain step says nothing about where the drafter stands
+        counted = bool(gamma) and self.gamma_policy.adaptive
+        if counted:  # what the policy learns from: each row's verdict, reach and start state
+            evidence = [verdict.accepted_len, num_emit, rows.rejected[live].long()]
+            # A plain step says nothing about where the drafter stands: only speculative ones move this.
             rows.rejected[live] = verdict.accepted_len < gamma
         self.target.cache.lens[live] = new_len - 1
         if self.drafter:
             self.drafter.keep(live, seq_len, verdict.accepted_len, gamma)
         finished = rows.stopped[live] | (new_len >= rows.max_len[live])  # [n]
         # One device→host copy for everything the host needs from this step.
-        counts = torch.stack([num_emit.sum(), stopped.sum()])
-        summary = torch.cat([counts, verdict.accepted.sum(0), finished.long()]).tolist()
+        parts = [torch.stack([num_emit.sum(), stopped.sum()]), verdict.accepted.sum(0), finished.long(), new_len]
+        summary = torch.cat([*parts, *evidence] if counted else parts).tolist()
         emitted, num_stopped, kept = summary[0], summary[1], summary[2 : 2 + gamma]
+        per_row = [summary[i : i + n] for i in range(2 + gamma, len(summary), n)]
+        done, rows.host_seq_len[:n] = per_row[0], per_row[1]
+        step_counts = None
+        if counted:
+            # Drafts past a row's stop token or length limit were verified but never used: they are no
+            # evidence about acceptance (counting them as kept would reward drafting across the end).
+            step_counts = acceptance_counts(per_row[2], per_row[3], per_row[4], gamma)
         self.stats.steps += 1
         self.stats.generated_tokens += emitted
         self.stats.drafted += n * gamma
@@ -236,7 +241,7 @@ class SpecEngine:
         self.stats.record_position_counts([n] * gamma, kept)
         self.stats.gamma_per_step.append(gamma)
         self.stats.live_rows_per_step.append(n)
-        return [slot for slot, done in enumerate(summary[2 + gamma :]) if done], emitted, num_stopped
+        return [slot for slot, end in enumerate(done) if end], emitted, num_stopped, step_counts
 
     def _record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
                         logprobs: torch.Tensor) -> None:

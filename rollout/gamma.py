@@ -55,16 +55,38 @@ class StepShape:
 
 @dataclass
 class StepOutcome:
-    """What one step revealed: per-draft verdicts, tokens emitted, rows ended by a stop token, time."""
+    """What one step revealed: acceptance counts, tokens emitted, rows ended by a stop token, time."""
 
     gamma: int
-    accepted: torch.Tensor  # [n, γ] bool, prefix-closed
-    decided: torch.Tensor | None  # [n, γ] bool: False past a row's stop token or length limit
+    rows: int
+    counts: list[list[int]] | None  # `acceptance_counts` as host lists; None for a plain step
     emitted: int
     stopped: int
     seconds: float
-    after_rejection: torch.Tensor | None = None  # [n] bool: the row's previous speculative step ended in a rejection
     draft_seconds: float | None = None  # the part of `seconds` spent drafting
+
+
+def acceptance_counts(accepted_len: list[int], decided_len: list[int], after_rejection: list[int] | None,
+                      gamma: int) -> list[list[int]]:
+    """Per-position counts of one step's drafts: [reached, kept] from start state 0, then from state 1.
+
+    Per row: `accepted_len` drafts kept (a prefix), the first `decided_len` drafts' outcomes mattered
+    (the rest lay past the row's stop token or length limit), `after_rejection` its start state (None:
+    all 0). Host lists — the engine copies them with the rest of its step summary — and O(rows + γ).
+    """
+    ends = [[0] * (gamma + 1) for _ in range(4)]  # how many rows' reached / kept prefix ends at each length
+    states = after_rejection or [0] * len(accepted_len)
+    for kept, decided, state in zip(accepted_len, decided_len, states):
+        ends[2 * state][min(kept + 1, decided, gamma)] += 1
+        ends[2 * state + 1][min(kept, decided)] += 1
+    out = []
+    for hist in ends:  # position j counts the rows whose prefix is longer than j
+        count, col = sum(hist), []
+        for j in range(gamma):
+            count -= hist[j]
+            col.append(count)
+        out.append(col)
+    return out
 
 
 class GammaPolicy(Protocol):
@@ -127,23 +149,28 @@ class AcceptanceEstimate:
 
     def update(self, accepted: torch.Tensor, decided: torch.Tensor | None = None, emitted: int = 0,
                stopped: int = 0, after_rejection: torch.Tensor | None = None) -> None:
-        """`accepted` [n, γ] bool (prefix-closed) from one step; `decided` [n, γ] masks out drafts
-        whose outcome did not matter (past the row's stop token or length limit); `emitted` tokens,
-        `stopped` of them stop tokens; `after_rejection` [n] bool: the row's start state."""
+        """Fold in one step from its verdicts: `accepted` [n, γ] bool (prefix-closed), `decided`
+        [n, γ] bool (prefix-closed: False past the row's stop token or length limit), `after_rejection`
+        [n] bool (the row's start state); `emitted` tokens, `stopped` of them stop tokens."""
+        rows, gamma = accepted.shape
+        counts = None
+        if gamma:
+            kept = accepted.sum(1).tolist()
+            decided_len = [gamma] * rows if decided is None else decided.sum(1).tolist()
+            state = None if after_rejection is None else after_rejection.long().tolist()
+            counts = acceptance_counts(kept, decided_len, state, gamma)
+        self.update_counts(counts, rows, emitted, stopped)
+
+    def update_counts(self, counts: list[list[int]] | None, rows: int, emitted: int = 0, stopped: int = 0) -> None:
+        """Fold in one step of `rows` live rows: `counts` as `acceptance_counts` gives them (None: a
+        plain step, which only moves the stop rate)."""
         decay = self.decay
-        if accepted.shape[0] < MEMORY_ROWS:  # a step of few rows is little evidence: forget less
-            decay = decay ** (accepted.shape[0] / MEMORY_ROWS)
+        if rows < MEMORY_ROWS:  # a step of few rows is little evidence: forget less
+            decay = decay ** (rows / MEMORY_ROWS)
         self.stops = decay * self.stops + stopped
         self.emitted = decay * self.emitted + emitted
-        if accepted.numel() == 0:
+        if not counts:
             return
-        reached = torch.cat([accepted.new_ones(accepted.shape[0], 1), accepted[:, :-1]], 1)  # [n, γ]
-        if decided is not None:
-            reached, accepted = reached & decided, accepted & decided
-        state = accepted.new_zeros(accepted.shape[0]) if after_rejection is None else after_rejection
-        state = state[:, None]
-        counts = torch.stack([reached & ~state, accepted & ~state, reached & state, accepted & state]).sum(1)
-        counts = counts.tolist()  # [4, γ]: reached/kept from state 0, then from state 1
         for s in (0, 1):
             self.kept[s] = [decay * k for k in self.kept[s]]
             self.reached[s] = [decay * r for r in self.reached[s]]
@@ -194,22 +221,26 @@ class AcceptanceEstimate:
         return self.cumulative(gamma)[gamma]
 
     def batch_tokens(self, rows: int, room: list[int] | None) -> list[float]:
-        """Expected tokens of the whole batch for every γ = 0..max_gamma (`room` as in `StepShape`)."""
-        survival = self._survival()
-        out = []
-        for g in range(self.max_gamma + 1):
-            c = self.cumulative(g, survival)
-            if room is None:
-                out.append(rows * c[g])
-                continue
-            # Σ_m room[m] · C[min(γ, m)]: rows with room m < γ stop gaining at C[m].
-            capped = sum(room[m] * c[m] for m in range(min(g, len(room))))
-            out.append(capped + (rows - sum(room[:g])) * c[g])
+        """Expected tokens of the whole batch for every γ = 0..max_gamma (`room` as in `StepShape`):
+        Σ_m room[m] · C_γ[min(γ, m)] — rows with room m < γ stop gaining at C_γ[m]. C_γ mixes the two
+        start states' cumulative survival with γ's own share, so one pass over γ serves them all
+        (the policy asks every step)."""
+        s0, s1 = self._survival()
+        out, c0, c1, capped0, capped1, capped_rows = [], 0.0, 0.0, 0.0, 0.0, 0
+        for g, (a, b) in enumerate(zip(s0, s1)):
+            c0, c1 = c0 + a, c1 + b  # Σ_{i≤γ} S^s_i
+            churn = b + 1.0 - a
+            share = b / churn if churn > 1e-12 else 1.0  # as in `cumulative`
+            rest = rows - capped_rows
+            out.append(share * (capped0 + rest * c0) + (1.0 - share) * (capped1 + rest * c1))
+            if room is not None and g < len(room):
+                capped0, capped1, capped_rows = capped0 + room[g] * c0, capped1 + room[g] * c1, capped_rows + room[g]
         return out
 
 
 class AutoGamma:
     adaptive = True
+    stick_within, try_every, try_within = STICK_WITHIN, TRY_EVERY, TRY_WITHIN
 
     def __init__(self, cost: CostModel, max_gamma: int, decay: float):
         self.cost = cost
@@ -249,16 +280,16 @@ class AutoGamma:
         rates = self.rates(shape, greedy)
         best = max(range(len(rates)), key=rates.__getitem__)
         last = self.last.get(greedy)
-        if last is not None and rates[last] >= (1 - STICK_WITHIN) * rates[best]:
+        if last is not None and rates[last] >= (1 - self.stick_within) * rates[best]:
             best = last  # not worth a switch: near the top the ranking is mostly estimation noise
         self.last[greedy] = best
         self.steps += 1
-        if self.steps % TRY_EVERY == 0:
+        if self.steps % self.try_every == 0:
             # The step-time model is calibrated forwards plus corrections learnt from the γ actually
             # run, and between γ close to the best it errs by a few percent (at 16 rows γ = 8 was
             # predicted faster than γ = 4 and ran 4 % slower). Now and then run the contender within
             # TRY_WITHIN of the best that was run longest ago, so its own time offset is measured.
-            near = [g for g in range(len(rates)) if g != best and rates[g] >= (1 - TRY_WITHIN) * rates[best]]
+            near = [g for g in range(len(rates)) if g != best and rates[g] >= (1 - self.try_within) * rates[best]]
             if near:
                 pick = min(near, key=lambda g: self.tried.get((shape.rows, g), -1))
                 self.tried[shape.rows, pick] = self.steps
@@ -275,8 +306,7 @@ class AutoGamma:
         return 0
 
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
-        self.estimates[greedy].update(outcome.accepted, outcome.decided, outcome.emitted, outcome.stopped,
-                                      outcome.after_rejection)
+        self.estimates[greedy].update_counts(outcome.counts, outcome.rows, outcome.emitted, outcome.stopped)
         verify, draft = self._raw_step_times(shape.rows, shape.context)
         self.cost.observe(shape.rows, outcome.gamma, outcome.seconds, shape.context, outcome.draft_seconds,
                           (verify[outcome.gamma], draft[outcome.gamma]))

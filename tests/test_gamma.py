@@ -9,7 +9,14 @@ from conftest import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.cost_model import CostModel, ForwardTimes, calibrate
-from specroll.rollout.gamma import MEMORY_ROWS, STICK_WITHIN, AcceptanceEstimate, AutoGamma, StepShape
+from specroll.rollout.gamma import (
+    MEMORY_ROWS,
+    STICK_WITHIN,
+    AcceptanceEstimate,
+    AutoGamma,
+    StepShape,
+    acceptance_counts,
+)
 
 BATCHES = [1, 4, 16, 64]
 QUERIES = [1, 2, 3, 5, 9]
@@ -264,3 +271,61 @@ def test_engine_feeds_the_cost_corrections(tmp_path):
     cost = engine.gamma_policy.cost
     assert cost.draft_scale is not None and cost.draft_scale > 0  # drafting was timed on its own
     assert set(cost.overhead) <= {1, 2, 3, 4} and 4 in cost.overhead
+
+
+def test_host_tally_matches_counting_every_draft():
+    # The engine hands the policy per-row integers (kept prefix, decided prefix, start state); the
+    # tally must equal counting each draft position of each row by hand.
+    gen = torch.Generator().manual_seed(0)
+    for gamma in (1, 3, 6):
+        n = 40
+        kept = torch.randint(0, gamma + 1, (n,), generator=gen)
+        decided = torch.randint(1, gamma + 2, (n,), generator=gen)  # num_emit: 1 … γ + 1
+        state = torch.randint(0, 2, (n,), generator=gen)
+        j = torch.arange(gamma)
+        reached = (j <= kept[:, None]) & (j < decided[:, None])
+        accepted = (j < kept[:, None]) & (j < decided[:, None])
+        expect = [(m & (state[:, None] == s)).sum(0).tolist() for s in (0, 1) for m in (reached, accepted)]
+        assert acceptance_counts(kept.tolist(), decided.tolist(), state.tolist(), gamma) == expect
+
+
+def test_engine_host_lengths_follow_the_device_through_continuous_batching(tmp_path):
+    # The policy's view of the batch (context, room) comes from host copies of the row lengths; they
+    # must match the device buffers after every step, through finishes, moves and admissions.
+    engine = SpecEngine(tiny_lm("llama"), noisy_copy("llama"),
+                        EngineConfig(max_batch_size=3, max_seq_len=64, gamma="auto", max_gamma=4,
+                                     calibration_cache=str(tmp_path), cost_model_budget_s=1.0))
+    prompts = make_prompts(7, 2, 9)
+    steps = engine.generate_steps(prompts, SamplingParams(max_new_tokens=20, temperature=1.0, seed=3),
+                                  max_new_tokens=[3, 20, 7, 1, 12, 5, 9])
+    rows, checked = engine.rows, 0
+    while True:
+        try:
+            live = next(steps)
+        except StopIteration:
+            break
+        assert rows.host_seq_len[:live] == rows.seq_len[:live].tolist()
+        assert rows.host_max_len[:live] == rows.max_len[:live].tolist()
+        if live:
+            shape = engine._shape(live)
+            room = (rows.max_len[:live] - rows.seq_len[:live] - 1).clamp(0, 4)
+            assert shape.room == torch.bincount(room, minlength=5).tolist()
+            assert shape.context == int(rows.seq_len[:live].max())
+            checked += 1
+    assert checked > 5
+
+
+def test_batch_tokens_sum_each_rows_capped_expectation():
+    # batch_tokens folds every γ into one pass; it must equal Σ over rows of cumulative(γ)[min(γ, room)].
+    est = AcceptanceEstimate(max_gamma=6, decay=0.9)
+    gen = torch.Generator().manual_seed(1)
+    kept = torch.randint(0, 7, (30,), generator=gen)
+    accepted = torch.arange(6) < kept[:, None]
+    est.update(accepted, emitted=300, stopped=7, after_rejection=torch.rand(30, generator=gen) < 0.4)
+    room = [2, 0, 1, 3, 0, 1, 5]
+    rows = sum(room)
+    by_row = [m for m, count in enumerate(room) for _ in range(count)]
+    for gamma, total in enumerate(est.batch_tokens(rows, room)):
+        curve = est.cumulative(gamma)
+        assert total == pytest.approx(sum(curve[min(gamma, m)] for m in by_row))
+    assert est.batch_tokens(rows, None) == pytest.approx([rows * est.expected_tokens(g) for g in range(7)])
