@@ -41,7 +41,6 @@ TRY_WITHIN = 0.05  # ... close: within this fraction of the best
 PRIOR_TOKENS = 32  # the stop rate h starts at 0 stops in this many emitted tokens
 EXPLORE_EVERY = 32  # plain steps between probes of the best γ > 0, so stale α estimates can recover
 EXPLORE_WITHIN = 0.75  # ... probed only if predicted to reach this fraction of plain throughput
-CONTEXT_BUCKET = 16  # step-time predictions are cached per this many tokens of context
 
 
 @dataclass
@@ -250,17 +249,25 @@ class AutoGamma:
         self.last: dict[bool, int] = {}  # the γ chosen last, per mode
         self.steps = 0
         self.tried: dict[tuple[int, int], int] = {}  # (live rows, γ) → the step it was last run at
-        self._raw_times: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+        self._parts: dict[int, tuple[list[float], list[float], list[float]]] = {}
+        self._raw: tuple[int, int, tuple[list[float], list[float]]] | None = None
 
     def _raw_step_times(self, rows: int, context: int) -> tuple[list[float], list[float]]:
-        """Calibrated (verify, draft) seconds for every γ, cached per (rows, context to CONTEXT_BUCKET
-        tokens): a policy that costs a millisecond per step would eat the gain of small models."""
-        key = (rows, context // CONTEXT_BUCKET)
-        raw = self._raw_times.get(key)
-        if raw is None:
-            start = key[1] * CONTEXT_BUCKET
-            parts = [self.cost.raw_step_time(rows, g, start) for g in range(self.max_gamma + 1)]
-            raw = self._raw_times[key] = ([v for v, _ in parts], [d for _, d in parts])
+        """Calibrated (verify, draft) seconds for every γ. The grid lookups are cached per live batch
+        size and the context enters linearly, so a step costs a few list operations — a policy that
+        costs a millisecond per step would eat the gain of small models."""
+        if self._raw is not None and self._raw[:2] == (rows, context):
+            return self._raw[2]
+        parts = self._parts.get(rows)
+        if parts is None:
+            gammas = range(self.max_gamma + 1)
+            target = [self.cost.target_parts(rows, g + 1) for g in gammas]
+            parts = self._parts[rows] = ([s for s, _ in target], [a for _, a in target],
+                                         [self.cost.draft_time(rows, g) for g in gammas])
+        short, added, draft = parts
+        w = self.cost.context_weight(context)
+        raw = ([max(s + w * a, 1e-7) for s, a in zip(short, added)], draft)
+        self._raw = (rows, context, raw)
         return raw
 
     def step_times(self, rows: int, context: int) -> list[float]:

@@ -132,6 +132,28 @@ def test_long_contexts_make_verification_dearer():
     assert policy.choose(StepShape(4, context=512), greedy=True) == 0
 
 
+def test_staircase_in_query_length_kept_and_context_cost_interpolated():
+    # Every query length is timed at the short context (forward time is a staircase in it), the long
+    # context on a coarse grid: what the context adds is interpolated, the staircase kept. The
+    # policy's cached per-batch parts must give the same times as the cost model at any context.
+    stairs = lambda b, q: 1e-2 * b * (1 + (q + 3) // 4)  # flat within blocks of 4 tokens
+    queries = list(range(1, 10))
+    short = ForwardTimes(BATCHES, queries, [[stairs(b, q) for q in queries] for b in BATCHES])
+    coarse = [1, 2, 3, 5, 9]
+    long = ForwardTimes(BATCHES, coarse, [[stairs(b, q) + 1e-3 * b * q for q in coarse] for b in BATCHES])
+    drafter = ForwardTimes(BATCHES, [1, 2], [[1e-3 * b] * 2 for b in BATCHES])
+    cost = CostModel(target=short, drafter=drafter, target_long=long, contexts=(64, 512))
+    for q in queries:
+        assert cost.target_time(4, q, context=64) == pytest.approx(stairs(4, q))
+        assert cost.target_time(4, q, context=512) == pytest.approx(stairs(4, q) + 4e-3 * q)
+    policy = AutoGamma(cost, max_gamma=8, decay=0.9)
+    for rows in (1, 3, 16):
+        for context in (10, 64, 300, 700):
+            verify, draft = policy._raw_step_times(rows, context)
+            parts = [cost.raw_step_time(rows, g, context) for g in range(9)]
+            assert verify == pytest.approx([v for v, _ in parts]) and draft == pytest.approx([d for _, d in parts])
+
+
 def test_drafts_past_a_rows_end_are_no_evidence():
     est = AcceptanceEstimate(max_gamma=4, decay=0.0)
     accepted = torch.ones(8, 4, dtype=torch.bool)  # every draft matched the target ...
