@@ -39,15 +39,11 @@ class ForwardTimes:
     times: list[list[float]]
 
     def at(self, query_lens: list[int]) -> ForwardTimes:
-        """The same times on a coarser query grid (a subset of this one's); cached."""
+        """The same times on a coarser query grid (a subset of this one's)."""
         if query_lens == self.query_lens:
             return self
-        cached = self.__dict__.get("_coarse")
-        if cached is None or cached.query_lens != query_lens:
-            cols = [self.query_lens.index(q) for q in query_lens]
-            cached = self.__dict__["_coarse"] = ForwardTimes(self.batch_sizes, list(query_lens),
-                                                             [[row[j] for j in cols] for row in self.times])
-        return cached
+        cols = [self.query_lens.index(q) for q in query_lens]
+        return ForwardTimes(self.batch_sizes, list(query_lens), [[row[j] for j in cols] for row in self.times])
 
     def __call__(self, batch: int, query_len: int) -> float:
         i0, i1, wb = _bracket(self.batch_sizes, batch)

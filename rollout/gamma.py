@@ -208,8 +208,7 @@ class AcceptanceEstimate:
         """C[k] = Σ_{i≤k} S_i for k = 0..γ under γ's long-run mix of start states: the expected
         tokens of a step with γ drafts whose row has room for k of them."""
         s0, s1 = survival or self._survival()
-        churn = s1[gamma] + 1.0 - s0[gamma]
-        share = s1[gamma] / churn if churn > 1e-12 else 1.0  # long-run share of steps from state 0
+        share = _state0_share(s0[gamma], s1[gamma])
         total, out = 0.0, []
         for a, b in zip(s0[: gamma + 1], s1[: gamma + 1]):
             total += share * a + (1.0 - share) * b
@@ -228,8 +227,7 @@ class AcceptanceEstimate:
         out, c0, c1, capped0, capped1, capped_rows = [], 0.0, 0.0, 0.0, 0.0, 0
         for g, (a, b) in enumerate(zip(s0, s1)):
             c0, c1 = c0 + a, c1 + b  # Σ_{i≤γ} S^s_i
-            churn = b + 1.0 - a
-            share = b / churn if churn > 1e-12 else 1.0  # as in `cumulative`
+            share = _state0_share(a, b)
             rest = rows - capped_rows
             out.append(share * (capped0 + rest * c0) + (1.0 - share) * (capped1 + rest * c1))
             if room is not None and g < len(room):
@@ -237,9 +235,15 @@ class AcceptanceEstimate:
         return out
 
 
+def _state0_share(keep_all_from_0: float, keep_all_from_1: float) -> float:
+    """Long-run share of steps that start in state 0 under a γ whose steps keep all their drafts
+    with these chances from state 0 and state 1: S¹_γ / (S¹_γ + 1 − S⁰_γ)."""
+    churn = keep_all_from_1 + 1.0 - keep_all_from_0
+    return keep_all_from_1 / churn if churn > 1e-12 else 1.0
+
+
 class AutoGamma:
     adaptive = True
-    stick_within, try_every, try_within = STICK_WITHIN, TRY_EVERY, TRY_WITHIN
 
     def __init__(self, cost: CostModel, max_gamma: int, decay: float):
         self.cost = cost
@@ -287,16 +291,16 @@ class AutoGamma:
         rates = self.rates(shape, greedy)
         best = max(range(len(rates)), key=rates.__getitem__)
         last = self.last.get(greedy)
-        if last is not None and rates[last] >= (1 - self.stick_within) * rates[best]:
+        if last is not None and rates[last] >= (1 - STICK_WITHIN) * rates[best]:
             best = last  # not worth a switch: near the top the ranking is mostly estimation noise
         self.last[greedy] = best
         self.steps += 1
-        if self.steps % self.try_every == 0:
+        if self.steps % TRY_EVERY == 0:
             # The step-time model is calibrated forwards plus corrections learnt from the γ actually
             # run, and between γ close to the best it errs by a few percent (at 16 rows γ = 8 was
             # predicted faster than γ = 4 and ran 4 % slower). Now and then run the contender within
             # TRY_WITHIN of the best that was run longest ago, so its own time offset is measured.
-            near = [g for g in range(len(rates)) if g != best and rates[g] >= (1 - self.try_within) * rates[best]]
+            near = [g for g in range(len(rates)) if g != best and rates[g] >= (1 - TRY_WITHIN) * rates[best]]
             if near:
                 pick = min(near, key=lambda g: self.tried.get((shape.rows, g), -1))
                 self.tried[shape.rows, pick] = self.steps
