@@ -103,6 +103,7 @@ def race(contenders: list[Contender], batches: list[list[list[int]]], budgets: l
     prompts = batches[0]
     tokens = {c.name: 0 for c in contenders}
     seconds = {c.name: 0.0 for c in contenders}
+    per_repeat: dict[str, list[float]] = {c.name: [] for c in contenders}  # tokens/s of each repeat
     gammas: dict[str, list[int]] = {}
     for c in contenders:  # warm-up: first-call costs (allocation, calibration, lazy init) are not timed
         c.run(prompts[:1], [min(4, budgets[0])], params)
@@ -120,20 +121,46 @@ def race(contenders: list[Contender], batches: list[list[list[int]]], budgets: l
                 n, s = _time(c, batches, budgets, rep_params)
                 tokens[c.name] += n
                 seconds[c.name] += s
+                per_repeat[c.name].append(n / s)
         stepping = [c for c in order if c.steps is not None]
         for name, (n, s) in _lockstep(stepping, batches, budgets, rep_params).items():
             tokens[name] += n
             seconds[name] += s
+            per_repeat[name].append(n / s)
         for c in stepped:
             gammas[c.name] = c.engine.stats.gamma_per_step
     out = {}
     for c in contenders:
         entry = {"tokens": tokens[c.name], "seconds": seconds[c.name],
-                 "tokens_per_s": tokens[c.name] / seconds[c.name]}
+                 "tokens_per_s": tokens[c.name] / seconds[c.name], "per_repeat_tokens_per_s": per_repeat[c.name]}
         if c.name in gammas and c.name.endswith("auto"):
             entry["mean_gamma"] = statistics.fmean(gammas[c.name]) if gammas[c.name] else 0.0
         out[c.name] = entry
     return out
+
+
+T95 = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23]  # two-sided 95 % t quantiles, df 1..10
+
+
+def paired_ratio(a: list[float], b: list[float]) -> dict[str, float]:
+    """a ÷ b from repeats run side by side (the same repeat shares the machine's state, so the ratio
+    per repeat cancels most of its noise): the mean ratio and a 95 % t-interval over the repeats."""
+    ratios = [x / y for x, y in zip(a, b)]
+    mean = statistics.fmean(ratios)
+    if len(ratios) < 2:
+        return {"mean": mean, "lo": math.nan, "hi": math.nan, "repeats": len(ratios)}
+    half = T95[min(len(ratios) - 2, len(T95) - 1)] * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "repeats": len(ratios)}
+
+
+def auto_vs_best(results: dict[str, dict]) -> dict[str, float] | None:
+    """`specroll_auto` ÷ the fastest fixed γ > 0 of this setting (by total tokens/s), paired per repeat."""
+    fixed = {k: v for k, v in results.items() if k.startswith("specroll_gamma_")}
+    if "specroll_auto" not in results or not fixed:
+        return None
+    best = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
+    out = paired_ratio(results["specroll_auto"]["per_repeat_tokens_per_s"], fixed[best]["per_repeat_tokens_per_s"])
+    return {"best": best, **out}
 
 
 def _print_table(title: str, rows: list[dict], names: list[str], baseline: str) -> None:
@@ -151,6 +178,11 @@ def _print_table(title: str, rows: list[dict], names: list[str], baseline: str) 
             ratio = f" ({r['tokens_per_s'] / base:.2f}×)" if base else ""
             cells.append(f"{r['tokens_per_s']:.0f}{ratio}")
         print(f"| {row['setting']} | " + " | ".join(cells) + " |")
+    for row in rows:
+        vs = row.get("auto_vs_best")
+        if vs:
+            print(f"  {row['setting']}: auto ÷ {vs['best']} = {vs['mean']:.3f}, 95% CI [{vs['lo']:.3f}, "
+                  f"{vs['hi']:.3f}] over {vs['repeats']} paired repeats")
 
 
 def grid(models: BenchModels, args, gammas: list[int]) -> list[dict]:
@@ -179,7 +211,8 @@ def grid(models: BenchModels, args, gammas: list[int]) -> list[dict]:
             batches = [models.prompts[i * batch : (i + 1) * batch] for i in range(count)]
             active = [c for c in contenders if c.max_batch is None or batch <= c.max_batch]
             results = race(active, batches, [args.max_new_tokens] * batch, params, args.repeats)
-            rows.append({"setting": f"{mode} b={batch}", "mode": mode, "batch": batch, "results": results})
+            rows.append({"setting": f"{mode} b={batch}", "mode": mode, "batch": batch, "results": results,
+                         "auto_vs_best": auto_vs_best(results)})
             print(f"  {mode} b={batch}: " + ", ".join(f"{k}={v['tokens_per_s']:.0f}" for k, v in results.items()),
                   flush=True)
     names = [c.name for c in contenders]
@@ -209,7 +242,7 @@ def rollout_workload(models: BenchModels, args, gammas: list[int]) -> list[dict]
         params = SamplingParams(max_new_tokens=args.rollout_cap, temperature=MODES[mode], seed=1)
         results = race(contenders, [prompts], budgets, params, args.rollout_repeats)
         rows.append({"setting": f"{mode} {len(budgets)} req, p50={p50} p90={p90}, slots={args.rollout_batch}",
-                     "mode": mode, "p50": p50, "p90": p90, "results": results})
+                     "mode": mode, "p50": p50, "p90": p90, "results": results, "auto_vs_best": auto_vs_best(results)})
     _print_table("Rollout-shaped workload (continuous batching)", rows, [c.name for c in contenders],
                  "specroll_plain")
     return rows

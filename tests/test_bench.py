@@ -8,8 +8,10 @@ last step would break that.
 
 from __future__ import annotations
 
+import math
+
 from specroll.benchmarks.contenders import hf_generate, specroll
-from specroll.benchmarks.engine_bench import race
+from specroll.benchmarks.engine_bench import auto_vs_best, paired_ratio, race
 from specroll.benchmarks.models import load_bench_models
 from specroll.rollout import SamplingParams
 
@@ -27,3 +29,23 @@ def test_lockstep_race_counts_the_same_greedy_work_for_every_contender():
     assert all(r["seconds"] > 0 and r["tokens_per_s"] > 0 for r in results.values())
     stepped = contenders[1:]
     assert all(c.engine.stats.generated_tokens == tokens["specroll_plain"] // 2 for c in stepped)
+    # Each repeat's rate is recorded, and the repeats add up to the totals.
+    for r in results.values():
+        assert len(r["per_repeat_tokens_per_s"]) == 2
+        assert min(r["per_repeat_tokens_per_s"]) <= r["tokens_per_s"] <= max(r["per_repeat_tokens_per_s"])
+
+
+def test_paired_ratio_interval_and_auto_vs_best_fixed_gamma():
+    # Ratios 1.0, 1.1, 0.9: mean 1.0, sd 0.1, t(2) = 4.30 → half-width 4.30 · 0.1 / √3.
+    out = paired_ratio([100.0, 110.0, 90.0], [100.0, 100.0, 100.0])
+    assert math.isclose(out["mean"], 1.0)
+    assert math.isclose(out["hi"] - out["mean"], 4.30 * 0.1 / math.sqrt(3), rel_tol=1e-6)
+    assert out["repeats"] == 3
+    assert math.isnan(paired_ratio([1.0], [2.0])["lo"])  # one repeat: no interval
+    results = {name: {"tokens_per_s": sum(r) / 2, "per_repeat_tokens_per_s": r} for name, r in [
+        ("specroll_plain", [50.0, 50.0]), ("specroll_gamma_2", [80.0, 90.0]),
+        ("specroll_gamma_4", [100.0, 96.0]), ("specroll_auto", [99.0, 98.0])]}
+    vs = auto_vs_best(results)
+    assert vs["best"] == "specroll_gamma_4"  # the fastest fixed γ > 0, never plain
+    assert math.isclose(vs["mean"], (0.99 + 98 / 96) / 2)
+    assert auto_vs_best({"specroll_plain": results["specroll_plain"]}) is None
