@@ -17,9 +17,6 @@ import os
 import tempfile
 import time
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on 127.0.0.1
-
 import ray
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -27,6 +24,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from specroll.integrations.broadcast_sync import TorchBroadcastTransport
 from specroll.integrations.config import ActorResources, ModelPaths, RayRunConfig, SyncConfig, TopologyConfig
 from specroll.integrations.controller import RolloutController
+from specroll.integrations.ray_cluster import connect_ray
 from specroll.integrations.weight_sync import pack_buckets, push_weights
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
@@ -62,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0)
     prompts = [[(13 * g + j) % 512 for j in range(16)] for g in range(4)]
     # Logical CPUs: three controllers' workers (1 + 2, one torch thread each) must all be placed at once.
-    ray.init(num_cpus=max(4, os.cpu_count()), include_dashboard=False)
+    connect_ray(None, num_cpus=max(4, os.cpu_count()))  # embedded, loopback only
     print(f"# ray_bench: {os.cpu_count()} CPUs, target 4x256 (vocab 512), drafter 1x64, 4 groups x n={args.n}, "
           f"{args.max_new_tokens} new tokens, gamma=2, T=1, {args.rounds} interleaved rounds")
     direct = SpecEngine(AutoModelForCausalLM.from_pretrained(paths.target),

@@ -1,11 +1,11 @@
 """The Ray entry point: rollout rounds with online draft learning, on a laptop or a cluster.
 
     python -m specroll.integrations.ray_job --config configs/ray_local.yaml [--make-tiny-models]
-    ray job submit --address http://127.0.0.1:8265 --runtime-env-json '{"env_vars": {"RAY_AUTH_MODE": "disabled"}}' \
-        -- python -m specroll.integrations.ray_job --config configs/ray_local.yaml
+    ray job submit --address http://127.0.0.1:8265 -- python -m specroll.integrations.ray_job \
+        --config "$PWD/configs/ray_local.yaml"
 
-`ray.init()` starts an embedded cluster when none is running and joins the cluster under
-`ray job submit` (which sets `RAY_ADDRESS`). Each round generates `job.n` samples of
+It joins the cluster of `ray job submit` (which sets `RAY_ADDRESS`) or the config's `address`, and
+otherwise starts an embedded loopback-only cluster (`ray_cluster.connect_ray`). Each round generates `job.n` samples of
 `job.num_prompts` synthetic prompts, runs one learner round (publishing a new drafter to the workers
 if it measured better), and prints one JSON line of metrics; the resolved config is printed first.
 """
@@ -18,12 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-import ray
 import torch
 from transformers import AutoConfig
 
 from .config import ModelPaths, RayRunConfig, load_config
 from .controller import RolloutController
+from .ray_cluster import connect_ray
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if args.make_tiny_models:
         make_tiny_models(config.models)
     print(json.dumps({"config": dataclasses.asdict(config)}, default=str), flush=True)
-    ray.init(address=config.address)
+    connect_ray(config.address, num_cpus=None)
     controller = RolloutController(config)
     try:
         vocab = AutoConfig.from_pretrained(config.models.target).vocab_size

@@ -33,6 +33,7 @@ from specroll.rollout import SamplingParams, SpecEngine
 
 from .backend import RolloutBackend
 from .config import ModelPaths
+from .ray_cluster import connect_ray
 from .report import SpeedMeasurement, write_report
 from .tokenizers import tokenizer_pair
 from .train_config import TrainConfig, load_train_config, resolved_dict
@@ -103,16 +104,14 @@ def resolve_models(config: TrainConfig) -> ModelSources:
 
 
 def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
-    learner = dict(config.learner, temperature=config.grpo.temperature)
+    learner = dataclasses.replace(config.learner, temperature=config.grpo.temperature)
     if config.backend.kind == "local":
-        from specroll.online_drafter import LearnerConfig
-
         from .local_backend import LocalBackend
 
         drafter = AutoModelForCausalLM.from_pretrained(sources.drafter) if sources.drafter else None
         return LocalBackend.from_models(
             AutoModelForCausalLM.from_pretrained(sources.target), drafter, config.engine,
-            LearnerConfig(**learner) if config.online_learning and drafter is not None else None,
+            learner if config.online_learning and drafter is not None else None,
             *tokenizer_pair(sources.paths),
         )
     from .config import RayRunConfig
@@ -269,21 +268,15 @@ def _report_to() -> list[str]:
 def _start_ray(config: TrainConfig) -> None:
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 enables token auth for local clusters
-    if ray.is_initialized():
-        return
-    address = config.backend.address or os.environ.get("RAY_ADDRESS")
-    if address:  # under `ray job submit` (its RAY_ADDRESS is the GCS address), or a cluster named in the config
-        ray.init(address=address)
-        print(f"specroll train: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", flush=True)
-        return
     topo = config.backend.topology
     cpus = topo.num_workers * topo.worker.num_cpus + (topo.learner.num_cpus if config.online_learning else 0)
     num_cpus = max(int(cpus + 0.999), 1)
-    # address="local": always a fresh embedded cluster, never another user's on this machine
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
-    print(f"specroll train: started an embedded Ray cluster ({num_cpus} CPUs)", flush=True)
+    # Under `ray job submit` its RAY_ADDRESS (the GCS address) is joined; otherwise an embedded,
+    # loopback-only cluster with Ray's token auth on (ray_cluster's docstring says why it is safe).
+    if connect_ray(config.backend.address, num_cpus, log_to_driver=False) == "joined":
+        print(f"specroll train: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", flush=True)
+    else:
+        print(f"specroll train: started an embedded Ray cluster ({num_cpus} CPUs, 127.0.0.1 only)", flush=True)
 
 
 def _stop_ray() -> None:

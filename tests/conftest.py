@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import os
 
-# Before anything imports ray: Ray 2.60 turns on token auth for local clusters, and it rewrites
-# 127.0.0.1 to the host's routable address unless told it runs on a laptop — tests stay on loopback.
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Before anything imports ray: Ray rewrites 127.0.0.1 to the host's routable address unless it runs in
+# single-node mode — tests stay on loopback. Ray 2.60's token auth stays on, as in the product.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import copy

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 turns on token auth for local clusters
 # Ray rewrites 127.0.0.1 to the host's routable IP unless it believes it runs on a laptop; this keeps
 # every node, and the driver's GCS address, on loopback.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -1,9 +1,11 @@
-"""End to end under `ray job submit` against a local `ray start --head` on 127.0.0.1: the Ray rollout
-job (`python -m specroll.integrations.ray_job`) and the main job (`specroll train`). Slow (a head node
-with a dashboard, then job drivers and actors: minutes on 2 cores), so marked `slow`. One head serves
-the module; it runs with `--block` and is stopped by its PID (never `ray stop`, which would kill every
-Ray on the machine). The head's PATH starts with this venv's `bin`, as after `source .venv/bin/activate`,
-so a job's `specroll` is this venv's."""
+"""End to end under `ray job submit` against a local `ray start --head`, started with README's secure
+recipe (token auth on, single-node mode so every port is on 127.0.0.1): the head listens on loopback
+only, refuses a client without the token, and runs a job whose driver joins it with the token (fast);
+the Ray rollout job (`python -m specroll.integrations.ray_job`) and the main job (`specroll train`) are
+slow (job drivers and actors: minutes on 2 cores), so marked `slow`. One head serves the module; it runs
+with `--block` and is stopped by its process group (never `ray stop`, which would kill every Ray on the
+machine). The head's PATH starts with this venv's `bin`, as after `source .venv/bin/activate`, so a
+job's `specroll` is this venv's."""
 
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from listening import is_loopback, listening_sockets
 
 from specroll.integrations.config import ModelPaths
 from specroll.integrations.ray_job import make_tiny_models
@@ -26,13 +30,18 @@ from specroll.integrations.ray_job import make_tiny_models
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 RAY = str(VENV_BIN / "ray")
-ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# README's secure recipe for a head on one machine (after `ray get-auth-token --generate`).
+ENV = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# `ray job submit` from the user's shell of the recipe: none of this test session's Ray variables but
+# RAY_AUTH_MODE=token (the job CLI sends ~/.ray/auth_token only then).
+USER_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "RAY_AUTH_MODE": "token"}
 
 
 @dataclass
 class RayHead:
     gcs_address: str
     dashboard_url: str
+    pid: int
 
 
 def free_port() -> int:
@@ -47,6 +56,8 @@ def wait_for_dashboard(url: str, timeout_s: float = 120) -> None:
         try:
             urllib.request.urlopen(f"{url}/api/version", timeout=2)
             return
+        except urllib.error.HTTPError:  # it answers (with auth on, even an error is an answer)
+            return
         except OSError:
             if time.monotonic() > deadline:
                 raise
@@ -57,6 +68,7 @@ def wait_for_dashboard(url: str, timeout_s: float = 120) -> None:
 def ray_head():
     gcs_port, dashboard_port = free_port(), free_port()
     env = {**os.environ, **ENV, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
          "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
@@ -66,7 +78,8 @@ def ray_head():
     try:
         dashboard_url = f"http://127.0.0.1:{dashboard_port}"
         wait_for_dashboard(dashboard_url)
-        yield RayHead(f"127.0.0.1:{gcs_port}", dashboard_url)
+        time.sleep(2)  # the agents open their ports just after the dashboard
+        yield RayHead(f"127.0.0.1:{gcs_port}", dashboard_url, head.pid)
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
@@ -77,14 +90,33 @@ def ray_head():
 
 def submit(head: RayHead, entrypoint: list[str], env_vars: dict[str, str], timeout_s: float) -> str:
     """`ray job submit` and wait for the job to end; returns its log (the CLI tails it) after checking success."""
-    runtime_env = {"env_vars": {**ENV, **env_vars}}
+    runtime_env = {"env_vars": env_vars}  # the driver inherits the head's environment (auth, loopback)
     job = subprocess.run(
         [RAY, "job", "submit", f"--address={head.dashboard_url}", f"--runtime-env-json={json.dumps(runtime_env)}",
          "--", *entrypoint],
-        env={**os.environ, **ENV}, capture_output=True, text=True, timeout=timeout_s,
+        env=USER_ENV, capture_output=True, text=True, timeout=timeout_s,
     )
     assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, job.stdout[-4000:] + job.stderr[-3000:]
     return job.stdout
+
+
+def test_secure_head_listens_on_loopback_only(ray_head):
+    sockets = listening_sockets(ray_head.pid)
+    assert len(sockets) >= 5, sockets  # GCS, raylet, object manager, dashboard, agents
+    assert all(is_loopback(ip) for ip, _ in sockets), sorted(sockets)
+
+
+def test_secure_head_refuses_a_client_without_the_token(ray_head):
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{ray_head.dashboard_url}/api/jobs/", timeout=10)
+    assert refused.value.code in (401, 403)
+
+
+def test_ray_job_submit_with_token_auth_joins_the_cluster(ray_head):
+    driver = ("import os, ray; ray.init(); "
+              "print('JOINED', ray.get_runtime_context().gcs_address, ray.get(ray.remote(lambda: 6 * 7).remote()))")
+    log = submit(ray_head, [sys.executable, "-c", driver], {}, timeout_s=120)
+    assert f"JOINED {ray_head.gcs_address} 42" in log
 
 
 @pytest.mark.slow
