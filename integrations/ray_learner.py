@@ -15,14 +15,14 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from specroll.online_drafter import DraftLearner, LearnerConfig
+
 
 @ray.remote
 class DraftLearnerActor:
-    def __init__(self, drafter_path: str, learner_kwargs: dict[str, Any], dtype: torch.dtype = torch.float32):
-        from specroll.online_drafter import DraftLearner, LearnerConfig
-
+    def __init__(self, drafter_path: str, config: LearnerConfig, dtype: torch.dtype = torch.float32):
         drafter = AutoModelForCausalLM.from_pretrained(drafter_path, dtype=dtype)
-        self.learner = DraftLearner(drafter, LearnerConfig(**learner_kwargs))
+        self.learner = DraftLearner(drafter, config)
 
     def add_rollouts(self, rollout_lists: list[ray.ObjectRef]) -> int:
         """Add the rollouts of a round (refs to workers' `generate` results); returns how many."""

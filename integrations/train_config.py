@@ -4,11 +4,11 @@
 
 Sections: `models` (the demo recipe, or your own `save_pretrained` folders), `grpo` (the TRL
 `GRPOTrainer` run), `backend` (in-process or Ray, with the Ray topology and weight transport),
-`engine` (`EngineConfig`), `learner` (`LearnerConfig` keyword arguments; `online_learning: false`
-keeps the drafter frozen), `report` (where the report lands and how the end-of-run speed
-measurement is done). Loading goes through the project's strict loader (`config.from_dict`): an
-unknown key anywhere fails with a `ValueError` naming it, and every section validates its values
-in `__post_init__`, so a bad config stops before any model is built.
+`engine` (`EngineConfig`), `learner` (`LearnerConfig`; `online_learning: false` keeps the drafter
+frozen), `report` (where the report lands and how the end-of-run speed measurement is done).
+Loading goes through the project's typed loader (`config.load_config`): a missing file, an unknown
+key, a value of the wrong type or an emptied section fails with a `ConfigError` naming it, and
+every section validates its values in `__post_init__`, so a bad config stops before any model is built.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from specroll.online_drafter import LearnerConfig
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
 
-from .config import SyncConfig, TopologyConfig, from_dict
+from .config import SyncConfig, TopologyConfig, load_config
 
 MODEL_SOURCES = ("demo", "pretrained")
 DEMO_RECIPES = ("full", "tiny")
@@ -128,7 +127,7 @@ class TrainConfig:
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
     backend: BackendSettings = field(default_factory=BackendSettings)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    learner: dict[str, Any] = field(default_factory=dict)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     online_learning: bool = True
     torch_threads: int | None = None
     report: ReportSettings = field(default_factory=ReportSettings)
@@ -139,27 +138,11 @@ class TrainConfig:
                  f"at least grpo.max_completion_length + a prompt (>= {needed})")
         require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
                  "an int >= 1 or null")
-        _validate_learner(self.learner)
-
-
-def _validate_learner(learner: dict[str, Any]) -> None:
-    """`learner` holds `LearnerConfig` keyword arguments: check names and values now, not in an actor."""
-    from specroll.online_drafter import LearnerConfig
-
-    known = {f.name for f in dataclasses.fields(LearnerConfig)}
-    unknown = sorted(set(learner) - known)
-    require(not unknown, "learner", unknown, f"LearnerConfig fields: {sorted(known)}")
-    try:
-        LearnerConfig(**learner)
-    except ValueError as err:
-        raise ValueError(f"learner: {err}") from err
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
-    """Read and validate a `specroll train` YAML file; unknown keys fail with their dotted name."""
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
-    return from_dict(TrainConfig, data)
+    """Read and validate a `specroll train` YAML file; a bad value fails with a `ConfigError` naming it."""
+    return load_config(path, TrainConfig)
 
 
 def resolved_dict(config: TrainConfig) -> dict[str, Any]:

@@ -9,7 +9,8 @@ drafter and the target disagreed.
 A rollout is drawn with probability ∝ recency × W (W = the sum of its position weights) and its
 positions are weighted w_t / W in the loss, so in expectation each position counts ∝ recency × w_t,
 whatever its rollout's length. When full (`max_positions`), the oldest rollouts of the oldest
-version go first. `save` / `load` round-trip the contents with `torch.save` so a run can resume.
+version go first. `save` / `load` round-trip the contents so a run can resume (`checkpoint.py`:
+written atomically, read back checked).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from specroll.rollout import Rollout
 
 from .batch import BufferedRollout, DraftBatch, collate
+from .checkpoint import load_checkpoint, save_checkpoint
 
 
 @dataclass
@@ -133,10 +135,12 @@ class DraftBuffer:
         self.add([BufferedRollout(**e) for e in state["entries"]])
 
     def save(self, path: str | os.PathLike) -> None:
-        torch.save(self.state_dict(), path)
+        """Atomic (`checkpoint.save_checkpoint`): a crash mid-save leaves the previous file whole."""
+        save_checkpoint(self.state_dict(), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> DraftBuffer:
+        """A buffer from `save`; an empty, truncated or foreign file raises a `ValueError` naming `path`."""
         buffer = cls()
-        buffer.load_state_dict(torch.load(path, weights_only=True))
+        buffer.load_state_dict(load_checkpoint(path, ("config", "entries")))
         return buffer

@@ -36,10 +36,15 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specroll.rollout import Rollout
+from specroll.rollout.weights import copy_into
 
 from .batch import BufferedRollout, DraftBatch, collate
 from .buffer import DraftBuffer, to_buffered
+from .checkpoint import load_checkpoint, save_checkpoint
 from .divergence import LOSSES, expected_acceptance
+
+CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "optimizer", "buffer", "holdout", "holdout_version",
+                   "num_seen_newest", "generator")
 
 
 @dataclass
@@ -77,7 +82,8 @@ class LearnerConfig:
             ("temperature", self.temperature > 0, "a number > 0 (1.0 for greedy rollouts)"),
             ("max_grad_norm", self.max_grad_norm > 0, "a number > 0"),
             ("holdout_fraction", 0 < self.holdout_fraction < 1, "a number in (0, 1)"),
-            ("max_holdout_positions", self.max_holdout_positions >= 1, "an int >= 1"),
+            ("max_holdout_positions", isinstance(self.max_holdout_positions, int) and self.max_holdout_positions >= 1,
+             "an int >= 1"),
             ("min_improvement", self.min_improvement >= 0, "a number >= 0"),
             ("eval_batch_size", isinstance(self.eval_batch_size, int) and self.eval_batch_size >= 1,
              "an int >= 1"),
@@ -206,8 +212,11 @@ class DraftLearner:
         return self._published
 
     def save(self, path: str | os.PathLike) -> None:
-        """Everything a resumed run needs: weights (published, frozen), optimizer, data, counters."""
-        torch.save({
+        """Everything a resumed run needs: weights (published, frozen), optimizer, data, counters.
+
+        Atomic (`checkpoint.save_checkpoint`): a crash mid-save leaves the previous checkpoint whole.
+        """
+        save_checkpoint({
             "config": asdict(self.config),
             "version": self.version,
             "published": self._published,
@@ -222,16 +231,18 @@ class DraftLearner:
 
     @classmethod
     def load(cls, path: str | os.PathLike, drafter: torch.nn.Module) -> DraftLearner:
-        """Resume from `save`; `drafter` only provides the architecture (its weights are replaced)."""
-        state = torch.load(path, weights_only=True)
+        """Resume from `save`; `drafter` only provides the architecture (its weights are replaced).
+
+        An empty, truncated or foreign file, or one of another architecture, raises a `ValueError`
+        naming `path`; `drafter` itself is never modified.
+        """
+        state = load_checkpoint(path, CHECKPOINT_KEYS)
         buffer = DraftBuffer()
         buffer.load_state_dict(state["buffer"])
         learner = cls(drafter, LearnerConfig(**state["config"]), buffer)
-        with torch.no_grad():
-            for name, param in learner.frozen.named_parameters():
-                param.copy_(state["frozen"][name])
+        copy_into(learner.frozen, state["frozen"], f"checkpoint {path}: the drafter")
+        copy_into(learner.model, state["published"], f"checkpoint {path}: the drafter")
         learner._published = state["published"]
-        learner._restore_published()
         learner._optimizer.load_state_dict(state["optimizer"])
         learner.version = state["version"]
         learner.holdout = [BufferedRollout(**e) for e in state["holdout"]]

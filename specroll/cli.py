@@ -1,10 +1,16 @@
-"""The `specroll` command: one subcommand per job; only the chosen job's module is imported."""
+"""The `specroll` command: one subcommand per job; only the chosen job's module is imported.
+
+A user's mistake — a bad command line, a missing config file, a bad config field (`ConfigError`) —
+is one line on stderr and exit code 2; `--debug` shows the traceback of a config error. Any other
+exception is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 # subcommand -> (module, help); each module has `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS = {
@@ -14,9 +20,16 @@ SUBCOMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its error in one line (the usage is one `--help` away), exit code 2 as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="specroll", description="Speculative rollouts for RL training.")
+    parser = OneLineParser(prog="specroll", description="Speculative rollouts for RL training.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -24,9 +37,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv)  # prints usage / the error for an unknown subcommand
         return 2
     module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
-    job_parser = argparse.ArgumentParser(prog=f"specroll {argv[0]}", description=SUBCOMMANDS[argv[0]][1])
+    job_parser = OneLineParser(prog=f"specroll {argv[0]}", description=SUBCOMMANDS[argv[0]][1])
     module.add_arguments(job_parser)
-    return int(module.run(job_parser.parse_args(argv[1:])) or 0)
+    job_parser.add_argument("--debug", action="store_true", help="show the traceback of a config error")
+    args = job_parser.parse_args(argv[1:])
+    from specroll.integrations.config import ConfigError
+
+    try:
+        return int(module.run(args) or 0)
+    except ConfigError as err:
+        if args.debug:
+            raise
+        print(f"{job_parser.prog}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
