@@ -95,12 +95,11 @@ class LocalBackend:
 
 def engine_metrics(stats: EngineStats) -> dict[str, float]:
     """The `rollout/*` numbers of one rollout batch from an engine's stats."""
-    steps = max(len(stats.gamma_per_step), 1)
     return {
         "rollout/tokens_per_s": stats.tokens_per_s,
         "rollout/acceptance_rate": stats.acceptance_rate,
         "rollout/mean_accepted_len": stats.mean_accepted_len,
-        "rollout/gamma": sum(stats.gamma_per_step) / steps,
-        "rollout/live_rows": sum(stats.live_rows_per_step) / steps,
+        "rollout/gamma": stats.mean_gamma,
+        "rollout/live_rows": stats.mean_live_rows,
         "rollout/generated_tokens": float(stats.generated_tokens),
     }

@@ -36,20 +36,18 @@ class BatchMetrics:
     def between(cls, before: dict, after: EngineStats) -> BatchMetrics:
         """`before` is `stats.to_dict()` taken before the call; stats are cumulative across calls."""
         steps = after.steps - before["steps"]
-        gammas = after.gamma_per_step[len(before["gamma_per_step"]):]
-        lives = after.live_rows_per_step[len(before["live_rows_per_step"]):]
         tokens = after.generated_tokens - before["generated_tokens"]
         seconds = after.wall_time_s - before["wall_time_s"]
         drafted = after.drafted - before["drafted"]
         accepted = after.accepted - before["accepted"]
-        spec_rows = sum(n for g, n in zip(gammas, lives) if g > 0)
+        spec_rows = after.spec_row_steps - before["spec_row_steps"]
         return cls(
             tokens=tokens,
             tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
             acceptance_rate=accepted / drafted if drafted else 0.0,
             mean_accepted_len=1.0 + accepted / spec_rows if spec_rows else 1.0,
-            mean_gamma=sum(gammas) / steps if steps else 0.0,
-            mean_live_batch=sum(lives) / steps if steps else 0.0,
+            mean_gamma=(after.gamma_sum - before["gamma_sum"]) / steps if steps else 0.0,
+            mean_live_batch=(after.row_steps - before["row_steps"]) / steps if steps else 0.0,
         )
 
 

@@ -32,6 +32,7 @@ class RowBuffers:
         # no device→host copy of its own.
         self.host_seq_len = [0] * batch
         self.host_max_len = [0] * batch
+        self.host_error: list[str | None] = [None] * batch  # why the row failed (set only when it does)
         self.signal_top_k = signal_top_k
         if signal_top_k:
             self.topk_ids = zeros(batch, length, signal_top_k)  # [B, L, k]
@@ -57,6 +58,7 @@ class RowBuffers:
         self.prompt_len[slot] = n
         self.max_len[slot] = n + max_new_tokens
         self.host_seq_len[slot], self.host_max_len[slot] = n, n + max_new_tokens
+        self.host_error[slot] = None
         if self.signal_top_k:
             self.draft_ids[slot] = -1
 
@@ -64,6 +66,7 @@ class RowBuffers:
         for t in self._fields():
             t[dst] = t[src]
         self.host_seq_len[dst], self.host_max_len[dst] = self.host_seq_len[src], self.host_max_len[src]
+        self.host_error[dst] = self.host_error[src]
 
     def export(self, slots: list[int]) -> list[FinishedRow]:
         """Finished rows' completions, counters and signals, with one device→host copy per buffer."""
@@ -81,6 +84,7 @@ class RowBuffers:
             out.append(FinishedRow(
                 completion_ids=tokens[i, start:end].tolist(), logprobs=logprobs[i, start:end].tolist(),
                 stopped=bool(stopped), num_drafted=drafted, num_accepted=accepted, signals=signals,
+                error=self.host_error[slots[i]],
             ))
         return out
 
@@ -93,3 +97,4 @@ class FinishedRow:
     num_drafted: int
     num_accepted: int
     signals: RolloutSignals | None
+    error: str | None

@@ -6,6 +6,13 @@ each row's stale or padded slots. Rolling back rejected drafts is setting `lens`
 or cropped. Live rows are kept packed in slots `[0, n)` by the engine, so a decode forward reads a
 view of the buffers, never a gather.
 
+Masked slots still enter attention's arithmetic (weight 0 × value, or value + finfo.min for an
+additive mask), so one non-finite value left in a slot a forward reads poisons the whole row. Each
+row therefore keeps a bound on how far it has written (`written`, a host tensor: it costs the hot
+path one small CPU op per forward); every slot at or past it is zero. `reset_rows` zeroes that
+much when a new request takes a slot, and `move_row` copies as far as either row has written, so
+nothing a previous request (or a previous drafter's weights) wrote reaches a later one.
+
 This is a `transformers.cache_utils.Cache` subclass: HF attention layers call `update` per layer,
 which is all the engine needs. HF's own Dynamic/Static caches keep one offset for the whole batch,
 which is why HF assisted generation refuses batch size > 1.
@@ -94,7 +101,7 @@ class RaggedKVCache(Cache):
         num_kv = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
         shape = (batch, num_kv, length, head_dim)
-        # Zero-init: masked slots are multiplied by 0 attention weight, and 0 × NaN would poison a row.
+        # Zero-init, and zero again on reset: masked slots get 0 attention weight, and 0 × NaN is NaN.
         layers = [
             RaggedLayer(self, torch.zeros(shape, dtype=dtype, device=device),
                         torch.zeros(shape, dtype=dtype, device=device))
@@ -102,6 +109,8 @@ class RaggedKVCache(Cache):
         ]
         super().__init__(layers=layers)
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)
+        # Per row, a bound on the slots written since the row was last reset; slots past it are zero.
+        self.written = torch.zeros(batch, dtype=torch.long)
         self.length = length
         self.plan: WritePlan | None = None
 
@@ -115,14 +124,35 @@ class RaggedKVCache(Cache):
         lo, hi = torch.stack([start.min(), start.max()]).tolist()  # one host sync for both
         kv_len = min(hi + query_len, self.length)
         same = lo if lo == hi and hi + query_len <= self.length else None
+        # Every write of this forward lands below kv_len (clamped padding lands on slot length - 1).
+        if isinstance(rows, slice):
+            self.written[rows].clamp_min_(kv_len)
+        else:
+            host_rows = rows.cpu()
+            self.written[host_rows] = self.written[host_rows].clamp_min(kv_len)
         self.plan = WritePlan(rows=rows, positions=positions.clamp_max(self.length - 1), kv_len=kv_len,
                               same_start=same)
         return positions
 
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Empty `rows` [k] for new requests: length 0, and every slot they have written zeroed."""
+        host_rows = rows.cpu()
+        reach = int(self.written[host_rows].max())
+        if reach:
+            for layer in self.layers:
+                layer.keys[rows, :, :reach] = 0
+                layer.values[rows, :, :reach] = 0
+        self.written[host_rows] = 0
+        self.lens[rows] = 0
+
     def move_row(self, src: int, dst: int) -> None:
-        """Copy row `src`'s K/V and length into slot `dst` (used to keep live rows packed)."""
-        n = int(self.lens[src])
+        """Copy row `src`'s K/V and length into slot `dst` (used to keep live rows packed).
+
+        Copies as far as either row has written, so `dst` keeps none of its previous request's slots.
+        """
+        reach = int(torch.maximum(self.written[src], self.written[dst]))
         for layer in self.layers:
-            layer.keys[dst, :, :n] = layer.keys[src, :, :n]
-            layer.values[dst, :, :n] = layer.values[src, :, :n]
+            layer.keys[dst, :, :reach] = layer.keys[src, :, :reach]
+            layer.values[dst, :, :reach] = layer.values[src, :, :reach]
         self.lens[dst] = self.lens[src]
+        self.written[dst] = self.written[src]

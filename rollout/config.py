@@ -12,6 +12,8 @@ from typing import Literal
 
 import torch
 
+from .stats import TRACE_STEPS
+
 
 def require(ok: bool, name: str, value: object, allowed: str) -> None:
     """The project's config check: `ValueError` naming the field, its value and what is allowed."""
@@ -75,7 +77,8 @@ class EngineConfig:
     processed probabilities at each generated position for online draft learning. `lean_forward`
     runs Llama-family models (Llama, Mistral, Qwen2, Qwen3 with sdpa) through `rollout.lean`'s
     fused forward instead of HF's module tree (same weights and math, far fewer kernel calls);
-    other models always use HF's forward.
+    other models always use HF's forward. `stats_trace_steps` bounds the per-step traces of
+    `EngineStats` (the last that many steps; totals are unbounded counters).
     """
 
     max_batch_size: int = 16
@@ -95,6 +98,7 @@ class EngineConfig:
     # contender's sampling luck (see the README's benchmark notes); not re-measured since.
     acceptance_ema: float = 0.9
     lean_forward: bool = True
+    stats_trace_steps: int = TRACE_STEPS
 
     def __post_init__(self) -> None:
         require(
@@ -130,6 +134,10 @@ class EngineConfig:
             0.0 <= self.acceptance_ema < 1.0, "acceptance_ema", self.acceptance_ema, "a number in [0, 1)"
         )
         require(isinstance(self.lean_forward, bool), "lean_forward", self.lean_forward, "True or False")
+        require(
+            isinstance(self.stats_trace_steps, int) and not isinstance(self.stats_trace_steps, bool)
+            and self.stats_trace_steps >= 1, "stats_trace_steps", self.stats_trace_steps, "an int >= 1",
+        )
         require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
         try:
             torch.device(self.device)

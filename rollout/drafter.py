@@ -30,7 +30,9 @@ from .weights import copy_into
 @dataclass
 class Proposal:
     drafts: torch.Tensor  # [n, γ] int64
-    q: torch.Tensor  # [n, γ, V] drafter's processed probabilities the drafts were drawn from
+    # [n, γ, V] drafter's processed probabilities the drafts were drawn from; NaN where its logits
+    # were non-finite (`process_logits`): the engine then drops that row's drafts for the step.
+    q: torch.Tensor
 
 
 class Drafter(Protocol):
@@ -83,7 +85,7 @@ class ModelDrafter:
             self.runner.cache.lens[live] = torch.minimum(self.runner.cache.lens[live], kept)
 
     def prefill(self, slots: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> None:
-        self.runner.cache.lens[slots] = 0
+        self.runner.cache.reset_rows(slots)
         if int(count.max()) > 0:
             self.runner.extend(slots, tokens, count)
 

@@ -10,11 +10,18 @@ Each step drafts γ tokens per live row with the drafter, verifies them with one
 target cache always holds every token of a row but the last; the drafter cache lags by one or two
 (more after plain steps), and catches up with one ragged forward before it drafts. With no drafter
 or γ = 0 the same loop is plain batched decoding — the fair baseline.
+
+Faults stay in their row. A row whose target distribution is non-finite where its next token is
+drawn ends with `finish_reason="error"` (its tokens before that position kept, `Rollout.error` says
+where); a row whose drafter q is non-finite takes a plain step, counted in
+`EngineStats.drafter_nonfinite_rows` and warned about once per call. Both are found by whole-tensor
+checks folded into the step's one device→host copy; only a failing row costs a second one.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Generator, Mapping, Sequence
 
 import torch
@@ -57,7 +64,7 @@ class SpecEngine:
             self.drafter = ModelDrafter(drafter, slots, length, config.dtype, self.device, self.vocab_size,
                                         config.lean_forward)
         self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None)
-        self.stats = EngineStats()
+        self.stats = EngineStats(trace_steps=config.stats_trace_steps)
         self.gamma_policy: GammaPolicy = make_gamma_policy(
             config, self.target, self.drafter.runner if self.drafter else None
         )
@@ -115,6 +122,7 @@ class SpecEngine:
         stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.device)
         scheduler = Scheduler(self.config.max_batch_size)
         scheduler.add(requests)
+        nonfinite_before = self.stats.drafter_nonfinite_rows
         self._prefill(scheduler.admit())
         while not scheduler.done:
             shape = self._shape(scheduler.num_live_rows)
@@ -125,6 +133,7 @@ class SpecEngine:
             yield scheduler.num_live_rows
             started = time.perf_counter()
         self._pause_clock(started)
+        self._warn_nonfinite_drafter(self.stats.drafter_nonfinite_rows - nonfinite_before)
         return [req.rollout for req in requests]
 
     def _shape(self, live: int) -> StepShape:
@@ -138,6 +147,15 @@ class SpecEngine:
         for length, limit in zip(lens, limits):
             room[min(max(limit - length - 1, 0), top)] += 1
         return StepShape(live, max(lens), room)
+
+    def _warn_nonfinite_drafter(self, rows: int) -> None:
+        if rows > 0:
+            warnings.warn(
+                f"drafter version {self.drafter_version} gave non-finite draft probabilities (NaN/inf) in "
+                f"{rows} row-steps of this generate call; their drafts were dropped (plain steps, output "
+                "unaffected). Counted in EngineStats.drafter_nonfinite_rows.",
+                RuntimeWarning, stacklevel=4,  # past _steps and _run: where the generator is stepped
+            )
 
     def _pause_clock(self, started: float) -> None:
         self.stats.wall_time_s += time.perf_counter() - started
@@ -171,14 +189,16 @@ class SpecEngine:
         else:
             drafts = torch.empty(n, 0, dtype=torch.long, device=self.device)
             q = torch.empty(n, 0, self.vocab_size, device=self.device)
+        draft_ok = q.sum(-1).isfinite().all(1)  # [n]: a row with any non-finite q takes a plain step
         drafted = time.perf_counter()
         # A copy, not a view: `_emit` overwrites rows.seq_len, and the drafter rolls back to the old length.
         seq_len = self.rows.seq_len[live].clone()  # [n]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
         logits = self.target.feed(live, torch.cat([last_token, drafts], dim=1)).float()  # [n, γ+1, V]
         p = process_logits(logits, params)  # [n, γ+1, V]
-        verdict = verify(drafts, q, p, generator)
-        finished, emitted, stopped, counts = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids)
+        verdict = verify(drafts, q, p, generator, draft_ok=draft_ok)
+        finished, emitted, stopped, counts = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids,
+                                                        draft_ok)
         if self.gamma_policy.adaptive:
             outcome = StepOutcome(gamma, n, counts, emitted, stopped, time.perf_counter() - started,
                                   drafted - started)
@@ -186,21 +206,25 @@ class SpecEngine:
         return finished
 
     def _emit(self, live: slice, seq_len: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
-              logits: torch.Tensor, p: torch.Tensor, params: SamplingParams,
-              stop_ids: torch.Tensor) -> tuple[list[int], int, int, list[list[int]] | None]:
+              logits: torch.Tensor, p: torch.Tensor, params: SamplingParams, stop_ids: torch.Tensor,
+              draft_ok: torch.Tensor) -> tuple[list[int], int, int, list[list[int]] | None]:
         """Append each row's kept tokens and roll caches back to them. Returns the finished slots,
         the tokens emitted, the rows that emitted a stop token and, for an adaptive γ policy's
         speculative step, the drafts' `acceptance_counts`."""
         rows, (n, width) = self.rows, verdict.tokens.shape
         gamma = width - 1
         offsets = torch.arange(width, device=self.device)  # [γ+1]
-        num_emit = torch.minimum(verdict.accepted_len + 1, rows.max_len[live] - seq_len)  # [n]
+        room = rows.max_len[live] - seq_len  # [n]
+        # A row whose next token was drawn from no distribution keeps its verified drafts and ends there.
+        failed = verdict.no_distribution & (verdict.accepted_len < room)  # [n]
+        num_emit = torch.minimum(verdict.accepted_len + 1, room) - failed.long()  # [n]
         stopped = torch.zeros(n, dtype=torch.bool, device=self.device)
         if stop_ids.numel():
             is_stop = torch.isin(verdict.tokens, stop_ids) & (offsets < num_emit[:, None])  # [n, γ+1]
             stopped = is_stop.any(1)
             first_stop = torch.where(stopped, is_stop.int().argmax(1), width)
             num_emit = torch.minimum(num_emit, first_stop + 1)
+            failed &= ~stopped  # a stop token among the kept drafts ends the row before the fault
         positions = (seq_len[:, None] + offsets).clamp_max(rows.tokens.shape[1] - 1)  # [n, γ+1]
         rows.tokens[live] = rows.tokens[live].scatter(1, positions, verdict.tokens)
         # Greedy's processed distribution is one-hot: report the raw model's log-probs instead.
@@ -222,26 +246,38 @@ class SpecEngine:
         self.target.cache.lens[live] = new_len - 1
         if self.drafter:
             self.drafter.keep(live, seq_len, verdict.accepted_len, gamma)
-        finished = rows.stopped[live] | (new_len >= rows.max_len[live])  # [n]
+        finished = rows.stopped[live] | (new_len >= rows.max_len[live]) | failed  # [n]
         # One device→host copy for everything the host needs from this step.
-        parts = [torch.stack([num_emit.sum(), stopped.sum()]), verdict.accepted.sum(0), finished.long(), new_len]
+        head = torch.stack([num_emit.sum(), stopped.sum(), failed.sum(), (~draft_ok).sum()])
+        parts = [head, verdict.accepted.sum(0), finished.long(), new_len]
         summary = torch.cat([*parts, *evidence] if counted else parts).tolist()
-        emitted, num_stopped, kept = summary[0], summary[1], summary[2 : 2 + gamma]
-        per_row = [summary[i : i + n] for i in range(2 + gamma, len(summary), n)]
+        emitted, num_stopped, num_failed, num_dropped = summary[:4]
+        kept = summary[4 : 4 + gamma]
+        per_row = [summary[i : i + n] for i in range(4 + gamma, len(summary), n)]
         done, rows.host_seq_len[:n] = per_row[0], per_row[1]
+        if num_failed:
+            self._record_failures(live, failed, verdict.accepted_len, logits)
         step_counts = None
         if counted:
             # Drafts past a row's stop token or length limit were verified but never used: they are no
             # evidence about acceptance (counting them as kept would reward drafting across the end).
             step_counts = acceptance_counts(per_row[2], per_row[3], per_row[4], gamma)
-        self.stats.steps += 1
-        self.stats.generated_tokens += emitted
-        self.stats.drafted += n * gamma
-        self.stats.accepted += sum(kept)
-        self.stats.record_position_counts([n] * gamma, kept)
-        self.stats.gamma_per_step.append(gamma)
-        self.stats.live_rows_per_step.append(n)
+        self.stats.record_step(gamma, n, emitted, kept, num_dropped)
         return [slot for slot, end in enumerate(done) if end], emitted, num_stopped, step_counts
+
+    def _record_failures(self, live: slice, failed: torch.Tensor, accepted_len: torch.Tensor,
+                         logits: torch.Tensor) -> None:
+        """Say, for each failed row, what was non-finite and where (rare: its own device→host copies)."""
+        slots = failed.nonzero()[:, 0]  # [k]
+        at = logits[slots, accepted_len[slots]]  # [k, V]: the target logits its next token needed
+        kinds = torch.stack([at.isnan().any(-1), at.isposinf().any(-1)], 1).tolist()
+        seq_len, prompt_len = self.rows.seq_len[live][slots].tolist(), self.rows.prompt_len[live][slots].tolist()
+        for slot, (nan, posinf), length, start in zip(slots.tolist(), kinds, seq_len, prompt_len):
+            kind = "NaN" if nan else "+inf" if posinf else "all -inf"
+            self.rows.host_error[slot] = (
+                f"target logits are non-finite ({kind}) at completion token {length - start} (sequence "
+                f"position {length}): no distribution to draw it from; the row ends with the tokens before it"
+            )
 
     def _record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
                         logprobs: torch.Tensor) -> None:
@@ -268,7 +304,7 @@ class SpecEngine:
             self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens)
         slots = torch.tensor([req.slot for req in admitted], dtype=torch.long, device=self.device)
         count = torch.tensor([len(req.prompt_ids) - 1 for req in admitted], device=self.device)
-        self.target.cache.lens[slots] = 0
+        self.target.cache.reset_rows(slots)
         tokens = self.rows.tokens[slots]
         if int(count.max()) > 0:
             self.target.extend(slots, tokens, count)
@@ -285,12 +321,13 @@ class SpecEngine:
                 prompt_ids=req.prompt_ids,
                 completion_ids=row.completion_ids,
                 logprobs=row.logprobs,
-                finish_reason="stop" if row.stopped else "length",
+                finish_reason="error" if row.error else "stop" if row.stopped else "length",
                 num_drafted=row.num_drafted,
                 num_accepted=row.num_accepted,
                 policy_version=self.policy_version,
                 drafter_version=self.drafter_version,
                 signals=row.signals,
+                error=row.error,
             )
         plan = scheduler.retire(finished)
         for src, dst in plan.moves:

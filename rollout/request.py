@@ -35,17 +35,24 @@ class Rollout:
 
     `logprobs[i]` is the target's log-probability of `completion_ids[i]` under the processed
     distribution (temperature, top-k, top-p applied; the raw T = 1 distribution for greedy runs).
+
+    `finish_reason` is "stop" (emitted a stop token), "length" (reached its token budget) or "error":
+    the target's logits were non-finite where the next token had to be drawn (a NaN/inf from the
+    model on this input). An "error" rollout holds the tokens before that position and `error` says
+    what was non-finite and where; it is not a sample of the policy, and consumers (the TRL hook, the
+    Ray controller) refuse it. Other rows of the same batch are unaffected. `error` is None otherwise.
     """
 
     prompt_ids: list[int]
     completion_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "error"
     num_drafted: int = 0
     num_accepted: int = 0
     policy_version: int = 0
     drafter_version: int = 0
     signals: RolloutSignals | None = None
+    error: str | None = None
 
     @property
     def acceptance_rate(self) -> float:

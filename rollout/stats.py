@@ -1,8 +1,16 @@
-"""EngineStats: counters of one engine, accumulated across `generate` calls (reset with `reset`)."""
+"""EngineStats: counters of one engine, accumulated across `generate` calls (reset with `reset`).
+
+Totals are plain numbers; the per-step traces (`gamma_per_step`, `live_rows_per_step`) keep only the
+last `trace_steps` steps, so a long-lived worker's stats stay bounded. Anything that spans more steps
+than the trace (per-call means, `mean_accepted_len`) is computed from the totals.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, fields
+
+TRACE_STEPS = 4096
 
 
 @dataclass
@@ -14,10 +22,21 @@ class EngineStats:
     accepted: int = 0
     steps: int = 0
     wall_time_s: float = 0.0
+    gamma_sum: int = 0  # γ summed over steps
+    row_steps: int = 0  # live rows summed over steps
+    spec_row_steps: int = 0  # live rows summed over speculative (γ > 0) steps
+    drafter_nonfinite_rows: int = 0  # row-steps whose drafts were dropped: the drafter's q was non-finite
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-    gamma_per_step: list[int] = field(default_factory=list)
-    live_rows_per_step: list[int] = field(default_factory=list)
+    trace_steps: int = TRACE_STEPS  # how many of the latest steps the two traces below keep
+    gamma_per_step: deque[int] = field(default_factory=deque)
+    live_rows_per_step: deque[int] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.trace_steps, int) or self.trace_steps < 1:
+            raise ValueError(f"trace_steps={self.trace_steps!r} is invalid: an int >= 1")
+        self.gamma_per_step = deque(self.gamma_per_step, maxlen=self.trace_steps)
+        self.live_rows_per_step = deque(self.live_rows_per_step, maxlen=self.trace_steps)
 
     @property
     def acceptance_rate(self) -> float:
@@ -34,26 +53,50 @@ class EngineStats:
     @property
     def mean_accepted_len(self) -> float:
         """Tokens emitted per row per speculative step (accepted drafts + the one target token)."""
-        spec_rows = sum(n for g, n in zip(self.gamma_per_step, self.live_rows_per_step) if g > 0)
-        return 1.0 + self.accepted / spec_rows if spec_rows else 1.0
+        return 1.0 + self.accepted / self.spec_row_steps if self.spec_row_steps else 1.0
 
-    def record_position_counts(self, drafted: list[int], accepted: list[int]) -> None:
-        width = max(len(drafted), len(self.drafted_per_position))
-        for counts, new in ((self.drafted_per_position, drafted), (self.accepted_per_position, accepted)):
+    @property
+    def mean_gamma(self) -> float:
+        return self.gamma_sum / self.steps if self.steps else 0.0
+
+    @property
+    def mean_live_rows(self) -> float:
+        return self.row_steps / self.steps if self.steps else 0.0
+
+    def record_step(self, gamma: int, live_rows: int, emitted: int, accepted: list[int], dropped_rows: int) -> None:
+        """Count one engine step: its γ, live rows, tokens emitted, drafts kept per position
+        (`accepted`, γ entries) and rows whose drafts were dropped."""
+        self.steps += 1
+        self.generated_tokens += emitted
+        self.drafted += live_rows * gamma
+        self.accepted += sum(accepted)
+        self.gamma_sum += gamma
+        self.row_steps += live_rows
+        self.spec_row_steps += live_rows if gamma else 0
+        self.drafter_nonfinite_rows += dropped_rows
+        width = max(gamma, len(self.drafted_per_position))
+        for counts, new in ((self.drafted_per_position, [live_rows] * gamma), (self.accepted_per_position, accepted)):
             counts.extend([0] * (width - len(counts)))
             for i, v in enumerate(new):
                 counts[i] += v
+        self.gamma_per_step.append(gamma)
+        self.live_rows_per_step.append(live_rows)
 
     def reset(self) -> None:
-        fresh = EngineStats()
+        fresh = EngineStats(trace_steps=self.trace_steps)
         self.__dict__.update(fresh.__dict__)
 
     def to_dict(self) -> dict:
-        out = asdict(self)
+        """Every field (traces as lists) and the derived rates: plain data, safe to keep or serialise."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("drafted_per_position", "accepted_per_position", "gamma_per_step", "live_rows_per_step"):
+            out[name] = list(out[name])
         out.update(
             acceptance_rate=self.acceptance_rate,
             acceptance_per_position=self.acceptance_per_position,
             tokens_per_s=self.tokens_per_s,
             mean_accepted_len=self.mean_accepted_len,
+            mean_gamma=self.mean_gamma,
+            mean_live_rows=self.mean_live_rows,
         )
         return out
