@@ -5,10 +5,11 @@ distilled from it. The policy then drifts toward a reweighted, sharper chain (`s
 an RL update) a couple of AdamW steps per version; each version: rollouts (T = 1, γ = 3, signals on)
 → `add_rollouts` → `train_round` → publish to the engine if better → next policy update.
 
-The online acceptance of version v is the published drafter's expected acceptance on version v's
-held-out rollouts *before* it trains on them (`acceptance_before`): the drafter that actually served
-those rollouts, trained only on older versions — the one-version lag of the real pipeline, where
-the learner trains while the trainer updates the policy.
+Drift is measured as the product measures it: on a fixed probe set of prompts, fresh samples at each
+policy version, never trained on, scored *before* the round that learns from that version
+(`DraftLearner.probe`): the drafter that actually served that version, trained only on older ones —
+the one-version lag of the real pipeline, where the learner trains while the trainer updates the
+policy — paired with the frozen drafter on the same positions.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def _run_drift():
     learner = DraftLearner(drafter, LearnerConfig(lr=3e-3, max_steps=60, batch_size=16, seed=0),
                            DraftBuffer(BufferConfig(recency_decay=0.3)))
     prompts = sample_sequences(chain, 64, 2, g).tolist()
-    reports = []
+    probe_prompts = sample_sequences(chain, 16, 2, g).tolist()
+    reports, probes = [], []
     for version in range(NUM_VERSIONS):
         if version:
             policy.train()
@@ -62,26 +64,33 @@ def _run_drift():
                 policy_optimizer.step()
             policy.eval()
             engine.update_target({n: p.detach() for n, p in policy.named_parameters()}, version)
-        rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=32, temperature=1.0, seed=version))
-        learner.add_rollouts(rollouts)
+        params = SamplingParams(max_new_tokens=32, temperature=1.0, seed=version)
+        probes.append(learner.probe(engine.generate(probe_prompts, params, n=2)))
+        learner.add_rollouts(engine.generate(prompts, params))
         report = learner.train_round()
         if report.published:
             engine.update_drafter(learner.published_state_dict(), learner.version)
         reports.append(report)
-    return reports
+    return reports, probes
 
 
 def test_online_drafter_keeps_acceptance_while_frozen_one_drops(drift_run):
-    online = [r.acceptance_before for r in drift_run]
-    frozen = [r.acceptance_frozen_shadow for r in drift_run]
+    _, probes = drift_run
+    online = [p.served for p in probes]
+    frozen = [p.frozen for p in probes]
     table = "\n".join(f"v{i}: online {o:.3f} frozen {f:.3f}" for i, (o, f) in enumerate(zip(online, frozen)))
     assert frozen[-1] <= frozen[0] - 0.10, table
-    assert abs(online[-1] - online[0]) <= 0.05, table
+    # The served drafter lags the policy by a version or two (a rejected round waits for the next):
+    # judged on the last two probes.
+    assert abs((online[-1] + online[-2]) / 2 - online[0]) <= 0.05, table
+    last = probes[-1]
+    assert last.gain - 1.96 * last.gain_se > 0, table  # online beats frozen, interval excluding 0
 
 
 def test_versions_only_move_on_publication(drift_run):
-    versions = [r.version for r in drift_run]
-    published = [r.published for r in drift_run]
-    assert versions == [sum(published[: i + 1]) for i in range(len(published))]
-    assert all(r.acceptance_after > r.acceptance_before for r in drift_run if r.published)
+    reports, _ = drift_run
+    versions = [r.version for r in reports]
+    published = [r.published for r in reports]
+    assert versions == [sum(published[: i + 1]) for i in range(len(published))]  # no probe reverted
+    assert all(r.gain > 0 for r in reports if r.published and r.event is None)
     assert any(published)

@@ -1,4 +1,4 @@
-"""DraftLearner: the loss and metric, held-out split, publish-if-better, the target untouched, resume."""
+"""DraftLearner: the loss and metric, held-out split, the paired gate, the watchdog, the target untouched, resume."""
 
 from __future__ import annotations
 
@@ -53,15 +53,16 @@ def test_divergences_on_exact_and_tail_heavy_q():
     assert torch.allclose(bucketed_tv(q_exact.log(), top4.indices, top4.values), torch.zeros(2, 5), atol=1e-5)
 
 
-def test_holdout_is_a_stride_of_the_newest_version(setup):
+def test_holdout_is_a_stride_of_prompt_groups_kept_across_versions(setup):
     _, drafter, rollouts = setup
     learner = DraftLearner(drafter, small_config(holdout_fraction=0.25))
     learner.add_rollouts(rollouts)
     assert len(learner.holdout) == 5 and len(learner.buffer) == 15
     newer = copy.copy(rollouts[0])
     newer.policy_version = 1
-    learner.add_rollouts([newer])
-    assert learner.holdout_version == 1 and len(learner.holdout) == 1 and len(learner.buffer) == 20
+    learner.add_rollouts([newer])  # the 21st group: a stride of 4 holds it out, next to version 0's
+    assert len(learner.holdout) == 6 and len(learner.buffer) == 15
+    assert {v for v, _ in learner.holdout_keys} == {0, 1}
 
 
 def test_target_parameters_bit_identical_after_learner_rounds(setup):
@@ -78,41 +79,89 @@ def test_target_parameters_bit_identical_after_learner_rounds(setup):
         assert torch.equal(param, before[name]), name
 
 
-def test_publishes_only_if_held_out_acceptance_improves(setup):
-    engine, drafter, rollouts = setup
+def test_a_rejected_candidate_keeps_training_and_the_published_drafter_stays(setup):
+    _, drafter, rollouts = setup
     learner = DraftLearner(drafter, small_config(min_improvement=1.0))  # no round can clear this
     learner.add_rollouts(rollouts)
     published_before = {n: t.clone() for n, t in learner.published_state_dict().items()}
-    report = learner.train_round()
-    assert not report.published and report.version == learner.version == 0
-    assert report.num_steps == 10 and report.num_positions > 0
-    for name, param in learner.model.named_parameters():  # reverted to the published weights
-        assert torch.equal(param, published_before[name])
-    assert report.acceptance_frozen_shadow == pytest.approx(report.acceptance_before)
+    first = learner.train_round()
+    assert not first.published and first.version == learner.version == 0
+    assert first.num_steps == 10 and first.num_positions > 0
+    assert first.acceptance_frozen_shadow == pytest.approx(first.acceptance_before)
+    for name, tensor in learner.published_state_dict().items():
+        assert torch.equal(tensor, published_before[name])
+    candidate = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    assert any(not torch.equal(candidate[n], published_before[n]) for n in candidate)  # not reset
+    second = learner.train_round()
+    assert second.acceptance_after > first.acceptance_after  # gains accumulate over rejected rounds
 
+
+def test_publishes_when_the_paired_gain_clears_the_interval(setup):
+    engine, drafter, rollouts = setup
     learner = DraftLearner(drafter, small_config(max_steps=30))
     learner.add_rollouts(rollouts)
     report = learner.train_round()
     assert report.published and report.version == learner.version == 1
-    assert report.acceptance_after > report.acceptance_before
+    assert report.gain - learner.config.gate_z * report.gain_se > 0
+    assert report.gain == pytest.approx(report.acceptance_after - report.acceptance_before, abs=1e-6)
     engine.update_drafter(learner.published_state_dict(), learner.version)
     assert learner.score(engine.drafter.runner.model) == pytest.approx(report.acceptance_after, abs=1e-5)
 
 
-def test_initial_drafter_is_published_again_when_it_beats_the_served_one(setup):
+def test_watchdog_reverts_a_served_drafter_below_the_frozen_one(setup):
     _, drafter, rollouts = setup
     learner = DraftLearner(drafter, small_config(max_steps=1, lr=1e-9))  # a round that changes nothing
     learner.add_rollouts(rollouts)
-    with torch.no_grad():  # the served version drifted somewhere bad (as a string of noisy wins can)
+    with torch.no_grad():  # the served version drifted somewhere bad
         for param in learner.model.parameters():
             param.add_(0.5 * torch.randn_like(param))
     learner._published = learner._snapshot()
     report = learner.train_round()
-    assert report.reverted_to_frozen and report.published and report.version == 1
+    assert report.published and report.version == 1
+    assert "below the frozen drafter" in report.event and "reverted to the frozen drafter" in report.event
     assert report.acceptance_frozen_shadow > report.acceptance_before
     for name, param in learner.frozen.named_parameters():
         assert torch.equal(learner.published_state_dict()[name], param)
         assert torch.equal(dict(learner.model.named_parameters())[name], param)
+
+
+def test_watchdog_reverts_below_break_even(setup):
+    _, drafter, rollouts = setup
+    learner = DraftLearner(drafter, small_config(max_steps=5))
+    learner.add_rollouts(rollouts)
+    report = learner.train_round(break_even=1.01)  # nothing reaches it: the best known is published
+    assert "break-even" in report.event
+
+
+def test_probe_scores_served_and_frozen_paired_without_buffering(setup):
+    _, drafter, rollouts = setup
+    learner = DraftLearner(drafter, small_config())
+    learner.add_rollouts(rollouts)
+    buffered = len(learner.buffer) + len(learner.holdout)
+    probe = learner.probe(rollouts)
+    assert len(learner.buffer) + len(learner.holdout) == buffered
+    assert probe.gain == pytest.approx(0.0, abs=1e-9) and probe.served == pytest.approx(probe.frozen)
+    assert probe.num_groups == 20 and probe.event is None
+
+
+def test_a_harmful_learning_rate_never_serves_a_drafter_worse_than_frozen(setup):
+    """lr = 1 wrecks every candidate: the gate must refuse them all (checked on a probe each round)."""
+    engine, drafter, _ = setup
+    learner = DraftLearner(drafter, small_config(lr=1.0, max_steps=20))
+    prompts = [[i % V, (5 * i + 1) % V] for i in range(16)]
+    probe_prompts = [[(7 * i + 3) % V, i % V] for i in range(8)]
+    engine.update_drafter(learner.published_state_dict(), learner.version)
+    gains = []
+    for round_index in range(4):
+        params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=100 + round_index)
+        learner.add_rollouts(engine.generate(prompts, params, n=2))
+        report = learner.train_round()
+        gains.append(report.gain)
+        if report.published:
+            engine.update_drafter(learner.published_state_dict(), learner.version)
+        probe = learner.probe(engine.generate(probe_prompts, params, n=2))
+        assert probe.gain + learner.config.gate_z * probe.gain_se >= 0, (round_index, report, probe)
+    assert min(gains) < -0.05, gains  # the setting is harmful: candidates lost to what was served
 
 
 def test_save_and_load_resume_the_same_run(setup, tmp_path):
