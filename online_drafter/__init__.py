@@ -6,8 +6,10 @@ with `signals`) and pushes `published_state_dict()` to engines with `update_draf
 
 from .batch import BufferedRollout, DraftBatch
 from .buffer import BufferConfig, DraftBuffer
+from .config import LearnerConfig
 from .divergence import bucketed_kl, bucketed_tv, expected_acceptance
-from .learner import DraftLearner, LearnerConfig, LearnerReport
+from .learner import DraftLearner
+from .reports import LearnerReport, ProbeReport
 
 __all__ = [
     "BufferConfig",
@@ -17,6 +19,7 @@ __all__ = [
     "DraftLearner",
     "LearnerConfig",
     "LearnerReport",
+    "ProbeReport",
     "bucketed_kl",
     "bucketed_tv",
     "expected_acceptance",

@@ -39,120 +39,24 @@ import copy
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
 from specroll.rollout import Rollout
 from specroll.rollout.weights import copy_into
 
-from .batch import BufferedRollout, DraftBatch, collate
 from .buffer import DraftBuffer, to_buffered
 from .checkpoint import load_checkpoint, save_checkpoint
-from .divergence import LOSSES, expected_acceptance
+from .config import LearnerConfig
+from .divergence import LOSSES
+from .holdout import HoldoutSet
 from .paired import GroupScores, paired_gain
+from .reports import LearnerReport, ProbeReport
+from .scoring import DrafterScorer
 
 CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "candidate", "optimizer", "buffer", "holdout",
-                   "holdout_keys", "num_groups_seen", "generator")
-
-
-@dataclass
-class LearnerConfig:
-    """Per-round budget (`max_steps`, optional `time_budget_s` for the whole round, evaluation
-    included; a caller may pass a smaller budget per round), AdamW settings, the held-out set and the gate.
-
-    `lr` 1e-4: on the demo, 1e-3 on the few hundred new positions a step yields made every candidate
-    worse than the frozen drafter, 1e-4 gained. A held-out group of policy version v weighs
-    `holdout_recency_decay ** (newest − v)` in every comparison. `gate_z`: standard errors a
-    candidate's paired gain must clear to be published, and the served drafter's loss to the frozen
-    one must exceed, by `watchdog_margin` more, for the watchdog to revert (1.64: one-sided 5%).
-    `temperature` must be the rollouts' sampling temperature
-    (1.0 for greedy rollouts, whose signals are the T = 1 distribution): q is the drafter's softmax at
-    that temperature, as the engine does.
-    """
-
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    batch_size: int = 16
-    max_steps: int = 50
-    time_budget_s: float | None = None
-    loss: str = "kl"
-    temperature: float = 1.0
-    max_grad_norm: float = 1.0
-    holdout_fraction: float = 0.2
-    max_holdout_positions: int = 20_000
-    holdout_recency_decay: float = 0.5
-    gate_z: float = 1.64
-    watchdog_margin: float = 0.005
-    min_improvement: float = 0.0
-    eval_batch_size: int = 64
-    device: str = "cpu"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        checks = [
-            ("lr", self.lr > 0, "a number > 0"),
-            ("weight_decay", self.weight_decay >= 0, "a number >= 0"),
-            ("batch_size", isinstance(self.batch_size, int) and self.batch_size >= 1, "an int >= 1"),
-            ("max_steps", isinstance(self.max_steps, int) and self.max_steps >= 0, "an int >= 0"),
-            ("time_budget_s", self.time_budget_s is None or self.time_budget_s > 0, "None or a number > 0"),
-            ("loss", self.loss in LOSSES, f"one of {sorted(LOSSES)}"),
-            ("temperature", self.temperature > 0, "a number > 0 (1.0 for greedy rollouts)"),
-            ("max_grad_norm", self.max_grad_norm > 0, "a number > 0"),
-            ("holdout_fraction", 0 < self.holdout_fraction < 1, "a number in (0, 1)"),
-            ("max_holdout_positions", isinstance(self.max_holdout_positions, int) and self.max_holdout_positions >= 1,
-             "an int >= 1"),
-            ("holdout_recency_decay", 0 < self.holdout_recency_decay <= 1, "a number in (0, 1]"),
-            ("gate_z", self.gate_z >= 0, "a number >= 0"),
-            ("watchdog_margin", self.watchdog_margin >= 0, "a number >= 0"),
-            ("min_improvement", self.min_improvement >= 0, "a number >= 0"),
-            ("eval_batch_size", isinstance(self.eval_batch_size, int) and self.eval_batch_size >= 1,
-             "an int >= 1"),
-        ]
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {allowed}")
-
-
-@dataclass
-class LearnerReport:
-    """One round. Acceptances are expected acceptance Σ min(p, q) on the held-out positions (every
-    version's held-out groups): the published drafter before the round, the candidate after it, the
-    frozen shadow; `gain` ± `gain_se` is candidate − published, paired."""
-
-    published: bool
-    version: int  # drafter version after the round (moved if published or reverted)
-    acceptance_before: float
-    acceptance_after: float
-    acceptance_frozen_shadow: float
-    gain: float
-    gain_se: float
-    loss: float  # mean training loss over the round's steps (nan without steps)
-    train_time_s: float  # optimizer steps
-    eval_time_s: float  # held-out scoring
-    round_time_s: float  # the whole round
-    budget_s: float | None  # the time the round was given (None: steps only)
-    num_positions: int  # completion positions trained on (with repetition)
-    num_steps: int
-    num_holdout_positions: int
-    num_holdout_groups: int
-    policy_version: int  # the newest policy version the learner has seen
-    event: str | None = None  # the watchdog's, or a candidate reset: what happened and why
-
-
-@dataclass
-class ProbeReport:
-    """Served and frozen drafters on a probe batch (fresh rollouts of fixed prompts, never trained on)."""
-
-    served: float
-    frozen: float
-    gain: float  # served − frozen, paired by prompt group
-    gain_se: float
-    num_positions: int
-    num_groups: int
-    policy_version: int
-    drafter_version: int  # the version scored (before any revert this probe caused)
-    event: str | None = None
+                   "generator")
 
 
 class DraftLearner:
@@ -165,15 +69,14 @@ class DraftLearner:
         self.model = copy.deepcopy(drafter).to(self.device, torch.float32)
         self.frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.buffer = buffer if buffer is not None else DraftBuffer()
-        self.holdout: list[BufferedRollout] = []
-        self.holdout_keys: list[tuple[int, tuple[int, ...]]] = []  # (policy version, prompt) per entry
+        self.holdout = HoldoutSet(config.holdout_fraction, config.max_holdout_positions)
+        self.scorer = DrafterScorer(config.temperature, config.eval_batch_size, config.holdout_recency_decay,
+                                    self.device)
         self.version = 0
         self.newest_policy_version = -1
         self._published = self._snapshot()
         self._optimizer = self._make_optimizer()
         self._generator = torch.Generator().manual_seed(config.seed)
-        self._num_groups_seen = 0
-        self._group_is_holdout: dict[tuple[int, tuple[int, ...]], bool] = {}
         self._cache: dict[str, GroupScores] = {}  # published / frozen scores until the held-out set changes
 
     # ------------------------------------------------------------------ public API
@@ -182,22 +85,10 @@ class DraftLearner:
         """Buffer rollouts (generated with `record_signals=True`), holding a stride of prompt groups out."""
         for rollout in rollouts:
             entry = to_buffered(rollout)
-            # Whole prompt groups are held out together: a sibling of a training rollout shares its
-            # prompt and much of its text, so splitting a group would score the drafter on what it saw.
-            key = (entry.policy_version, tuple(rollout.prompt_ids))
-            if key not in self._group_is_holdout:
-                self._group_is_holdout[key] = self._next_is_holdout()
-            if self._group_is_holdout[key]:
-                self.holdout.append(entry)
-                self.holdout_keys.append(key)
-            else:
+            if not self.holdout.offer(entry, (entry.policy_version, tuple(rollout.prompt_ids))):
                 self.buffer.add([entry])
             self.newest_policy_version = max(self.newest_policy_version, entry.policy_version)
-        while sum(e.num_positions for e in self.holdout) > self.config.max_holdout_positions:
-            oldest = self.holdout_keys[0]
-            while self.holdout_keys and self.holdout_keys[0] == oldest:  # a whole group at a time
-                self.holdout_keys.pop(0)
-                self.buffer.add([self.holdout.pop(0)])
+        self.buffer.add(self.holdout.trim())
         self._cache.clear()
 
     def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
@@ -217,7 +108,7 @@ class DraftLearner:
         deadline = None if budget is None else started + budget - eval_cost
         losses, num_positions, train_time = self._train_steps(deadline)
         scored = time.perf_counter()
-        candidate = self._score_groups(self.model, self.holdout, self.holdout_keys) if losses else published
+        candidate = self._score_held_out(self.model) if losses else published
         gain = paired_gain(candidate, published)
         z, event = self.config.gate_z, None
         publish = bool(losses) and gain.above(z, self.config.min_improvement)
@@ -257,8 +148,8 @@ class DraftLearner:
         """
         entries = [to_buffered(r) for r in rollouts]
         keys = [(e.policy_version, tuple(r.prompt_ids)) for e, r in zip(entries, rollouts)]
-        served = self._score_groups(self._published_model(), entries, keys)
-        frozen = self._score_groups(self.frozen, entries, keys)
+        served = self.scorer.score_groups(self._published_model(), entries, keys)
+        frozen = self.scorer.score_groups(self.frozen, entries, keys)
         gain = paired_gain(served, frozen)
         version = self.version
         event = None
@@ -279,7 +170,7 @@ class DraftLearner:
         """Expected acceptance of any drafter (same vocabulary) on the current held-out positions."""
         if not self.holdout:
             raise ValueError("no held-out rollouts yet: add_rollouts(...) before scoring")
-        return self._score_groups(drafter, self.holdout, self.holdout_keys).mean
+        return self._score_held_out(drafter).mean
 
     def save(self, path: str | os.PathLike) -> None:
         """Everything a resumed run needs: weights (published, frozen, candidate), optimizer, data, counters.
@@ -294,9 +185,7 @@ class DraftLearner:
             "candidate": self._snapshot(),
             "optimizer": self._optimizer.state_dict(),
             "buffer": self.buffer.state_dict(),
-            "holdout": [dict(vars(e)) for e in self.holdout],
-            "holdout_keys": [[v, list(prompt)] for v, prompt in self.holdout_keys],
-            "num_groups_seen": self._num_groups_seen,
+            "holdout": self.holdout.state_dict(),
             "generator": self._generator.get_state(),
         }, path)
 
@@ -317,12 +206,9 @@ class DraftLearner:
         learner._published = state["published"]
         learner._optimizer.load_state_dict(state["optimizer"])
         learner.version = state["version"]
-        learner.holdout = [BufferedRollout(**e) for e in state["holdout"]]
-        learner.holdout_keys = [(int(v), tuple(prompt)) for v, prompt in state["holdout_keys"]]
-        learner._group_is_holdout = dict.fromkeys(learner.holdout_keys, True)
-        learner.newest_policy_version = max([e.policy_version for e in learner.holdout]
+        learner.holdout.load_state_dict(state["holdout"])
+        learner.newest_policy_version = max([e.policy_version for e in learner.holdout.entries]
                                             + [max(buffer.versions, default=-1)])
-        learner._num_groups_seen = state["num_groups_seen"]
         learner._generator.set_state(state["generator"])
         return learner
 
@@ -361,12 +247,6 @@ class DraftLearner:
 
     # ------------------------------------------------------------------ internals
 
-    def _next_is_holdout(self) -> bool:
-        """Every 1/f-th prompt group, starting with the first (an exact fraction f over the run)."""
-        i, f = self._num_groups_seen, self.config.holdout_fraction
-        self._num_groups_seen += 1
-        return math.floor((i + 1) * f + 1 - f + 1e-9) > math.floor(i * f + 1 - f + 1e-9)
-
     def _train_steps(self, deadline: float | None) -> tuple[list[float], int, float]:
         cfg, losses, num_positions = self.config, [], 0
         if len(self.buffer) == 0:
@@ -378,7 +258,7 @@ class DraftLearner:
             if deadline is not None and time.perf_counter() >= deadline:
                 break
             batch = self.buffer.sample(cfg.batch_size, self._generator).to(self.device)
-            per_position = loss_fn(self._log_q(self.model, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
+            per_position = loss_fn(self.scorer.log_q(self.model, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
             loss = (per_position * batch.weights).sum() / batch.weights.shape[0]
             self._optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -392,8 +272,11 @@ class DraftLearner:
     def _cached(self, name: str) -> GroupScores:
         if name not in self._cache:
             model = self.frozen if name == "frozen" else self._published_model()
-            self._cache[name] = self._score_groups(model, self.holdout, self.holdout_keys)
+            self._cache[name] = self._score_held_out(model)
         return self._cache[name]
+
+    def _score_held_out(self, drafter: torch.nn.Module) -> GroupScores:
+        return self.scorer.score_groups(drafter, self.holdout.entries, self.holdout.keys)
 
     def _published_model(self) -> torch.nn.Module:
         """The published weights in a module: the candidate itself when it is what was published."""
@@ -403,31 +286,6 @@ class DraftLearner:
         model = copy.deepcopy(self.frozen)
         copy_into(model, self._published, "published drafter")
         return model
-
-    @torch.inference_mode()
-    def _score_groups(self, drafter: torch.nn.Module, entries: list[BufferedRollout],
-                      keys: list[tuple[int, tuple[int, ...]]]) -> GroupScores:
-        """Expected acceptance sums and position counts per group (groups in order of first appearance)."""
-        index: dict[tuple[int, tuple[int, ...]], int] = {}
-        group_of = torch.tensor([index.setdefault(k, len(index)) for k in keys])  # [N]
-        per_entry = torch.zeros(len(entries), 2, dtype=torch.float64)  # [N, (sum, count)]
-        size = self.config.eval_batch_size
-        for start in range(0, len(entries), size):
-            batch = collate(entries[start : start + size]).to(self.device)
-            acc = expected_acceptance(self._log_q(drafter, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
-            per_entry[start : start + size, 0] = (acc * batch.weights).sum(1).double().cpu()
-            per_entry[start : start + size, 1] = batch.weights.sum(1).double().cpu()
-        groups = torch.zeros(len(index), 2, dtype=torch.float64).index_add_(0, group_of, per_entry)
-        newest = max(version for version, _ in index)
-        weights = torch.tensor([self.config.holdout_recency_decay ** (newest - version) for version, _ in index],
-                               dtype=torch.float64)
-        return GroupScores(groups[:, 0], groups[:, 1], weights)
-
-    def _log_q(self, drafter: torch.nn.Module, batch: DraftBatch) -> torch.Tensor:
-        """Drafter log-probs at each completion position, at the rollouts' temperature: [B, T, V]."""
-        logits = drafter(input_ids=batch.input_ids).logits  # [B, L, V]
-        index = batch.loss_index[..., None].expand(-1, -1, logits.shape[-1])  # [B, T, V]
-        return (logits.gather(1, index).float() / self.config.temperature).log_softmax(-1)
 
     def _snapshot(self, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
         return {name: p.detach().clone() for name, p in (model or self.model).named_parameters()}

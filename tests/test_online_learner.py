@@ -62,7 +62,7 @@ def test_holdout_is_a_stride_of_prompt_groups_kept_across_versions(setup):
     newer.policy_version = 1
     learner.add_rollouts([newer])  # the 21st group: a stride of 4 holds it out, next to version 0's
     assert len(learner.holdout) == 6 and len(learner.buffer) == 15
-    assert {v for v, _ in learner.holdout_keys} == {0, 1}
+    assert {v for v, _ in learner.holdout.keys} == {0, 1}
 
 
 def test_target_parameters_bit_identical_after_learner_rounds(setup):

@@ -1,0 +1,65 @@
+"""LearnerConfig: the online learner's settings (budget, optimizer, held-out set, gate, watchdog)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .divergence import LOSSES
+
+
+@dataclass
+class LearnerConfig:
+    """Per-round budget (`max_steps`, optional `time_budget_s` for the whole round, evaluation
+    included; a caller may pass a smaller budget per round), AdamW settings, the held-out set and the gate.
+
+    `lr` 1e-4: on the demo, 1e-3 on the few hundred new positions a step yields made every candidate
+    worse than the frozen drafter, 1e-4 gained. A held-out group of policy version v weighs
+    `holdout_recency_decay ** (newest − v)` in every comparison. `gate_z`: standard errors a
+    candidate's paired gain must clear to be published, and the served drafter's loss to the frozen
+    one must exceed, by `watchdog_margin` more, for the watchdog to revert (1.64: one-sided 5%).
+    `temperature` must be the rollouts' sampling temperature
+    (1.0 for greedy rollouts, whose signals are the T = 1 distribution): q is the drafter's softmax at
+    that temperature, as the engine does.
+    """
+
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    batch_size: int = 16
+    max_steps: int = 50
+    time_budget_s: float | None = None
+    loss: str = "kl"
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0
+    holdout_fraction: float = 0.2
+    max_holdout_positions: int = 20_000
+    holdout_recency_decay: float = 0.5
+    gate_z: float = 1.64
+    watchdog_margin: float = 0.005
+    min_improvement: float = 0.0
+    eval_batch_size: int = 64
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("lr", self.lr > 0, "a number > 0"),
+            ("weight_decay", self.weight_decay >= 0, "a number >= 0"),
+            ("batch_size", isinstance(self.batch_size, int) and self.batch_size >= 1, "an int >= 1"),
+            ("max_steps", isinstance(self.max_steps, int) and self.max_steps >= 0, "an int >= 0"),
+            ("time_budget_s", self.time_budget_s is None or self.time_budget_s > 0, "None or a number > 0"),
+            ("loss", self.loss in LOSSES, f"one of {sorted(LOSSES)}"),
+            ("temperature", self.temperature > 0, "a number > 0 (1.0 for greedy rollouts)"),
+            ("max_grad_norm", self.max_grad_norm > 0, "a number > 0"),
+            ("holdout_fraction", 0 < self.holdout_fraction < 1, "a number in (0, 1)"),
+            ("max_holdout_positions", isinstance(self.max_holdout_positions, int) and self.max_holdout_positions >= 1,
+             "an int >= 1"),
+            ("holdout_recency_decay", 0 < self.holdout_recency_decay <= 1, "a number in (0, 1]"),
+            ("gate_z", self.gate_z >= 0, "a number >= 0"),
+            ("watchdog_margin", self.watchdog_margin >= 0, "a number >= 0"),
+            ("min_improvement", self.min_improvement >= 0, "a number >= 0"),
+            ("eval_batch_size", isinstance(self.eval_batch_size, int) and self.eval_batch_size >= 1,
+             "an int >= 1"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {allowed}")

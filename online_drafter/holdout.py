@@ -1,0 +1,60 @@
+"""HoldoutSet: a stride of prompt groups held out from the learner's training, kept across policy versions.
+
+The learner decides on these positions (publish gate, watchdog), so they are never trained on while
+held out. A group is a prompt's samples at one policy version, keyed `(policy_version, prompt ids)`;
+whole groups are held out together, because a sibling of a training rollout shares its prompt and
+much of its text. Every 1/f-th group is held out, starting with the first (an exact fraction f over
+the run). Past `max_positions`, the oldest groups leave the set, whole, to be trained on.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .batch import BufferedRollout
+
+GroupKey = tuple[int, tuple[int, ...]]  # (policy version, prompt token ids)
+
+
+class HoldoutSet:
+    def __init__(self, fraction: float, max_positions: int):
+        self.fraction = fraction
+        self.max_positions = max_positions
+        self.entries: list[BufferedRollout] = []
+        self.keys: list[GroupKey] = []  # the group of each entry
+        self.num_groups_seen = 0
+        self._is_held_out: dict[GroupKey, bool] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def offer(self, entry: BufferedRollout, key: GroupKey) -> bool:
+        """Keep `entry` if its group is held out (True), else leave it to the caller to train on (False)."""
+        if key not in self._is_held_out:
+            i, f = self.num_groups_seen, self.fraction
+            self.num_groups_seen += 1
+            self._is_held_out[key] = math.floor((i + 1) * f + 1 - f + 1e-9) > math.floor(i * f + 1 - f + 1e-9)
+        if self._is_held_out[key]:
+            self.entries.append(entry)
+            self.keys.append(key)
+        return self._is_held_out[key]
+
+    def trim(self) -> list[BufferedRollout]:
+        """Drop the oldest whole groups beyond `max_positions`; returns the dropped entries."""
+        dropped = []
+        while sum(e.num_positions for e in self.entries) > self.max_positions:
+            oldest = self.keys[0]
+            while self.keys and self.keys[0] == oldest:
+                self.keys.pop(0)
+                dropped.append(self.entries.pop(0))
+        return dropped
+
+    def state_dict(self) -> dict:
+        return {"entries": [dict(vars(e)) for e in self.entries], "keys": [[v, list(p)] for v, p in self.keys],
+                "num_groups_seen": self.num_groups_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.entries = [BufferedRollout(**e) for e in state["entries"]]
+        self.keys = [(int(v), tuple(p)) for v, p in state["keys"]]
+        self.num_groups_seen = state["num_groups_seen"]
+        self._is_held_out = dict.fromkeys(self.keys, True)

@@ -1,0 +1,46 @@
+"""What the learner reports: one training round (`LearnerReport`) and one probe (`ProbeReport`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LearnerReport:
+    """One round. Acceptances are expected acceptance Σ min(p, q) on the held-out positions (every
+    version's held-out groups): the published drafter before the round, the candidate after it, the
+    frozen shadow; `gain` ± `gain_se` is candidate − published, paired."""
+
+    published: bool
+    version: int  # drafter version after the round (moved if published or reverted)
+    acceptance_before: float
+    acceptance_after: float
+    acceptance_frozen_shadow: float
+    gain: float
+    gain_se: float
+    loss: float  # mean training loss over the round's steps (nan without steps)
+    train_time_s: float  # optimizer steps
+    eval_time_s: float  # held-out scoring
+    round_time_s: float  # the whole round
+    budget_s: float | None  # the time the round was given (None: steps only)
+    num_positions: int  # completion positions trained on (with repetition)
+    num_steps: int
+    num_holdout_positions: int
+    num_holdout_groups: int
+    policy_version: int  # the newest policy version the learner has seen
+    event: str | None = None  # the watchdog's, or a candidate reset: what happened and why
+
+
+@dataclass
+class ProbeReport:
+    """Served and frozen drafters on a probe batch (fresh rollouts of fixed prompts, never trained on)."""
+
+    served: float
+    frozen: float
+    gain: float  # served − frozen, paired by prompt group
+    gain_se: float
+    num_positions: int
+    num_groups: int
+    policy_version: int
+    drafter_version: int  # the version scored (before any revert this probe caused)
+    event: str | None = None

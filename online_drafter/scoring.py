@@ -1,0 +1,47 @@
+"""DrafterScorer: any drafter's log q and expected acceptance Σ min(p, q) on recorded positions, per group.
+
+`log_q` is the drafter's log-softmax at the rollouts' temperature (as the engine samples it) at each
+completion position of a teacher-forced batch; `score_groups` sums expected acceptance per prompt group
+for the paired comparisons of `paired.py`, weighing a group of policy version v by
+`recency_decay ** (newest − v)`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import BufferedRollout, DraftBatch, collate
+from .divergence import expected_acceptance
+from .holdout import GroupKey
+from .paired import GroupScores
+
+
+class DrafterScorer:
+    def __init__(self, temperature: float, batch_size: int, recency_decay: float, device: torch.device):
+        self.temperature = temperature
+        self.batch_size = batch_size
+        self.recency_decay = recency_decay
+        self.device = device
+
+    def log_q(self, drafter: torch.nn.Module, batch: DraftBatch) -> torch.Tensor:
+        """Drafter log-probs at each completion position, at the rollouts' temperature: [B, T, V]."""
+        logits = drafter(input_ids=batch.input_ids).logits  # [B, L, V]
+        index = batch.loss_index[..., None].expand(-1, -1, logits.shape[-1])  # [B, T, V]
+        return (logits.gather(1, index).float() / self.temperature).log_softmax(-1)
+
+    @torch.inference_mode()
+    def score_groups(self, drafter: torch.nn.Module, entries: list[BufferedRollout],
+                     keys: list[GroupKey]) -> GroupScores:
+        """Expected acceptance sums and position counts per group (groups in order of first appearance)."""
+        index: dict[GroupKey, int] = {}
+        group_of = torch.tensor([index.setdefault(k, len(index)) for k in keys])  # [N]
+        per_entry = torch.zeros(len(entries), 2, dtype=torch.float64)  # [N, (sum, count)]
+        for start in range(0, len(entries), self.batch_size):
+            batch = collate(entries[start : start + self.batch_size]).to(self.device)
+            acc = expected_acceptance(self.log_q(drafter, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
+            per_entry[start : start + self.batch_size, 0] = (acc * batch.weights).sum(1).double().cpu()
+            per_entry[start : start + self.batch_size, 1] = batch.weights.sum(1).double().cpu()
+        groups = torch.zeros(len(index), 2, dtype=torch.float64).index_add_(0, group_of, per_entry)
+        newest = max(version for version, _ in index)
+        weights = torch.tensor([self.recency_decay ** (newest - version) for version, _ in index], dtype=torch.float64)
+        return GroupScores(groups[:, 0], groups[:, 1], weights)
