@@ -4,12 +4,16 @@
 
 Contents of `out_dir`:
 
-- `report.html` — the summary table and four plots, each under a heading that names it (`PLOTS`).
-  Acceptance is plotted as expected acceptance Σ min(p, q) on the learner's held-out positions,
-  the same positions for both drafters; the per-drafted-token rate measured in rollouts
-  (`rollout/acceptance_rate`, in the JSONL) also falls when auto-γ drafts further, so it is no
-  measure of drift;
-- `reward.png`, `tokens_per_s.png`, `acceptance.png`, `gamma_live_batch.png`;
+- `report.html` — the summary table, the learner's events (watchdog reverts, candidate resets) and
+  five plots, each under a heading that names it (`PLOTS`). Drift is plotted on the *probe set*:
+  fixed prompts, fresh samples at each probed policy version, never trained on, online (served)
+  and frozen drafter scored by expected acceptance Σ min(p, q) on the same positions, each with a
+  95% band, and their paired difference with its 95% interval. The learner's held-out numbers
+  (recency-weighted, they move with the prompts a step drew) are a secondary plot; the
+  per-drafted-token rate measured in rollouts (`rollout/acceptance_rate`, in the JSONL) also falls
+  when auto-γ drafts further, so it is no measure of drift;
+- `reward.png` (per step and a rolling mean), `tokens_per_s.png`, `probe.png`, `acceptance.png`,
+  `gamma_live_batch.png`;
 - `metrics.jsonl` — one JSON object per logged trainer step (TRL's own keys plus `rollout/*`,
   `drafter/*`, `weights/sync_s`);
 - `config.yaml` — the resolved config (every default filled in); `summary.json` — the headline numbers.
@@ -34,9 +38,12 @@ import yaml
 PLOTS = {
     "reward": "Reward per step",
     "tokens_per_s": "Rollout tokens/s per step vs plain decoding",
-    "acceptance": "Acceptance per step: online drafter vs frozen shadow",
+    "probe": "Drift on the probe set: online drafter vs frozen shadow",
+    "acceptance": "Learner's held-out acceptance per round (secondary)",
     "gamma_live_batch": "γ and live batch over one rollout",
 }
+ROLLING = 5  # steps in the reward's rolling mean
+Z95 = 1.96
 
 
 @dataclass
@@ -68,8 +75,9 @@ class ReportFiles:
 
 
 def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: SpeedMeasurement,
-                 config: dict[str, Any], summary: dict[str, Any]) -> ReportFiles:
-    """Write the report folder (created if needed); returns the paths written."""
+                 config: dict[str, Any], summary: dict[str, Any], events: list[str] | None = None) -> ReportFiles:
+    """Write the report folder (created if needed); returns the paths written. `events`: the
+    learner's event lines (watchdog reverts, candidate resets), listed on the page."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps = [entry for entry in history if "step" in entry and "reward" in entry]
@@ -83,29 +91,72 @@ def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: Spee
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=2))
     plots = {
-        "reward": _plot_series(out / "reward.png", PLOTS["reward"], steps, {"reward": "mean reward"}),
+        "reward": _plot_reward(out / "reward.png", steps),
         "tokens_per_s": _plot_tokens_per_s(out / "tokens_per_s.png", steps, speed),
+        "probe": _plot_probe(out / "probe.png", history),
         "acceptance": _plot_series(out / "acceptance.png", PLOTS["acceptance"], steps, {
             "drafter/acceptance_before": "online drafter (expected, held-out)",
             "drafter/acceptance_frozen_shadow": "frozen shadow (expected, same positions)",
-        }),
+        }, ylabel="expected acceptance Σ min(p, q)"),
         "gamma_live_batch": _plot_trace(out / "gamma_live_batch.png", speed),
     }
     html_path = out / "report.html"
-    html_path.write_text(_html(summary, plots))
+    html_path.write_text(_html(summary, plots, events or []))
     return ReportFiles(html_path, metrics_path, config_path, summary_path, plots)
 
 
-def _plot_series(path: Path, title: str, steps: list[dict], keys: dict[str, str]) -> Path:
+def _plot_series(path: Path, title: str, steps: list[dict], keys: dict[str, str], ylabel: str) -> Path:
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for key, label in keys.items():
         points = [(e["step"], e[key]) for e in steps if e.get(key) is not None]
         if points:
             ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
-    ax.set(title=title, xlabel="GRPO step")
+    ax.set(title=title, xlabel="GRPO step", ylabel=ylabel)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _plot_reward(path: Path, steps: list[dict]) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    points = [(e["step"], e["reward"]) for e in steps if e.get("reward") is not None]
+    if points:
+        x, y = zip(*points, strict=True)
+        ax.plot(x, y, marker="o", markersize=3, alpha=0.5, label="mean reward of the step's completions")
+        rolling = [sum(y[max(0, i - ROLLING + 1) : i + 1]) / len(y[max(0, i - ROLLING + 1) : i + 1])
+                   for i in range(len(y))]
+        ax.plot(x, rolling, color="tab:red", label=f"rolling mean over {ROLLING} steps")
+        ax.legend(fontsize=8)
+    ax.set(title=PLOTS["reward"], xlabel="GRPO step", ylabel="reward")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def _plot_probe(path: Path, history: list[dict]) -> Path:
+    probes = [e for e in history if e.get("drafter/probe_online") is not None]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.4), sharex=True, height_ratios=(3, 2))
+    x = [e["step"] for e in probes]
+    for key, label, color in (("online", "online drafter (served)", "tab:blue"),
+                              ("frozen", "frozen shadow (step-0 drafter)", "tab:gray")):
+        y = [e[f"drafter/probe_{key}"] for e in probes]
+        band = [Z95 * e[f"drafter/probe_{key}_se"] for e in probes]
+        top.plot(x, y, marker="o", markersize=3, color=color, label=label)
+        top.fill_between(x, [a - b for a, b in zip(y, band)], [a + b for a, b in zip(y, band)], color=color,
+                         alpha=0.15)
+    top.set(title=PLOTS["probe"], ylabel="expected acceptance Σ min(p, q)")
+    gain = [e["drafter/probe_gain"] for e in probes]
+    half = [Z95 * e["drafter/probe_gain_se"] for e in probes]
+    bottom.errorbar(x, gain, yerr=half, marker="o", markersize=3, capsize=3, color="tab:green",
+                    label="online − frozen, paired (95% interval)")
+    bottom.axhline(0, color="black", lw=0.8)
+    bottom.set(xlabel="GRPO step (policy version probed)", ylabel="Δ acceptance")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if not probes:
+        top.text(0.5, 0.5, "no probe in this run", ha="center", va="center", transform=top.transAxes)
     return _save(fig, path)
 
 
@@ -145,7 +196,8 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _html(summary: dict[str, Any], plots: dict[str, Path]) -> str:
+def _html(summary: dict[str, Any], plots: dict[str, Path], events: list[str]) -> str:
+    listed = "".join(f"<li>{html.escape(line)}</li>" for line in events) or "<li>none</li>"
     rows = "".join(
         f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
         for k, v in _flatten(summary).items()
@@ -159,7 +211,7 @@ def _html(summary: dict[str, Any], plots: dict[str, Path]) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>specroll train report</title>"
         "<style>body{font-family:sans-serif;max-width:860px;margin:2em auto}"
         "th{text-align:left;padding-right:1em}img{max-width:100%}</style></head><body>"
-        f"<h1>specroll train report</h1><table>{rows}</table>{figures}"
+        f"<h1>specroll train report</h1><table>{rows}</table><h2>Learner events</h2><ul>{listed}</ul>{figures}"
         "<p>Data: <a href='metrics.jsonl'>metrics.jsonl</a>, <a href='config.yaml'>config.yaml</a>, "
         "<a href='summary.json'>summary.json</a></p></body></html>"
     )
@@ -176,4 +228,6 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
     return f"{value:.4g}" if isinstance(value, float) else str(value)

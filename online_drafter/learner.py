@@ -156,7 +156,7 @@ class DraftLearner:
         if gain.below(self.config.gate_z, self.config.watchdog_margin):
             event = self._revert(f"probe: served version {version} scored {gain.mean:+.4f} ± {gain.se:.4f} "
                                  "below the frozen drafter", {"frozen": frozen, "served": served})
-        return ProbeReport(served.mean, frozen.mean, gain.mean, gain.se, served.num_positions,
+        return ProbeReport(served.mean, frozen.mean, gain.mean, gain.se, served.se, frozen.se, served.num_positions,
                            int(served.counts.shape[0]), max(e.policy_version for e in entries), version, event)
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:

@@ -45,6 +45,16 @@ class GroupScores:
     def num_positions(self) -> int:
         return int(self.counts.sum())
 
+    @property
+    def se(self) -> float:
+        """Standard error of `mean`, clustered by group (unpaired: for a band around one drafter's curve)."""
+        sums, counts, w = self.weighted()
+        groups = float(w.sum()) ** 2 / float((w**2).sum()) if len(w) else 0.0
+        if groups < 2:
+            return math.inf
+        residual = sums - self.mean * counts
+        return math.sqrt(groups / (groups - 1) * float((residual**2).sum())) / float(counts.sum())
+
 
 @dataclass
 class PairedGain:

@@ -39,6 +39,8 @@ class ProbeReport:
     frozen: float
     gain: float  # served − frozen, paired by prompt group
     gain_se: float
+    served_se: float  # each curve's own standard error (unpaired), for bands
+    frozen_se: float
     num_positions: int
     num_groups: int
     policy_version: int
