@@ -29,8 +29,9 @@ from transformers import PreTrainedModel
 
 from .batch import RowBuffers
 from .config import EngineConfig, SamplingParams
+from .cost_model import CALIBRATION_CONTEXT
 from .drafter import ModelDrafter
-from .gamma import GammaPolicy, StepOutcome, StepShape, acceptance_counts, make_gamma_policy
+from .gamma import AutoGamma, GammaPolicy, StepOutcome, StepShape, acceptance_counts, make_gamma_policy
 from .request import Request, Rollout
 from .runner import ModelRunner
 from .sampling import Verdict, process_logits, verify
@@ -161,6 +162,15 @@ class SpecEngine:
         self.stats.wall_time_s += time.perf_counter() - started
         self.stats.target_forwards = self.target.num_forwards
         self.stats.drafter_forwards = self.drafter.num_forwards if self.drafter else 0
+
+    def break_even_acceptance(self) -> float | None:
+        """Per-draft acceptance below which speculation stops paying at this engine's recent batch shape,
+        from the auto-γ cost model (None for a fixed γ: there is no cost model to ask)."""
+        policy = self.gamma_policy
+        if not isinstance(policy, AutoGamma) or self.drafter is None:
+            return None
+        rows = max(1, round(self.stats.mean_live_rows)) if self.stats.steps else self.config.max_batch_size
+        return policy.break_even_acceptance(rows, CALIBRATION_CONTEXT)
 
     def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (all or some parameters, by name) between `generate` calls."""

@@ -269,3 +269,12 @@ def test_batch_tokens_sum_each_rows_capped_expectation():
         curve = est.cumulative(gamma)
         assert total == pytest.approx(sum(curve[min(gamma, m)] for m in by_row))
     assert est.batch_tokens(rows, None) == pytest.approx([rows * est.expected_tokens(g) for g in range(7)])
+
+
+def test_break_even_acceptance_is_where_the_first_gamma_pays():
+    from specroll.rollout.gamma import break_even_acceptance
+
+    assert break_even_acceptance([10.0, 12.0, 14.0, 16.0]) == pytest.approx(0.2, abs=1e-6)  # 1 + α = 1.2
+    assert break_even_acceptance([10.0, 20.0, 30.0]) == 1.0  # no γ can ever pay at these costs
+    # γ = 2 at 1.5× the plain step pays once 1 + α + α² > 1.5, before γ = 1 (at 1.4×) does (α > 0.4).
+    assert break_even_acceptance([10.0, 14.0, 15.0]) == pytest.approx(((1 + 4 * 0.5) ** 0.5 - 1) / 2, abs=1e-6)
