@@ -25,7 +25,6 @@ from specroll.integrations.broadcast_sync import TorchBroadcastTransport
 from specroll.integrations.config import ActorResources, ModelPaths, RayRunConfig, SyncConfig, TopologyConfig
 from specroll.integrations.controller import RolloutController
 from specroll.integrations.ray_cluster import connect_ray
-from specroll.integrations.weight_sync import pack_buckets, push_weights
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 
@@ -103,12 +102,10 @@ def sync_benchmark(args: argparse.Namespace, root: str) -> None:
     for attempt in range(2):
         seconds = ctl.sync_policy(state, version=attempt + 1)
         print(f"object store, try {attempt + 1}: {seconds:.2f} s (pack + put + fetch + load + board)")
+    ctl.transport = TorchBroadcastTransport("gloo")
     for attempt in range(2):
-        started = time.perf_counter()
-        buckets, layout = pack_buckets(state, 64 * 2**20, version=10 + attempt)
-        push_weights(TorchBroadcastTransport("gloo"), ctl.workers, "policy", buckets, layout, timeout_s=120)
-        print(f"gloo broadcast, try {attempt + 1}: {time.perf_counter() - started:.2f} s (pack + rendezvous + "
-              f"broadcast + load)")
+        seconds = ctl.sync_policy(state, version=10 + attempt)
+        print(f"gloo broadcast, try {attempt + 1}: {seconds:.2f} s (pack + rendezvous + broadcast + load + board)")
     ctl.shutdown()
 
 

@@ -3,11 +3,14 @@
 Two implementations stand behind it: an in-process one (one `SpecEngine` plus an online
 `DraftLearner` in the trainer's process) and a Ray one (a controller over `RolloutWorker` actors and
 a `DraftLearner` actor). Callers never know which they hold.
+
+Both refuse a rollout whose target logits were non-finite (`finish_reason="error"`) the same way:
+`generate` raises `RolloutError` once every rollout of the call is in, and the error carries them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -19,7 +22,8 @@ class RolloutBackend(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
         """Complete every prompt n times; results in input order, a prompt's n samples consecutive.
 
-        All n samples of one prompt (a GRPO group) are generated on the same engine.
+        All n samples of one prompt (a GRPO group) are generated on the same engine. Raises
+        `RolloutError` (see `raise_for_errors`) when any rollout ended with `finish_reason="error"`.
         """
         ...
 
@@ -38,3 +42,44 @@ class RolloutBackend(Protocol):
 
     def shutdown(self) -> None:
         ...
+
+
+class RolloutError(RuntimeError):
+    """Some rollouts ended with `finish_reason="error"` (non-finite target logits).
+
+    Raised once every rollout of the call is in: `rollouts` holds all of them in order, `failed` the
+    indices of the failed ones, so a caller that catches it loses nothing that was generated.
+    """
+
+    def __init__(self, message: str, rollouts: list[Rollout], failed: list[int]):
+        super().__init__(message)
+        self.rollouts = rollouts
+        self.failed = failed
+
+
+def raise_for_errors(rollouts: list[Rollout], name_prompt: Callable[[int], str]) -> None:
+    """Raise `RolloutError` when any rollout failed; `name_prompt(i)` names rollout i's prompt.
+
+    The message gives the failed rollouts' indices and names each failed prompt once (the first
+    three), with its first failed rollout's `error`.
+    """
+    failed = [i for i, r in enumerate(rollouts) if r.finish_reason == "error"]
+    if not failed:
+        return
+    first_error: dict[str, str | None] = {}
+    for i in failed:
+        first_error.setdefault(name_prompt(i), rollouts[i].error)
+    shown = "; ".join(f"{prompt}: {error}" for prompt, error in list(first_error.items())[:3])
+    more = f"; and {len(first_error) - 3} more prompts" if len(first_error) > 3 else ""
+    indices = ", ".join(map(str, failed[:8])) + (", ..." if len(failed) > 8 else "")
+    raise RolloutError(f"{len(failed)} of {len(rollouts)} rollouts ended with an error (non-finite target "
+                       f"logits; rollouts {indices}) — {shown}{more}", rollouts, failed)
+
+
+def name_prompt_ids(prompts: Sequence[Sequence[int]], n: int) -> Callable[[int], str]:
+    """Names rollout i of a `generate(prompts, params, n)` call by its prompt's index and first tokens."""
+    def name(i: int) -> str:
+        ids = list(prompts[i // n])
+        head = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
+        return f"prompt {i // n} [{head}]"
+    return name

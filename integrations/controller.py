@@ -12,6 +12,9 @@ siblings share an engine, and hands chunks to idle workers. A chunk whose worker
 to the restarted worker or to another idle one — and its result is kept exactly once, so every
 prompt gets exactly n completions in input order. Restarted workers reload the current weights from
 the `WeightBoard` before serving; every rollout is checked to carry the current policy version.
+
+A sync waits for workers Ray is restarting, then stages, posts on the board and commits (see
+`weight_sync`): after it, or after a sync that failed, every worker serves one version.
 """
 
 from __future__ import annotations
@@ -23,19 +26,28 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from specroll.rollout import Rollout, SamplingParams
 
+from .backend import name_prompt_ids, raise_for_errors
 from .config import RayRunConfig
 from .ray_learner import DraftLearnerActor
 from .ray_worker import RolloutWorker
 from .weight_board import WeightBoard
-from .weight_sync import ObjectStoreTransport, WeightSyncError, make_transport, pack_buckets, push_weights
-
-RESTART_PROBE_INTERVAL_S = 0.2
+from .weight_sync import (
+    RESTART_PROBE_INTERVAL_S,
+    ObjectStoreTransport,
+    WeightSyncError,
+    commit_weights,
+    discard_staged,
+    make_transport,
+    pack_buckets,
+    stage_weights,
+    wait_for_workers,
+)
 
 
 class RolloutController:
@@ -88,7 +100,9 @@ class RolloutController:
     # ------------------------------------------------------------------ RolloutBackend
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
-        """Complete every prompt n times; input order, a prompt's n samples consecutive, one worker each."""
+        """Complete every prompt n times; input order, a prompt's n samples consecutive, one worker each.
+
+        Raises `RolloutError` (carrying every rollout) when any rollout ended with an error."""
         if n < 1:
             raise ValueError(f"n={n!r} is invalid: an int >= 1")
         started = time.perf_counter()
@@ -102,6 +116,7 @@ class RolloutController:
             refs = [results[chunk_id][0] for chunk_id in range(len(chunks))]
             self._pending_learner_adds.append(self.learner.add_rollouts.remote(refs))
         self._record_round(rollouts, time.perf_counter() - started)
+        raise_for_errors(rollouts, name_prompt_ids(prompts, n))
         return rollouts
 
     def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
@@ -199,13 +214,25 @@ class RolloutController:
         return chunk_id
 
     def _sync(self, role: str, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
+        """Wait for restarting workers, stage on all, post on the board (the commit point), commit on all.
+
+        Each phase waits at most `sync.timeout_s`. A failure before the commit point raises
+        WeightSyncError and changes nothing; after it, every worker ends on `version` (one that cannot
+        load it is restarted, and reloads it from the board). Workers Ray gave up restarting are skipped.
+        """
         started = time.perf_counter()
         sync = self.config.sync
+        live = wait_for_workers(self.workers, sync.timeout_s)
         buckets, layout = pack_buckets(named_tensors, sync.bucket_bytes, version)
-        payload = push_weights(self.transport, self.workers, role, buckets, layout, sync.timeout_s)
-        if not isinstance(self.transport, ObjectStoreTransport):
-            payload = ObjectStoreTransport().publish(buckets, layout, len(self.workers))
-        ray.get(self.board.post.remote(role, payload))
+        payload = stage_weights(self.transport, live, role, buckets, layout, sync.timeout_s)
+        if not isinstance(self.transport, ObjectStoreTransport):  # the board keeps refs for restarted workers
+            payload = ObjectStoreTransport().publish(buckets, layout, len(live))
+        try:
+            ray.get(self.board.post.remote(role, payload), timeout=sync.timeout_s)
+        except RayError as err:
+            discard_staged(live, role)
+            raise WeightSyncError(f"{role} version {version} could not be posted on the weight board: {err}") from err
+        commit_weights(live, role, payload, sync.timeout_s)
         seconds = time.perf_counter() - started
         self._last[f"sync/{role}_seconds"] = seconds
         return seconds

@@ -23,6 +23,8 @@ from transformers import PreTrainedModel
 
 from specroll.rollout import EngineConfig, EngineStats, Rollout, SamplingParams, SpecEngine
 
+from .backend import name_prompt_ids, raise_for_errors
+
 
 class LocalBackend:
     """Runs rollouts on an engine in this process; implements `RolloutBackend`."""
@@ -65,6 +67,7 @@ class LocalBackend:
         self.last_stats = copy.deepcopy(self.engine.stats)
         if self.learner is not None:
             self.learner.add_rollouts(rollouts)
+        raise_for_errors(rollouts, name_prompt_ids(prompts, n))
         return rollouts
 
     def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:

@@ -4,8 +4,10 @@ Created by the controller with `num_cpus`/`num_gpus`, `max_restarts` and a place
 from the run config. Models load from `save_pretrained` paths inside the actor, so only paths cross
 the wire. On (re)start the worker loads the latest weights posted on the `WeightBoard`: a worker
 that Ray restarted after a crash serves the current policy and drafter versions, never its initial
-checkpoint. Weight updates are atomic: every bucket is fetched into staging memory before any
-parameter is overwritten, so a failed sync leaves the engine and its versions untouched.
+checkpoint. Weight updates come in two steps, so the controller can make a sync all-or-nothing
+across workers: `stage_weights` fetches every bucket into staging memory and checks it fits the
+model, changing nothing the engine serves; `commit_weights` copies the staged version in and moves
+the version.
 
 `progress` runs in its own concurrency group so the controller (or a test) can watch a batch that
 is in flight; everything else runs one call at a time, so weights never change mid-batch.
@@ -15,12 +17,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import ray
 import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
+from specroll.rollout.weights import check_fits
 
 from .config import ModelPaths
 from .metrics import BatchMetrics, WorkerMetrics
@@ -28,6 +32,15 @@ from .tokenizers import tokenizer_pair
 from .weight_sync import WeightPayload, WeightSyncError, receiving_transport, unpack_buckets
 
 ROLES = ("policy", "drafter")
+
+
+@dataclass(frozen=True)
+class StagedWeights:
+    """A fetched version waiting for `commit_weights`, and the seconds its fetch took."""
+
+    version: int
+    named: dict[str, torch.Tensor]
+    fetch_s: float
 
 
 @ray.remote(concurrency_groups={"control": 1})
@@ -39,12 +52,15 @@ class RolloutWorker:
         target = AutoModelForCausalLM.from_pretrained(models.target, dtype=dtype)
         drafter = AutoModelForCausalLM.from_pretrained(models.drafter, dtype=dtype) if models.drafter else None
         self.engine = SpecEngine(target, drafter, engine_config, *tokenizer_pair(models))
+        self.models = {"policy": target, "drafter": drafter}  # the modules the engine serves
         self.metrics = WorkerMetrics(worker_index)
         self.last_batch: BatchMetrics | None = None
         self.num_loads = 0
+        self.staged: dict[str, StagedWeights] = {}
         if board is not None:
             for role, payload in ray.get(board.latest.remote(), timeout=reload_timeout_s).items():
-                self.receive_weights(role, payload, rank=0, timeout_s=reload_timeout_s)
+                self.stage_weights(role, payload, rank=0, timeout_s=reload_timeout_s)
+                self.commit_weights(role, payload.version)
         self.metrics.record_versions(self.engine.policy_version, self.engine.drafter_version)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int) -> list[Rollout]:
@@ -55,29 +71,49 @@ class RolloutWorker:
         self.metrics.record_batch(self.last_batch)
         return rollouts
 
-    def receive_weights(self, role: str, payload: WeightPayload, rank: int, timeout_s: float) -> float:
-        """Fetch `payload` over its transport and load it as `role`'s new version; returns seconds.
+    def stage_weights(self, role: str, payload: WeightPayload, rank: int, timeout_s: float) -> None:
+        """Fetch `payload` over its transport into staging memory, replacing any staged `role` version.
 
-        Raises WeightSyncError (version unchanged) if the fetch fails, times out or does not fit.
+        The engine keeps serving what it has. Raises WeightSyncError (nothing staged) if the fetch
+        fails, times out or does not fit the model.
         """
         if role not in ROLES:
             raise ValueError(f"role={role!r} is invalid: one of {ROLES}")
+        self.staged.pop(role, None)
+        model = self.models[role]
+        if model is None:
+            raise WeightSyncError(f"worker {self.worker_index} has no drafter to load version {payload.version} into")
         started = time.perf_counter()
-        buckets = receiving_transport(payload).fetch(payload, rank, timeout_s)
-        named = unpack_buckets(payload, buckets)
+        named = unpack_buckets(payload, receiving_transport(payload).fetch(payload, rank, timeout_s))
         try:
-            if role == "policy":
-                self.engine.update_target(named, payload.version)
-            else:
-                self.engine.update_drafter(named, payload.version)
-        except ValueError as err:  # names or shapes did not match: nothing was copied
+            check_fits(model, named, role)
+        except ValueError as err:
             raise WeightSyncError(f"worker {self.worker_index}: {role} version {payload.version} "
                                   f"does not fit the model: {err}") from err
-        seconds = time.perf_counter() - started
+        self.staged[role] = StagedWeights(payload.version, named, time.perf_counter() - started)
+
+    def commit_weights(self, role: str, version: int) -> float:
+        """Load the staged `version` of `role` into the engine and move its version; returns the seconds
+        of fetch and load. Raises WeightSyncError (nothing changed) when that version is not staged —
+        e.g. the worker restarted since it was staged."""
+        staged = self.staged.get(role)
+        if staged is None or staged.version != version:
+            raise WeightSyncError(f"worker {self.worker_index} has no staged {role} version {version} to commit")
+        started = time.perf_counter()
+        if role == "policy":
+            self.engine.update_target(staged.named, version)
+        else:
+            self.engine.update_drafter(staged.named, version)
+        del self.staged[role]
+        seconds = staged.fetch_s + time.perf_counter() - started
         self.num_loads += 1
         self.metrics.record_sync(role, seconds)
         self.metrics.record_versions(self.engine.policy_version, self.engine.drafter_version)
         return seconds
+
+    def discard_staged(self, role: str) -> None:
+        """Drop a staged version that will not be committed (its sync failed elsewhere)."""
+        self.staged.pop(role, None)
 
     def versions(self) -> dict[str, int]:
         return {"policy": self.engine.policy_version, "drafter": self.engine.drafter_version}

@@ -12,13 +12,19 @@ TRL 1.16 calls `rollout_func(prompts, trainer)` with this process's prompts, eac
 to the reward functions (one value per entry). On each call this hook:
 
 1. syncs the policy to the backend when `trainer.state.global_step` moved since the last sync
-   (plain, PEFT or ZeRO-3 models, see `policy_sync`), tagging it with the step as its version; then
-   runs one online draft-learning round on the rollouts of the previous step;
+   (plain, PEFT or ZeRO-3 models, see `policy_sync`), tagging it with the step as its version; then,
+   for a training batch, runs one online draft-learning round on the rollouts of the previous step;
 2. applies the chat template to conversational prompts, exactly as TRL's own generation path does;
 3. generates each group once with n = G — one backend call for all the unique prompts — instead of
-   G separate generations, so siblings share the batch (and, on Ray, the worker);
+   G separate generations, so siblings share the batch (and, on Ray, the worker); a rollout that
+   failed (non-finite target logits) raises `RolloutError`, naming its decoded prompt and carrying
+   every rollout of the batch, instead of handing TRL a completion cut short by a fault;
 4. appends `rollout/*`, `drafter/*` and `weights/sync_s` to the trainer's metrics, which
    `GRPOTrainer.log` averages into `log_history` and every `report_to` target alongside its own.
+
+At its first call the hook also registers a `PolicySyncCallback` on the trainer, which syncs once
+more when `trainer.train()` ends: the last optimizer step happens after the last rollout, so without
+it evaluation, saving or a speed measurement after training would run the policy one step behind.
 
 Departure from TRL's vLLM path: sampling knobs the engine does not implement (`min_p`,
 `repetition_penalty`) raise instead of being silently ignored.
@@ -30,11 +36,12 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from transformers import TrainerCallback
 from trl.data_utils import is_conversational
 
 from specroll.rollout import Rollout, SamplingParams
 
-from .backend import RolloutBackend
+from .backend import RolloutBackend, RolloutError, raise_for_errors
 from .policy_sync import gather_policy_weights
 
 # Fields of a learner report logged under drafter/<name>.
@@ -51,19 +58,26 @@ class SpecrollRolloutFunc:
         self.backend = backend
         self.learn = learn
         self.synced_step: int | None = None
+        self.train_rollout_step: int | None = None  # global step of the last training batch
         self.num_calls = 0
+        self._attached_to: Any = None
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        if self._attached_to is not trainer:  # TRL hands the hook its trainer only here
+            trainer.add_callback(PolicySyncCallback(self, trainer))
+            self._attached_to = trainer
         mode = "train" if trainer.model.training else "eval"
-        if trainer.state.global_step != self.synced_step:  # evaluation, too, sees the current policy
-            had_rollouts = self.synced_step is not None
+        step = trainer.state.global_step
+        if step != self.synced_step:  # evaluation, too, sees the current policy
             self.sync_policy(trainer)
-            if self.learn and had_rollouts and mode == "train" and trainer.accelerator.is_main_process:
-                self._learner_round(trainer)
+        if mode == "train":
+            if self.learn and self.train_rollout_step not in (None, step) and trainer.accelerator.is_main_process:
+                self._learner_round(trainer)  # on the rollouts of the previous step
+            self.train_rollout_step = step
         prompt_ids = tokenize_prompts(prompts, trainer)
         group_size = trainer.num_generations if mode == "train" else trainer.num_generations_eval
         started = time.perf_counter()
-        rollouts = self._generate_groups(prompt_ids, group_size, sampling_params(trainer, self.num_calls))
+        rollouts = self._generate_groups(prompt_ids, group_size, sampling_params(trainer, self.num_calls), trainer)
         self.num_calls += 1
         self._log(trainer, mode, rollout_metrics(rollouts, time.perf_counter() - started, self.backend.metrics()))
         return {
@@ -102,18 +116,26 @@ class SpecrollRolloutFunc:
         metrics["drafter/published"] = float(report.published)
         self._log(trainer, "train", metrics)
 
-    def _generate_groups(self, prompt_ids: list[list[int]], group_size: int,
-                         params: SamplingParams) -> list[Rollout]:
-        """One backend call per distinct group size (normally one call), results in entry order."""
+    def _generate_groups(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
+                         trainer: Any) -> list[Rollout]:
+        """One backend call per distinct group size (normally one call), results in entry order.
+
+        Raises `RolloutError` naming the decoded prompts whose rollouts failed (indices = batch entries).
+        """
         groups = find_groups(prompt_ids, group_size)
         out: list[Rollout | None] = [None] * len(prompt_ids)
         by_size: dict[int, list[int]] = defaultdict(list)
         for start, size in groups:
             by_size[size].append(start)
         for size, starts in by_size.items():
-            rollouts = self.backend.generate([prompt_ids[s] for s in starts], params, n=size)
+            try:
+                rollouts = self.backend.generate([prompt_ids[s] for s in starts], params, n=size)
+            except RolloutError as err:  # raised again below for the whole batch, once every call is in
+                rollouts = err.rollouts
             for i, start in enumerate(starts):
                 out[start : start + size] = rollouts[i * size : (i + 1) * size]
+        decode = trainer.processing_class.decode
+        raise_for_errors(out, lambda i: f"prompt {_shorten(decode(prompt_ids[i]))!r}")  # type: ignore[arg-type]
         return out  # type: ignore[return-value]
 
     @staticmethod
@@ -121,6 +143,22 @@ class SpecrollRolloutFunc:
         # GRPOTrainer.log averages `_metrics[mode]` into the logs it reports, then clears it.
         for key, value in metrics.items():
             trainer._metrics[mode][key].append(float(value))
+
+
+class PolicySyncCallback(TrainerCallback):
+    """Syncs the hook's backend to the trainer's final policy when `trainer.train()` ends.
+
+    `SpecrollRolloutFunc` registers it on its trainer at its first call. Transformers calls
+    `on_train_end` on every process, so every ZeRO-3 rank joins the collective gather.
+    """
+
+    def __init__(self, rollout_func: SpecrollRolloutFunc, trainer: Any):
+        self.rollout_func = rollout_func
+        self.trainer = trainer
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step != self.rollout_func.synced_step:
+            self.rollout_func.sync_policy(self.trainer)
 
 
 def rollout_metrics(rollouts: list[Rollout], seconds: float, backend_metrics: dict[str, float]) -> dict[str, float]:
@@ -149,6 +187,10 @@ def rollout_metrics(rollouts: list[Rollout], seconds: float, backend_metrics: di
         if found:
             out[key] = found[0]
     return out
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def find_groups(prompt_ids: list[list[int]], group_size: int) -> list[tuple[int, int]]:

@@ -3,8 +3,9 @@
 A Ray actor restarted after a crash re-runs `__init__` with its original arguments; a worker is
 given this board's handle and, in `__init__`, loads whatever the board holds before it serves — so a
 restarted worker never generates with stale weights. The board keeps object-store payloads (refs
-owned by the controller) whatever transport the live sync used, and only versions that every live
-worker accepted are posted.
+owned by the controller) whatever transport the live sync used. A version is posted once every live
+worker has staged it, and posting is a sync's commit point: the workers commit it next, and one that
+restarts from then on loads it here (see `weight_sync`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,27 @@
 """Versioned weight sync: named tensors from one sender (trainer or controller) to rollout workers.
 
-Usage (in the controller)::
+Usage (in the controller; `RolloutController._sync` is the full sequence)::
 
     transport = make_transport(sync_config)
+    workers = wait_for_workers(workers, timeout_s=60)
     buckets, layout = pack_buckets(model.state_dict(), sync_config.bucket_bytes, version=3)
-    payload = push_weights(transport, workers, "policy", buckets, layout, timeout_s=60)
+    payload = stage_weights(transport, workers, "policy", buckets, layout, timeout_s=60)
+    board.post.remote("policy", payload)  # the commit point
+    commit_weights(workers, "policy", payload, timeout_s=60)
 
 Tensors are packed into flat byte buckets (`bucket_bytes` each, several tensors per bucket, any
 dtype — bf16 included — carried as raw bytes, so dtypes survive exactly). One protocol,
 `WeightTransport`, has two implementations: the Ray object store (default; this module) and a
 `torch.distributed` broadcast group (`broadcast_sync.py`). The sender `publish`es the layout (and,
-for the object store, the bucket refs), each worker `fetch`es every bucket into staging memory, and
-only when all buckets arrived does it copy them into its model and move its version — so a sync that
-fails or times out leaves the worker exactly as it was. Every wait is bounded by `timeout_s`.
+for the object store, the bucket refs), each worker `fetch`es every bucket into staging memory.
+
+A sync is all-or-nothing across workers, in two phases around a commit point. First every worker
+that Ray is restarting is waited for, and every worker stages the new version (fetched and checked
+to fit, nothing served changes); a failure here makes every worker drop what it staged, so all keep
+serving the old version. Then the controller posts the version on the `WeightBoard` — the commit
+point: a worker that restarts from then on loads it in `__init__` — and every worker commits it; one
+that lost its staged copy (it restarted in between) is staged again from the board's payload. Every
+wait is bounded by `timeout_s`.
 """
 
 from __future__ import annotations
@@ -25,9 +34,11 @@ from typing import Any, Protocol
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
 from .config import SyncConfig
+
+RESTART_PROBE_INTERVAL_S = 0.2  # how often a worker Ray is restarting is asked again whether it is up
 
 
 class WeightSyncError(RuntimeError):
@@ -144,22 +155,107 @@ def receiving_transport(payload: WeightPayload) -> WeightTransport:
     return TorchBroadcastTransport(backend=payload.route.backend)
 
 
-def push_weights(transport: WeightTransport, workers: Sequence[Any], role: str, buckets: list[torch.Tensor],
-                 layout: WeightPayload, timeout_s: float) -> WeightPayload:
-    """Send packed weights (`pack_buckets`) for `role` to every worker and wait for all of them.
+def wait_for_workers(workers: Sequence[Any], timeout_s: float) -> list[Any]:
+    """The workers that answer, waiting up to `timeout_s` for those Ray is restarting.
 
-    Workers expose `receive_weights(role, payload, rank, timeout_s)`. Returns the published payload.
-    Raises WeightSyncError if any worker failed or the sync ran past `timeout_s` (+1 s of slack for
-    the workers' own bounded fetches to report).
+    A worker Ray will not restart any more (its `max_restarts` are spent: it can serve nothing) is left
+    out with a warning.
+    Raises WeightSyncError naming `timeout_s` when a worker is still restarting after it, or when no
+    worker is left.
+    """
+    deadline = time.monotonic() + timeout_s
+    live = [w for index, w in enumerate(workers) if _wait_alive(w, index, deadline, timeout_s)]
+    if not live:
+        raise WeightSyncError(f"none of the {len(workers)} rollout workers is alive")
+    return live
+
+
+def stage_weights(transport: WeightTransport, workers: Sequence[Any], role: str, buckets: list[torch.Tensor],
+                  layout: WeightPayload, timeout_s: float) -> WeightPayload:
+    """Send packed weights (`pack_buckets`) for `role` to every worker's staging memory; returns the
+    published payload. Nothing a worker serves changes until `commit_weights`.
+
+    Raises WeightSyncError if any worker failed or the staging ran past `timeout_s` (+1 s of slack for
+    the workers' own bounded fetches to report); the workers then drop what they staged.
     """
     started = time.perf_counter()
     payload = transport.publish(buckets, layout, len(workers))
-    acks = [w.receive_weights.remote(role, payload, rank + 1, timeout_s) for rank, w in enumerate(workers)]
+    acks = [w.stage_weights.remote(role, payload, rank + 1, timeout_s) for rank, w in enumerate(workers)]
     try:
         transport.stream(buckets, payload, timeout_s)
         ray.get(acks, timeout=max(0.0, timeout_s - (time.perf_counter() - started)) + 1.0)
-    except GetTimeoutError as err:  # each worker bounds its own fetch by timeout_s, so none lingers
-        raise WeightSyncError(f"{role} sync to version {layout.version} timed out after {timeout_s}s") from err
-    except RayError as err:
-        raise WeightSyncError(f"{role} sync to version {layout.version} failed: {err}") from err
+    except (RayError, WeightSyncError) as err:  # each worker bounds its own fetch by timeout_s, so none lingers
+        discard_staged(workers, role)
+        reason = f"timed out after {timeout_s}s" if isinstance(err, GetTimeoutError) else f"failed: {err}"
+        raise WeightSyncError(f"{role} sync to version {layout.version} {reason}") from err
     return payload
+
+
+def discard_staged(workers: Sequence[Any], role: str) -> None:
+    """Ask every worker to drop its staged `role` weights (not awaited: a dead worker has none)."""
+    for worker in workers:
+        worker.discard_staged.remote(role)
+
+
+def commit_weights(workers: Sequence[Any], role: str, payload: WeightPayload, timeout_s: float) -> None:
+    """Load the staged `payload.version` on every worker, once it is posted on the weight board.
+
+    A worker whose commit fails or does not answer within `timeout_s` (it restarted since staging, or
+    is restarting) is waited for and staged again from `payload`, which must be the board's
+    object-store payload; one that still fails within another `timeout_s` is restarted, so that it
+    reloads the board's version before it serves again. Never raises: the version is committed.
+    """
+    acks = {w.commit_weights.remote(role, payload.version): (index, w) for index, w in enumerate(workers)}
+    ready, _ = ray.wait(list(acks), num_returns=len(acks), timeout=timeout_s)
+    failed = [(index, worker) for ack, (index, worker) in acks.items() if ack not in ready or _raised(ack)]
+    deadline = time.monotonic() + timeout_s
+    for index, worker in failed:
+        _stage_and_commit_again(worker, index, role, payload, deadline, timeout_s)
+
+
+def _stage_and_commit_again(worker: Any, index: int, role: str, payload: WeightPayload, deadline: float,
+                            timeout_s: float) -> None:
+    try:
+        if _wait_alive(worker, index, deadline, timeout_s):
+            ray.get(worker.stage_weights.remote(role, payload, 0, _left(deadline)), timeout=_left(deadline) + 1.0)
+            ray.get(worker.commit_weights.remote(role, payload.version), timeout=_left(deadline))
+    except (RayError, WeightSyncError) as err:
+        warnings.warn(f"rollout worker {index} could not load committed {role} version {payload.version} "
+                      f"({err}); restarting it so that it loads that version from the weight board", stacklevel=3)
+        ray.kill(worker, no_restart=False)
+
+
+def _raised(ref: ray.ObjectRef) -> bool:
+    try:
+        ray.get(ref)
+    except RayError:
+        return True
+    return False
+
+
+def _wait_alive(worker: Any, index: int, deadline: float, timeout_s: float) -> bool:
+    """True once `worker` answers; False when Ray has given it up; WeightSyncError past `deadline`."""
+    died_once = False
+    while True:
+        try:
+            ray.get(worker.versions.remote(), timeout=_left(deadline))
+            return True
+        except GetTimeoutError as err:
+            raise WeightSyncError(f"rollout worker {index} did not answer within {timeout_s}s") from err
+        except ActorUnavailableError:  # restarting
+            died_once = False
+        except RayActorError:
+            # A call running when the worker died fails like this even if Ray restarts the worker: it
+            # has been given up only if a later call fails the same way.
+            if died_once:
+                warnings.warn(f"rollout worker {index} is dead and Ray will not restart it; "
+                              "syncing the others", stacklevel=3)
+                return False
+            died_once = True
+        if time.monotonic() + RESTART_PROBE_INTERVAL_S > deadline:
+            raise WeightSyncError(f"rollout worker {index} still restarting after {timeout_s}s")
+        time.sleep(RESTART_PROBE_INTERVAL_S)
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())

@@ -1,16 +1,18 @@
 """RolloutController over RolloutWorker actors: grouping and order, a worker killed mid-batch,
-multi-node placement. Shares the session cluster and one controller (actor start-up costs seconds)."""
+multi-node placement, a failed rollout. Shares the session cluster and one controller (actor start-up costs seconds)."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
 import ray
 import torch
 from ray.exceptions import ActorUnavailableError
 from ray_fixtures import VOCAB, make_config, tiny_llama
 
+from specroll.integrations.backend import RolloutError
 from specroll.integrations.controller import RolloutController, _split_groups
 from specroll.rollout import EngineConfig, SamplingParams
 
@@ -49,14 +51,12 @@ def test_ray_path_matches_the_engine_run_directly(controller, tiny_model_paths):
     assert [r.completion_ids for r in via_ray] == [r.completion_ids for r in direct]
 
 
-def test_worker_killed_mid_batch_loses_and_duplicates_nothing(controller):
-    target = tiny_llama(32, 2, seed=5)
-    controller.sync_policy(target.state_dict(), version=7)
-    prompts = prompts_for(6)
+def generate_killing_a_worker(controller, victim, prompts: list[list[int]], n: int) -> list:
+    """`controller.generate` (sampled, long completions) with `victim` killed once it has started; Ray
+    restarts it."""
     params = SamplingParams(max_new_tokens=120, temperature=1.0, seed=3)
-    victim = controller.workers[0]
     out: dict = {}
-    thread = threading.Thread(target=lambda: out.update(rollouts=controller.generate(prompts, params, n=3)))
+    thread = threading.Thread(target=lambda: out.update(rollouts=controller.generate(prompts, params, n=n)))
     thread.start()
     deadline = time.monotonic() + 60
     start_tokens = ray.get(victim.progress.remote())
@@ -64,7 +64,15 @@ def test_worker_killed_mid_batch_loses_and_duplicates_nothing(controller):
         time.sleep(0.05)
     ray.kill(victim, no_restart=False)
     thread.join(timeout=120)
-    rollouts = out["rollouts"]
+    return out["rollouts"]
+
+
+def test_worker_killed_mid_batch_loses_and_duplicates_nothing(controller):
+    target = tiny_llama(32, 2, seed=5)
+    controller.sync_policy(target.state_dict(), version=7)
+    prompts = prompts_for(6)
+    victim = controller.workers[0]
+    rollouts = generate_killing_a_worker(controller, victim, prompts, n=3)
     assert controller.num_resends >= 1
     assert [r.prompt_ids for r in rollouts] == [p for p in prompts for _ in range(3)]
     assert {r.policy_version for r in rollouts} == {7}
@@ -103,3 +111,20 @@ def test_policy_sync_changes_what_workers_generate(controller):
     assert {r.policy_version for r in second} == {9}
     assert [r.completion_ids for r in first] != [r.completion_ids for r in second]
     assert torch.is_tensor(next(iter(tiny_llama(32, 2, seed=12).state_dict().values())))
+
+
+def test_a_failed_rollout_raises_naming_its_prompt_with_every_rollout(controller):
+    bad_token = 13
+    target = tiny_llama(32, 2, seed=13)
+    with torch.no_grad():  # any prompt holding `bad_token` gets non-finite logits: its rollouts end in "error"
+        target.model.embed_tokens.weight[bad_token] = float("nan")
+    controller.sync_policy(target.state_dict(), controller.policy_version + 1)
+    prompts = [[5, 6, 7], [8, bad_token, 9], [10, 11]]
+    try:
+        with pytest.raises(RolloutError, match=r"rollouts 2, 3\) .*prompt 1 \[8, 13, 9\]") as raised:
+            controller.generate(prompts, GREEDY, n=2)
+    finally:
+        controller.sync_policy(tiny_llama(32, 2, seed=14).state_dict(), controller.policy_version + 1)
+    rollouts = raised.value.rollouts
+    assert [r.prompt_ids for r in rollouts] == [p for p in prompts for _ in range(2)]
+    assert [r.finish_reason for r in rollouts] == ["length"] * 2 + ["error"] * 2 + ["length"] * 2

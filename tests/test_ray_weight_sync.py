@@ -1,8 +1,9 @@
 """Versioned weight sync: buckets keep dtypes; both transports load weights and move the version; a
-sync that times out raises within a bounded time and leaves the worker's version unchanged."""
+staging that times out raises within a bounded time and leaves the worker's version unchanged."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from ray_fixtures import tiny_llama
 from test_ray_controller import GREEDY, prompts_for
 
 from specroll.integrations.broadcast_sync import BroadcastRoute, TorchBroadcastTransport
-from specroll.integrations.weight_sync import WeightSyncError, pack_buckets, push_weights, unpack_buckets
+from specroll.integrations.weight_sync import WeightSyncError, pack_buckets, unpack_buckets
 from specroll.rollout import EngineConfig, SpecEngine
 
 
@@ -42,9 +43,14 @@ def greedy_outputs_with(target, drafter_path):
 def test_gloo_broadcast_sync_loads_weights_and_moves_version(controller, tiny_model_paths):
     target = tiny_llama(32, 2, seed=31)
     version = controller.policy_version + 1
-    buckets, layout = pack_buckets(target.state_dict(), bucket_bytes=2**14, version=version)
-    push_weights(TorchBroadcastTransport("gloo"), controller.workers, "policy", buckets, layout, timeout_s=30)
-    controller.policy_version = version
+    transport, sync = controller.transport, controller.config.sync
+    controller.transport = TorchBroadcastTransport("gloo")
+    controller.config.sync = dataclasses.replace(sync, bucket_mb=2**14 / 2**20)  # several buckets
+    try:
+        controller.sync_policy(target.state_dict(), version)
+    finally:
+        controller.transport, controller.config.sync = transport, sync
+    assert ray.get(controller.board.latest.remote())["policy"].version == version
     assert [ray.get(w.versions.remote())["policy"] for w in controller.workers] == [version] * 2
     via_ray = [r.completion_ids for r in controller.generate(prompts_for(3), GREEDY, n=1)]
     assert via_ray == greedy_outputs_with(target, tiny_model_paths["drafter"])
@@ -71,7 +77,7 @@ def test_object_store_timeout_raises_in_bounded_time_and_keeps_version(controlle
     stuck = type(layout)(layout.version, layout.metas, layout.bucket_sizes, route=(blocker,))
     started = time.monotonic()
     with pytest.raises(WeightSyncError, match="timed out"):
-        ray.get(worker.receive_weights.remote("policy", stuck, 1, 2.0))
+        ray.get(worker.stage_weights.remote("policy", stuck, 1, 2.0))
     assert time.monotonic() - started < 15
     assert ray.get(worker.versions.remote()) == before
     ray.cancel(blocker, force=True)
@@ -88,6 +94,16 @@ def test_gloo_timeout_raises_in_bounded_time_and_keeps_version(controller):
     silent = type(layout)(layout.version, layout.metas, layout.bucket_sizes, route=route)
     started = time.monotonic()
     with pytest.raises(WeightSyncError, match=r"within 2\.0s"):
-        ray.get(worker.receive_weights.remote("policy", silent, 1, 2.0))
+        ray.get(worker.stage_weights.remote("policy", silent, 1, 2.0))
     assert time.monotonic() - started < 15
     assert ray.get(worker.versions.remote()) == before
+
+
+def test_weights_that_do_not_fit_fail_the_sync_before_any_worker_changes(controller):
+    before = [ray.get(w.versions.remote()) for w in controller.workers]
+    board = ray.get(controller.board.latest.remote())
+    with pytest.raises(WeightSyncError, match="does not fit"):
+        controller.sync_policy(tiny_llama(16, 2, seed=35).state_dict(), controller.policy_version + 1)
+    assert [ray.get(w.versions.remote()) for w in controller.workers] == before
+    assert ray.get(controller.board.latest.remote()).keys() == board.keys()
+    assert all(ray.get(controller.board.latest.remote())[k].version == board[k].version for k in board)

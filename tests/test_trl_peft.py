@@ -34,8 +34,7 @@ def lora_run(tmp_path_factory):
         train_dataset=prompt_dataset(), processing_class=tokenizer, rollout_func=rollout_func,
         peft_config=lora,
     )
-    trainer.train()
-    rollout_func.sync_policy(trainer)
+    trainer.train()  # ends with a sync (the hook's train-end callback)
     return trainer, backend
 
 

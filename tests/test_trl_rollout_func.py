@@ -1,9 +1,11 @@
-"""SpecrollRolloutFunc inside a real TRL GRPOTrainer (2 steps, tiny demo recipe, in-process backend)."""
+"""SpecrollRolloutFunc inside a real TRL GRPOTrainer (2 steps, tiny demo recipe, in-process backend), and a
+run stopped by a failed rollout."""
 
 from __future__ import annotations
 
 import copy
 import os
+import re
 
 import pytest
 import torch
@@ -11,11 +13,12 @@ import torch
 pytest.importorskip("trl")
 from datasets import Dataset
 from trl import GRPOTrainer
-from trl_tiny import grpo_args, length_reward
+from trl_tiny import grpo_args, length_reward, tiny_model, tiny_tokenizer
 
 from specroll.demo.models import load_or_build_demo_models
 from specroll.demo.recipe import DemoRecipe
 from specroll.demo.task import make_prompts
+from specroll.integrations.backend import RolloutError
 from specroll.integrations.local_backend import LocalBackend
 from specroll.integrations.trl import SpecrollRolloutFunc, find_groups
 from specroll.rollout import EngineConfig
@@ -76,9 +79,8 @@ def test_reward_sees_completions_in_trl_order_with_rollout_extras(trained):
     assert [call["rollout_policy_version"] for call in seen] == [[0] * 4, [1] * 4]
 
 
-def test_engine_holds_the_trainers_weights_after_sync(trained):
-    trainer, backend = trained["trainer"], trained["backend"]
-    trained["rollout_func"].sync_policy(trainer)
+def test_engine_holds_the_trainers_weights_after_train(trained):
+    trainer, backend = trained["trainer"], trained["backend"]  # no manual sync: train() ends synced
     engine_params = dict(backend.engine.target.model.named_parameters())
     changed = 0
     for name, param in trainer.model.named_parameters():
@@ -98,3 +100,25 @@ def test_rollout_metrics_reach_the_trainer_logs(trained):
 def test_find_groups_falls_back_to_runs_when_prompts_are_not_repeated():
     assert find_groups([[1], [1], [2], [2]], 2) == [(0, 2), (2, 2)]
     assert find_groups([[1], [2], [2]], 2) == [(0, 1), (1, 2)]
+
+
+def test_a_failed_rollout_stops_training_naming_its_prompt(tmp_path):
+    tokenizer = tiny_tokenizer()
+    policy = tiny_model(len(tokenizer), seed=0)
+    with torch.no_grad():  # any prompt holding "7" gets non-finite logits: its rollouts end in "error"
+        policy.model.embed_tokens.weight[tokenizer.convert_tokens_to_ids("7")] = float("nan")
+    backend = LocalBackend.from_models(copy.deepcopy(policy), None, EngineConfig(max_seq_len=32, gamma=0))
+    trainer = GRPOTrainer(
+        model=policy, reward_funcs=length_reward, args=grpo_args(tmp_path, max_steps=1),
+        train_dataset=Dataset.from_dict({"prompt": ["1+2=", "7+7="]}), processing_class=tokenizer,
+        rollout_func=SpecrollRolloutFunc(backend),
+    )
+    bad, clean = (tokenizer.decode(tokenizer(text)["input_ids"]) for text in ("7+7=", "1+2="))
+    with pytest.raises(RolloutError, match=rf"2 of 4 rollouts .*prompt {re.escape(repr(bad))}") as raised:
+        trainer.train()
+    rollouts = raised.value.rollouts
+    prompts = [tokenizer.decode(r.prompt_ids) for r in rollouts]
+    assert sorted(prompts) == sorted([clean, clean, bad, bad])  # every entry came back, in the error
+    assert raised.value.failed == [i for i, text in enumerate(prompts) if text == bad]
+    assert all(r.finish_reason == "length" and len(r.completion_ids) == 6
+               for r, text in zip(rollouts, prompts) if text == clean)

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-3 on CPU (gloo, one process): the hook sends the gathered full parameters.
+"""DeepSpeed ZeRO-3 on CPU (gloo, one process): the hook's train-end sync sends the gathered full parameters.
 
 DeepSpeed JIT-compiles a communication op the first time it initialises (~1–2 min), so the test is
 marked slow. It runs the check in a child process (`python tests/test_trl_zero3.py`) because
@@ -19,7 +19,7 @@ import pytest
 
 
 @pytest.mark.slow
-def test_zero3_sync_sends_the_gathered_full_parameters():
+def test_zero3_train_end_sync_sends_the_gathered_full_parameters():
     pytest.importorskip("deepspeed")
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29531", RANK="0", WORLD_SIZE="1",
                LOCAL_RANK="0", TRL_EXPERIMENTAL_SILENCE="1")
@@ -40,7 +40,7 @@ def main() -> None:
     from trl_tiny import tiny_model
 
     from specroll.integrations.local_backend import LocalBackend
-    from specroll.integrations.trl import SpecrollRolloutFunc
+    from specroll.integrations.trl import PolicySyncCallback, SpecrollRolloutFunc
     from specroll.rollout import EngineConfig
 
     deepspeed.init_distributed(dist_backend="gloo")
@@ -64,7 +64,7 @@ def main() -> None:
         accelerator=SimpleNamespace(unwrap_model=lambda m: m, is_main_process=True, num_processes=1),
     )
     partitioned_before = all(p.numel() == 0 for p in policy.parameters())
-    SpecrollRolloutFunc(backend).sync_policy(trainer)
+    PolicySyncCallback(SpecrollRolloutFunc(backend), trainer).on_train_end(None, trainer.state, None)
     engine_params = dict(backend.engine.target.model.named_parameters())
     print(json.dumps({
         "partitioned_before": partitioned_before,
