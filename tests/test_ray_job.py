@@ -89,13 +89,22 @@ def ray_head():
 
 
 def submit(head: RayHead, entrypoint: list[str], env_vars: dict[str, str], timeout_s: float) -> str:
-    """`ray job submit` and wait for the job to end; returns its log (the CLI tails it) after checking success."""
+    """`ray job submit` and wait for the job to end; returns its log (the CLI tails it) after checking success.
+
+    The head's job agent registers a while after the dashboard answers (longer on a loaded machine):
+    a submit refused with "No available agent" is retried for up to a minute.
+    """
     runtime_env = {"env_vars": env_vars}  # the driver inherits the head's environment (auth, loopback)
-    job = subprocess.run(
-        [RAY, "job", "submit", f"--address={head.dashboard_url}", f"--runtime-env-json={json.dumps(runtime_env)}",
-         "--", *entrypoint],
-        env=USER_ENV, capture_output=True, text=True, timeout=timeout_s,
-    )
+    deadline = time.monotonic() + 60
+    while True:
+        job = subprocess.run(
+            [RAY, "job", "submit", f"--address={head.dashboard_url}",
+             f"--runtime-env-json={json.dumps(runtime_env)}", "--", *entrypoint],
+            env=USER_ENV, capture_output=True, text=True, timeout=timeout_s,
+        )
+        if "No available agent" not in job.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, job.stdout[-4000:] + job.stderr[-3000:]
     return job.stdout
 
