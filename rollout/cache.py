@@ -1,5 +1,12 @@
 """Ragged KV cache: one preallocated `[B_max, H_kv, L_max, D]` buffer per layer and a length per row.
 
+Each layer's buffers are shaped after what that layer writes, not after the config: `probe_layer_shapes`
+runs the model once on one token through HF's own `DynamicCache` and reads each layer's K and V
+shapes. Configs do not say it reliably — Falcon's multi-query attention writes 1 K/V head where
+`num_key_value_heads` says more, MLA (DeepSeek-V2/V3) writes K and V of different head dims, Gemma 4
+gives full and sliding layers different head dims and K/V heads. A layer that writes nothing in the
+probe (a KV-sharing layer reading another layer's K/V) gets no buffers.
+
 A forward over rows `rows` with Q new tokens per row writes K/V of query q of row b at slot
 `start[b] + q` and attends over slots `[0, max(start) + Q)`; the 4D mask built by the runner hides
 each row's stale or padded slots. Rolling back rejected drafts is setting `lens` — nothing is copied
@@ -20,10 +27,43 @@ which is why HF assisted generation refuses batch size > 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What one attention layer writes per token: K/V heads, and the head dims of K and of V."""
+
+    num_heads: int
+    key_dim: int
+    value_dim: int
+
+
+@torch.inference_mode()
+def probe_layer_shapes(model: PreTrainedModel) -> list[LayerShape | None]:
+    """Each cache layer's `LayerShape` (None where the layer writes no K/V), from one 1-token forward.
+
+    Raises `ValueError` for a model with recurrent or linear-attention layers (their state is not
+    K/V slots; this cache has no per-row recurrent state).
+    """
+    probe = DynamicCache(config=model.config)
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.get_input_embeddings().weight.device)
+    model(input_ids=ids, position_ids=torch.zeros_like(ids), cache=probe, use_cache=True)
+    shapes: list[LayerShape | None] = []
+    for index, layer in enumerate(probe.layers):
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            raise ValueError(
+                f"{model.config.model_type!r} layer {index} keeps a recurrent/conv state ({type(layer).__name__}); "
+                "the ragged KV cache holds attention K/V only"
+            )
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        shapes.append(None if keys is None or keys.numel() == 0
+                      else LayerShape(keys.shape[1], keys.shape[3], values.shape[3]))
+    return shapes
 
 
 @dataclass
@@ -34,21 +74,23 @@ class WritePlan:
     positions: torch.Tensor  # [n, Q] int64 slot of each new token
     kv_len: int  # slots the attention reads: max(start) + Q
     same_start: int | None = None  # every row writes at this slot (then a slice copy replaces the scatter)
-    _index: torch.Tensor | None = None
+    _index: dict[torch.Size, torch.Tensor] = field(default_factory=dict)
 
     def scatter_index(self, shape: torch.Size) -> torch.Tensor:
-        """`positions` broadcast to K/V's [n, H, Q, D], built once per forward and shared by all layers."""
-        if self._index is None or self._index.shape != shape:
-            self._index = self.positions[:, None, :, None].expand(shape)
-        return self._index
+        """`positions` broadcast to [n, H, Q, D], built once per forward and shape (K and V may differ)."""
+        index = self._index.get(shape)
+        if index is None:
+            index = self._index[shape] = self.positions[:, None, :, None].expand(shape)
+        return index
 
 
 class RaggedLayer(CacheLayerMixin):
-    """One attention layer's K/V buffers; `update` follows the plan its parent cache set."""
+    """One attention layer's K/V buffers (None for a layer that writes none); `update` follows the plan
+    its parent cache set."""
 
     is_compileable = False
 
-    def __init__(self, owner: RaggedKVCache, keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, owner: RaggedKVCache, keys: torch.Tensor | None, values: torch.Tensor | None):
         super().__init__()
         self.owner = owner
         self.keys = keys
@@ -62,6 +104,8 @@ class RaggedLayer(CacheLayerMixin):
         plan = self.owner.plan
         if plan is None:
             raise RuntimeError("RaggedKVCache.plan_write must be called before each forward")
+        if self.keys is None:
+            raise RuntimeError("this layer wrote no K/V when its shapes were probed; it has no buffers")
         rows = plan.rows
         if isinstance(rows, slice) and plan.same_start is not None:
             span = slice(plan.same_start, plan.same_start + key_states.shape[2])
@@ -69,9 +113,8 @@ class RaggedLayer(CacheLayerMixin):
             self.values[rows, :, span] = value_states
         elif isinstance(rows, slice):
             # Live prefix: scatter in place into views of the buffers (cheaper than index_put).
-            index = plan.scatter_index(key_states.shape)  # [n, H, Q, D]
-            self.keys[rows].scatter_(2, index, key_states.to(self.keys.dtype))
-            self.values[rows].scatter_(2, index, value_states.to(self.values.dtype))
+            self.keys[rows].scatter_(2, plan.scatter_index(key_states.shape), key_states.to(self.keys.dtype))
+            self.values[rows].scatter_(2, plan.scatter_index(value_states.shape), value_states.to(self.values.dtype))
         else:
             # Advanced indices around a slice put the indexed dims first: [n, Q, H, D].
             self.keys[rows[:, None], :, plan.positions] = key_states.transpose(1, 2).to(self.keys.dtype)
@@ -85,7 +128,7 @@ class RaggedLayer(CacheLayerMixin):
         return self.owner.plan.kv_len if self.owner.plan is not None else 0
 
     def get_max_length(self) -> int:
-        return self.keys.shape[2]
+        return self.owner.length
 
 
 class RaggedKVCache(Cache):
@@ -95,17 +138,16 @@ class RaggedKVCache(Cache):
     each forward and `lens` is set by whoever knows how many of the written tokens stay.
     """
 
-    def __init__(self, model_config, batch: int, length: int, dtype: torch.dtype, device: torch.device):
-        text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-        num_layers = text_config.num_hidden_layers
-        num_kv = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
-        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
-        shape = (batch, num_kv, length, head_dim)
-        # Zero-init, and zero again on reset: masked slots get 0 attention weight, and 0 × NaN is NaN.
+    def __init__(self, shapes: list[LayerShape | None], batch: int, length: int, dtype: torch.dtype,
+                 device: torch.device):
+        def buffer(heads: int, dim: int) -> torch.Tensor:
+            # Zero-init, and zero again on reset: masked slots get 0 attention weight, and 0 × NaN is NaN.
+            return torch.zeros(batch, heads, length, dim, dtype=dtype, device=device)
+
         layers = [
-            RaggedLayer(self, torch.zeros(shape, dtype=dtype, device=device),
-                        torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)
+            RaggedLayer(self, None, None) if shape is None
+            else RaggedLayer(self, buffer(shape.num_heads, shape.key_dim), buffer(shape.num_heads, shape.value_dim))
+            for shape in shapes
         ]
         super().__init__(layers=layers)
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)
@@ -113,6 +155,10 @@ class RaggedKVCache(Cache):
         self.written = torch.zeros(batch, dtype=torch.long)
         self.length = length
         self.plan: WritePlan | None = None
+
+    @property
+    def buffered_layers(self) -> list[RaggedLayer]:
+        return [layer for layer in self.layers if layer.keys is not None]
 
     def plan_write(self, rows: slice | torch.Tensor, start: torch.Tensor, query_len: int) -> torch.Tensor:
         """Set where the next forward writes; returns `position_ids` [n, Q] (= start + arange(Q)).
@@ -139,7 +185,7 @@ class RaggedKVCache(Cache):
         host_rows = rows.cpu()
         reach = int(self.written[host_rows].max())
         if reach:
-            for layer in self.layers:
+            for layer in self.buffered_layers:
                 layer.keys[rows, :, :reach] = 0
                 layer.values[rows, :, :reach] = 0
         self.written[host_rows] = 0
@@ -151,7 +197,7 @@ class RaggedKVCache(Cache):
         Copies as far as either row has written, so `dst` keeps none of its previous request's slots.
         """
         reach = int(torch.maximum(self.written[src], self.written[dst]))
-        for layer in self.layers:
+        for layer in self.buffered_layers:
             layer.keys[dst, :, :reach] = layer.keys[src, :, :reach]
             layer.values[dst, :, :reach] = layer.values[src, :, :reach]
         self.lens[dst] = self.lens[src]

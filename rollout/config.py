@@ -79,6 +79,9 @@ class EngineConfig:
     fused forward instead of HF's module tree (same weights and math, far fewer kernel calls);
     other models always use HF's forward. `stats_trace_steps` bounds the per-step traces of
     `EngineStats` (the last that many steps; totals are unbounded counters).
+    `allow_unverified_architectures` lets the engine run a target or drafter whose `model_type` the
+    architecture sweep has not verified exact (`rollout.architectures`); its tokens may then be
+    silently wrong.
     """
 
     max_batch_size: int = 16
@@ -99,6 +102,7 @@ class EngineConfig:
     acceptance_ema: float = 0.9
     lean_forward: bool = True
     stats_trace_steps: int = TRACE_STEPS
+    allow_unverified_architectures: bool = False
 
     def __post_init__(self) -> None:
         require(
@@ -134,6 +138,8 @@ class EngineConfig:
             0.0 <= self.acceptance_ema < 1.0, "acceptance_ema", self.acceptance_ema, "a number in [0, 1)"
         )
         require(isinstance(self.lean_forward, bool), "lean_forward", self.lean_forward, "True or False")
+        require(isinstance(self.allow_unverified_architectures, bool), "allow_unverified_architectures",
+                self.allow_unverified_architectures, "True or False")
         require(
             isinstance(self.stats_trace_steps, int) and not isinstance(self.stats_trace_steps, bool)
             and self.stats_trace_steps >= 1, "stats_trace_steps", self.stats_trace_steps, "an int >= 1",

@@ -27,6 +27,7 @@ from collections.abc import Generator, Mapping, Sequence
 import torch
 from transformers import PreTrainedModel
 
+from .architectures import check_architecture
 from .batch import RowBuffers
 from .config import EngineConfig, SamplingParams
 from .cost_model import CALIBRATION_CONTEXT
@@ -54,7 +55,9 @@ class SpecEngine:
         drafter_tokenizer=None,
     ):
         self.config = config = config or EngineConfig()
+        check_architecture(target, "target", config.allow_unverified_architectures)
         if drafter is not None:
+            check_architecture(drafter, "drafter", config.allow_unverified_architectures)
             check_vocab_compatible(target, drafter, target_tokenizer, drafter_tokenizer)
         self.device = torch.device(config.device)
         slots, length = config.max_batch_size, config.cache_len

@@ -5,6 +5,14 @@ per-row `position_ids = start[:, None] + arange(Q)` and one 4D mask shared by al
 of row b sees slots `<= start[b] + q`. Eager attention *adds* its mask, so it gets 0 / finfo.min
 floats; sdpa takes booleans. Llama-family models run through `lean.LeanDecoder` when `lean`
 (the default), everything else through HF's forward.
+
+Sliding-window layers see only the last `sliding_window` positions (HF's `sliding_window_overlay`:
+slot > position - window), per row. HF builds that mask itself only from a 2D padding mask with
+one offset for the whole batch, and uses a 4D mask as given — so the runner builds one mask per
+kind of layer and passes them as the `{layer_type: mask}` dict HF's hybrid models accept, or as
+the one tensor when every layer is of one kind (Mistral-style models without `layer_types` apply
+`config.sliding_window` to every layer). The cache keeps every slot of a row (no ring buffer): the
+window is the mask's business alone.
 """
 
 from __future__ import annotations
@@ -12,8 +20,27 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .cache import RaggedKVCache
+from .cache import RaggedKVCache, probe_layer_shapes
 from .lean import lean_decoder
+
+MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def attention_windows(config) -> dict[str, int | None]:
+    """The window each kind of attention layer of `config` sees (None: the whole causal prefix).
+
+    Raises `ValueError` for a layer type whose mask the runner cannot build (chunked attention, say).
+    """
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None) or None
+    kinds = sorted(set(getattr(text, "layer_types", None) or ()))
+    if not kinds:
+        return {"full_attention": window}
+    unknown = [kind for kind in kinds if kind not in MASKED_LAYER_TYPES]
+    if unknown:
+        raise ValueError(f"{text.model_type!r} has layer types {unknown}: the runner builds masks for "
+                         f"{', '.join(MASKED_LAYER_TYPES)} only")
+    return {kind: window if kind == "sliding_attention" else None for kind in kinds}
 
 
 class ModelRunner:
@@ -24,7 +51,8 @@ class ModelRunner:
         self.model = model.to(device=device, dtype=dtype).eval()
         self.lean = lean_decoder(self.model) if lean else None
         self.device = device
-        self.cache = RaggedKVCache(model.config, batch, length, dtype, device)
+        self.cache = RaggedKVCache(probe_layer_shapes(self.model), batch, length, dtype, device)
+        self.windows = attention_windows(self.model.config)
         # A drafter may have fewer embedding rows than the target (both padded past the same tokenizer
         # vocabulary); ids past its rows are padding ids the target can still emit. Feeding them as the
         # drafter's last row keeps it running; only its draft quality at those positions suffers.
@@ -50,12 +78,8 @@ class ModelRunner:
         query_len = input_ids.shape[1]
         position_ids = self.cache.plan_write(rows, start, query_len)  # [n, Q]
         kv_len = self.cache.plan.kv_len
-        visible = torch.arange(kv_len, device=self.device)[None, None, :] <= position_ids[:, :, None]  # [n, Q, K]
-        mask = visible[:, None]  # [n, 1, Q, K]
-        if self.additive_mask:
-            mask = torch.zeros(mask.shape, dtype=self.mask_dtype, device=self.device).masked_fill_(
-                ~mask, torch.finfo(self.mask_dtype).min
-            )
+        masks = {kind: self._mask(position_ids, kv_len, window) for kind, window in self.windows.items()}
+        mask = masks if len(masks) > 1 else next(iter(masks.values()))
         input_ids = input_ids.clamp_max(self.max_input_id)
         try:
             if self.lean is not None:
@@ -67,6 +91,20 @@ class ModelRunner:
         finally:
             self.cache.plan = None
             self.num_forwards += 1
+
+    def _mask(self, position_ids: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:
+        """[n, 1, Q, K]: query q of row b sees slots <= its position (and > position - window)."""
+        slots = torch.arange(kv_len, device=self.device)[None, None, :]  # [1, 1, K]
+        positions = position_ids[:, :, None]  # [n, Q, 1]
+        visible = slots <= positions
+        if window is not None:
+            visible &= slots > positions - window
+        mask = visible[:, None]
+        if self.additive_mask:
+            mask = torch.zeros(mask.shape, dtype=self.mask_dtype, device=self.device).masked_fill_(
+                ~mask, torch.finfo(self.mask_dtype).min
+            )
+        return mask
 
     def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V]."""

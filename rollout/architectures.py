@@ -1,0 +1,70 @@
+"""Which model architectures the engine runs, checked when a `SpecEngine` is built.
+
+The engine drives HF's own forward with a ragged cache, per-row positions and a 4D mask it builds
+itself (`runner`, `cache`). Whether an architecture honours all three is not something its config
+can tell: a model may take positions from the cache length, build its own mask (ALiBi), keep
+recurrent state, or cache K/V through its own API — and then it produces wrong tokens without an
+error. So the engine runs only the `model_type`s that the architecture sweep
+(`python -m specroll.benchmarks.arch_sweep`, and tests/test_architectures.py over this list) has
+verified exact: greedy plain and speculative decoding equal HF `generate` on ragged prompts past
+the sliding window. Anything else is refused at construction unless the caller opts out with
+`EngineConfig(allow_unverified_architectures=True)`; `KNOWN_GAPS` says why a popular family is
+not on the list.
+
+An attention implementation other than eager or sdpa is always refused: flash and flex attention
+ignore the 4D mask the runner passes (with it, every row would attend to every slot).
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel
+
+VERIFIED_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+    "gemma4_text", "phi3", "deepseek_v2", "deepseek_v3", "olmo2", "gpt_neox", "falcon", "gpt2",
+})
+
+# Why a family users ask for is not verified (what is missing); other types are simply not swept.
+_RECURRENT = ("keep a recurrent/conv state per row, and the ragged cache holds K/V slots only (no per-row "
+              "state, no rollback of it to the accepted length)")
+KNOWN_GAPS = {
+    "qwen3_next": f"its Gated DeltaNet (linear-attention) layers {_RECURRENT}",
+    "qwen3_5": f"its Gated DeltaNet (linear-attention) layers {_RECURRENT}",
+    "qwen3_5_text": f"its Gated DeltaNet (linear-attention) layers {_RECURRENT}",
+    "qwen3_5_moe": f"its Gated DeltaNet (linear-attention) layers {_RECURRENT}",
+    "qwen3_5_moe_text": f"its Gated DeltaNet (linear-attention) layers {_RECURRENT}",
+    "falcon_h1": f"its Mamba-2 mixers {_RECURRENT}",
+    "falcon_mamba": f"its Mamba layers {_RECURRENT}",
+    "mamba": f"its Mamba layers {_RECURRENT}",
+    "mamba2": f"its Mamba-2 layers {_RECURRENT}",
+    "nemotron_h": f"its Mamba-2 mixers {_RECURRENT}",
+    "recurrent_gemma": f"its RG-LRU layers {_RECURRENT}",
+    "bloom": "ALiBi: the forward builds its own bias and rejects the runner's 4D mask",
+    "gpt_bigcode": "the forward rejects the runner's 4D mask",
+}
+EXACT_ATTENTION = ("eager", "sdpa")
+
+
+def unverified_reason(model: PreTrainedModel) -> str | None:
+    """None if the engine's exactness on `model`'s architecture is verified, else what is missing."""
+    model_type = model.config.model_type
+    if model_type in VERIFIED_MODEL_TYPES:
+        return None
+    gap = KNOWN_GAPS.get(model_type, "not verified by the architecture sweep (specroll.benchmarks.arch_sweep)")
+    return f"model_type {model_type!r}: {gap}"
+
+
+def check_architecture(model: PreTrainedModel, role: str, allow_unverified: bool = False) -> None:
+    """Raise `ValueError` if the engine cannot vouch for `model` (`role`: "target" or "drafter")."""
+    attn = model.config._attn_implementation
+    if attn not in EXACT_ATTENTION:
+        raise ValueError(
+            f"{role} attn_implementation={attn!r} is not supported: the engine's ragged 4D mask needs one of "
+            f"{', '.join(EXACT_ATTENTION)} (load the model with attn_implementation='sdpa')"
+        )
+    reason = unverified_reason(model)
+    if reason is not None and not allow_unverified:
+        raise ValueError(
+            f"{role} {reason}; verified exact: {', '.join(sorted(VERIFIED_MODEL_TYPES))}. Pass "
+            "EngineConfig(allow_unverified_architectures=True) to run it anyway (tokens may be silently wrong)"
+        )
