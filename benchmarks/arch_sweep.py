@@ -54,6 +54,8 @@ SMALL = dict(
     linear_value_head_dim=8, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
     final_logit_softcapping=None, pad_token_id=0, bos_token_id=1, eos_token_id=2,
 )
+VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+              patch_size=14)
 # Config arguments that are constructor-only (not attributes of a default config).
 EXTRA = {
     # HF's MLA attention has as many K/V heads as query heads.
@@ -83,6 +85,9 @@ def tiny_config(model_type: str):
     if text is default:
         return AutoConfig.for_model(model_type, **kwargs)
     default.text_config = type(text)(**kwargs)
+    vision = getattr(default, "vision_config", None)
+    if vision is not None:  # a multimodal model run on text alone: its vision tower is only built
+        default.vision_config = type(vision)(**{k: v for k, v in VISION.items() if _settable(vision, k)})
     return default
 
 
@@ -185,6 +190,7 @@ def sweep(model_types: list[str]) -> list[TypeResult]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_types", nargs="*", help="default: every causal-LM type of the installed transformers")
+    parser.add_argument("--markdown", action="store_true", help="print the result as a markdown table")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
@@ -193,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
           f"window {WINDOW}, fp32 greedy vs HF generate per row")
     print(f"{'model_type':28s} {'status':9s} {'unverif.':9s} detail")
     results = sweep(types)
+    if args.markdown:
+        print("\n| model_type | status | run unverified | why refused / detail |\n|---|---|---|---|")
+        for r in results:
+            print(f"| `{r.model_type}` | {r.status} | {r.unverified} | {r.detail.replace('|', '/')} |")
     counts = Counter(r.status for r in results)
     unverified = Counter(r.unverified for r in results if r.status == "refused")
     print(f"# exact {counts['exact']}, refused {counts['refused']}, error {counts['error']}, "

@@ -43,8 +43,8 @@ def test_opt_out_never_runs_a_model_the_cache_cannot_hold():
 
 
 def test_opt_out_runs_an_unverified_attention_model():
-    model = tiny_model("stablelm")
-    with pytest.raises(ValueError, match="'stablelm': not verified"):
+    model = tiny_model("biogpt")
+    with pytest.raises(ValueError, match="'biogpt': not verified"):
         SpecEngine(model, None, EngineConfig(max_batch_size=2, max_seq_len=16))
     SpecEngine(model, None, EngineConfig(max_batch_size=2, max_seq_len=16, allow_unverified_architectures=True))
 
