@@ -1,8 +1,8 @@
 """RowBuffers: the per-slot state of the live batch, as device tensors.
 
-Token ids, lengths, budgets, log-probabilities and (optionally) learning signals of every slot live
-here so that a step updates all rows with whole-tensor ops; a request's Python lists are only built
-when it finishes.
+Token ids, lengths, budgets, random-stream keys, log-probabilities and (optionally) learning signals
+of every slot live here so that a step updates all rows with whole-tensor ops; a request's Python
+lists are only built when it finishes.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class RowBuffers:
         self.seq_len = zeros(batch)  # [B] tokens held (prompt + completion)
         self.prompt_len = zeros(batch)  # [B]
         self.max_len = zeros(batch)  # [B] prompt_len + this row's max_new_tokens
+        self.keys = zeros(batch)  # [B] the request's random-stream key (`randomness.request_keys`)
         self.logprobs = zeros(batch, length, dtype=torch.float32)  # [B, L] at completion positions
         self.num_drafted = zeros(batch)  # [B]
         self.num_accepted = zeros(batch)  # [B]
@@ -42,14 +43,14 @@ class RowBuffers:
 
     def _fields(self) -> list[torch.Tensor]:
         fields = [
-            self.tokens, self.seq_len, self.prompt_len, self.max_len, self.logprobs,
+            self.tokens, self.seq_len, self.prompt_len, self.max_len, self.keys, self.logprobs,
             self.num_drafted, self.num_accepted, self.stopped, self.rejected,
         ]
         if self.signal_top_k:
             fields += [self.topk_ids, self.topk_probs, self.draft_ids, self.draft_accepted]
         return fields
 
-    def load(self, slot: int, prompt: list[int], max_new_tokens: int) -> None:
+    def load(self, slot: int, prompt: list[int], max_new_tokens: int, key: int) -> None:
         for t in self._fields():
             t[slot] = 0
         n = len(prompt)
@@ -57,6 +58,7 @@ class RowBuffers:
         self.seq_len[slot] = n
         self.prompt_len[slot] = n
         self.max_len[slot] = n + max_new_tokens
+        self.keys[slot] = key
         self.host_seq_len[slot], self.host_max_len[slot] = n, n + max_new_tokens
         self.host_error[slot] = None
         if self.signal_top_k:
@@ -67,6 +69,34 @@ class RowBuffers:
             t[dst] = t[src]
         self.host_seq_len[dst], self.host_max_len[dst] = self.host_seq_len[src], self.host_max_len[src]
         self.host_error[dst] = self.host_error[src]
+
+    def record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, accepted: torch.Tensor,
+                       logprobs: torch.Tensor) -> None:
+        """Keep the top-k of `logprobs` [n, γ+1, V] (exponentiating only those k) at `positions` [n, γ+1],
+        the drafts [n, γ] and whether each was kept [n, γ]."""
+        n, k = drafts.shape[0], min(self.signal_top_k, logprobs.shape[-1])
+        top = logprobs.topk(k, dim=-1)  # [n, γ+1, k]
+        pos_k = positions[..., None].expand(-1, -1, k)
+        # `live` is a slice, so these are views: scatter in place instead of copying [n, L, k] per step.
+        self.topk_ids[live, :, :k].scatter_(1, pos_k, top.indices)
+        self.topk_probs[live, :, :k].scatter_(1, pos_k, top.values.exp())
+        self.draft_ids[live].scatter_(1, positions, torch.cat([drafts, drafts.new_full((n, 1), -1)], 1))
+        self.draft_accepted[live].scatter_(1, positions, torch.cat([accepted, accepted.new_zeros(n, 1)], 1))
+
+    def record_failures(self, live: slice, failed: torch.Tensor, accepted_len: torch.Tensor,
+                        logits: torch.Tensor) -> None:
+        """Say, for each failed row [n] bool, what was non-finite and where in `logits` [n, γ+1, V] (rare:
+        its own device→host copies)."""
+        slots = failed.nonzero()[:, 0]  # [k]
+        at = logits[slots, accepted_len[slots]]  # [k, V]: the target logits its next token needed
+        kinds = torch.stack([at.isnan().any(-1), at.isposinf().any(-1)], 1).tolist()
+        seq_len, prompt_len = self.seq_len[live][slots].tolist(), self.prompt_len[live][slots].tolist()
+        for slot, (nan, posinf), length, start in zip(slots.tolist(), kinds, seq_len, prompt_len):
+            kind = "NaN" if nan else "+inf" if posinf else "all -inf"
+            self.host_error[slot] = (
+                f"target logits are non-finite ({kind}) at completion token {length - start} (sequence "
+                f"position {length}): no distribution to draw it from; the row ends with the tokens before it"
+            )
 
     def export(self, slots: list[int]) -> list[FinishedRow]:
         """Finished rows' completions, counters and signals, with one device→host copy per buffer."""

@@ -26,7 +26,10 @@ class SamplingParams:
     """How completions are sampled. `temperature == 0` means greedy (argmax) decoding.
 
     `top_k == 0` disables top-k; `top_p == 1.0` disables nucleus filtering. `seed` makes a call
-    reproducible (same prompts, params and engine config give the same tokens).
+    reproducible: every random number a request uses is a function of (seed, its prompt and sample
+    index, position), so the same prompts, params and engine config give the same tokens under every
+    γ policy, batch size and slot order (`sampling` says what the tokens depend on). An unseeded call
+    draws a seed and records it in each `Rollout`.
     """
 
     max_new_tokens: int
@@ -64,6 +67,8 @@ class SamplingParams:
 
 
 GammaSetting = int | Literal["auto"]
+SamplerName = Literal["rejection", "invariant"]
+SAMPLER_NAMES = ("rejection", "invariant")
 
 
 @dataclass
@@ -82,6 +87,12 @@ class EngineConfig:
     `allow_unverified_architectures` lets the engine run a target or drafter whose `model_type` the
     architecture sweep has not verified exact (`rollout.architectures`); its tokens may then be
     silently wrong.
+
+    `sampler` is the speculative accept rule (`sampling`): "rejection" (lossless in distribution,
+    acceptance 1 − TV(p, q)) or "invariant" (a seed's tokens are plain decoding's whatever the drafter
+    and γ; acceptance ≥ (1 − TV) / (1 + TV)). It is an engine setting, like γ: it only matters when
+    drafting (with γ = 0 both are the same plain decoding), and what auto-γ's acceptance estimates and
+    the learner's draft signals measure depends on it, so one engine keeps one rule.
     """
 
     max_batch_size: int = 16
@@ -102,6 +113,7 @@ class EngineConfig:
     acceptance_ema: float = 0.9
     lean_forward: bool = True
     stats_trace_steps: int = TRACE_STEPS
+    sampler: SamplerName = "rejection"
     allow_unverified_architectures: bool = False
 
     def __post_init__(self) -> None:
@@ -144,6 +156,7 @@ class EngineConfig:
             isinstance(self.stats_trace_steps, int) and not isinstance(self.stats_trace_steps, bool)
             and self.stats_trace_steps >= 1, "stats_trace_steps", self.stats_trace_steps, "an int >= 1",
         )
+        require(self.sampler in SAMPLER_NAMES, "sampler", self.sampler, "'rejection' or 'invariant'")
         require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
         try:
             torch.device(self.device)

@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from .config import SamplingParams
+from .randomness import Purpose, gumbel
 from .runner import ModelRunner
-from .sampling import process_logits, sample
+from .sampling import draw, process_logits
 
 CALIBRATION_CONTEXT = 64  # tokens already in the cache while timing ...
 DRAFT_PARAMS = SamplingParams(max_new_tokens=1, temperature=1.0)
@@ -258,6 +259,12 @@ def _monotone(times: list[list[float]]) -> list[list[float]]:
     return times
 
 
+def _draft_noise(logits: torch.Tensor) -> torch.Tensor:
+    """The Gumbel noise [n, V] a sampled draft computes from logits [n, Q, V] (its values do not matter here)."""
+    zeros = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+    return gumbel(zeros, zeros[:, None], Purpose.TOKEN, logits.shape[-1])[:, 0]
+
+
 def calibrate(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_gamma: int, budget_s: float,
               cache_dir: str | None = None) -> CostModel:
     """Measure (or load from the on-disk cache) target and drafter forward times.
@@ -282,7 +289,8 @@ def calibrate(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_gam
     # A draft costs its forward plus turning the logits into a sampled token (T = 1, the dearer mode):
     # for small drafters, and on GPUs where small kernels are launch-bound, that is no rounding error.
     drafter_times = time_forwards(drafter, batch_sizes, [1, 2], now + budget_s * 0.2,
-                                  then=lambda logits: sample(process_logits(logits[:, -1], DRAFT_PARAMS), None))
+                                  then=lambda logits: draw(process_logits(logits[:, -1], DRAFT_PARAMS),
+                                                           _draft_noise(logits)))
     target_times = time_forwards(target, batch_sizes, query_lens, now + budget_s * (0.6 if two else 1.0))
     target_long = None
     if two:

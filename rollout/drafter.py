@@ -3,7 +3,12 @@
 A drafter proposes γ tokens for every live row together with the distribution q each was drawn from
 (verification needs q), is told how many of them the target kept, and follows the scheduler's row
 moves and prefills. Other drafters (a feature drafter on target hidden states, a suffix drafter over
-sibling rollouts, layer-skip self-speculation) implement the same four methods.
+sibling rollouts, layer-skip self-speculation) implement the same methods.
+
+A drafter owns no randomness: it draws each draft with the `draw(q_i, i)` the engine hands it —
+Gumbel-max with the token noise of that row and position (`sampling.StepNoise.draw_draft`), the noise
+the target's own draw there uses. That shared noise is what makes the invariant sampler's output
+independent of the drafter.
 
 `ModelDrafter` keeps its cache one or two tokens behind the row (the last draft is never fed, and
 after a rejection the kept prefix is shorter than what it fed); more after plain (γ = 0) steps, when
@@ -13,7 +18,7 @@ q for the first draft.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,8 +28,11 @@ from transformers import PreTrainedModel
 from .batch import RowBuffers
 from .config import SamplingParams
 from .runner import ModelRunner
-from .sampling import process_logits, sample
+from .sampling import process_logits
 from .weights import copy_into
+
+# draw(q_i [n, V], i) → draft i [n], with the token noise of each row's position of draft i.
+DraftDraw = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 @dataclass
@@ -39,7 +47,7 @@ class Drafter(Protocol):
     num_forwards: int
 
     def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
-                generator: torch.Generator) -> Proposal: ...
+                draw: DraftDraw) -> Proposal: ...
 
     def keep(self, live: slice, seq_len: torch.Tensor, accepted_len: torch.Tensor, gamma: int) -> None: ...
 
@@ -63,7 +71,7 @@ class ModelDrafter:
         return self.runner.num_forwards
 
     def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
-                generator: torch.Generator) -> Proposal:
+                draw: DraftDraw) -> Proposal:
         n, device = live.stop, self.runner.device
         drafts = torch.empty(n, gamma, dtype=torch.long, device=device)  # [n, γ]
         q = torch.empty(n, gamma, self.target_vocab_size, device=device)  # [n, γ, V]
@@ -73,7 +81,7 @@ class ModelDrafter:
         logits = self.runner.extend(live, rows.tokens[live], lag)  # [n, V_d]
         for i in range(gamma):
             q[:, i] = process_logits(self._to_target_vocab(logits), params)
-            drafts[:, i] = sample(q[:, i], generator)
+            drafts[:, i] = draw(q[:, i], i)
             if i < gamma - 1:
                 logits = self.runner.feed(live, drafts[:, i : i + 1])[:, 0]
         return Proposal(drafts, q)

@@ -6,10 +6,15 @@ Usage::
     rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=256, temperature=1.0), n=8)
 
 Each step drafts γ tokens per live row with the drafter, verifies them with one target forward of
-γ + 1 tokens per row, and keeps a different number of tokens per row (`sampling.verify`). The
+γ + 1 tokens per row, and keeps a different number of tokens per row (`Sampler.verify`). The
 target cache always holds every token of a row but the last; the drafter cache lags by one or two
 (more after plain steps), and catches up with one ragged forward before it drafts. With no drafter
 or γ = 0 the same loop is plain batched decoding — the fair baseline.
+
+Randomness is per request and position (`randomness`): sample j of prompt i is keyed by the call's
+seed and (prompt_indices[i], j), and every number it draws by its sequence position and purpose —
+never by the step, slot, batch or γ schedule. `EngineConfig.sampler` picks the accept rule
+(`sampling`): with "invariant" a seed's tokens are plain decoding's whatever the drafter and γ.
 
 Faults stay in their row. A row whose target distribution is non-finite where its next token is
 drawn ends with `finish_reason="error"` (its tokens before that position kept, `Rollout.error` says
@@ -33,9 +38,10 @@ from .config import EngineConfig, SamplingParams
 from .cost_model import CALIBRATION_CONTEXT
 from .drafter import ModelDrafter
 from .gamma import AutoGamma, GammaPolicy, StepOutcome, StepShape, acceptance_counts, make_gamma_policy
-from .request import Request, Rollout
+from .randomness import draw_seed
+from .request import Request, Rollout, make_requests
 from .runner import ModelRunner
-from .sampling import Verdict, process_logits, verify
+from .sampling import SAMPLERS, Sampler, StepNoise, Verdict, process_logits
 from .scheduler import Scheduler
 from .stats import EngineStats
 from .validate import validate_generate_args
@@ -72,6 +78,7 @@ class SpecEngine:
         self.gamma_policy: GammaPolicy = make_gamma_policy(
             config, self.target, self.drafter.runner if self.drafter else None
         )
+        self.sampler: Sampler = SAMPLERS[config.sampler]()
         self.policy_version = 0
         self.drafter_version = 0
         self._generating = False
@@ -79,12 +86,17 @@ class SpecEngine:
     # ------------------------------------------------------------------ public API
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1,
-                 max_new_tokens: Sequence[int] | None = None) -> list[Rollout]:
+                 max_new_tokens: Sequence[int] | None = None,
+                 prompt_indices: Sequence[int] | None = None) -> list[Rollout]:
         """Complete every prompt `n` times; results in input order, a prompt's n samples consecutive.
 
         `max_new_tokens`, if given, is a per-prompt budget (each in [1, params.max_new_tokens]).
+        `prompt_indices[i]` (default i) is prompt i's index in the caller's whole batch: sample j of
+        prompt i draws its random numbers as request (prompt_indices[i], j). So a batch cut into chunks
+        (one per worker) or reordered, each prompt passed with its index, gives the tokens the whole
+        batch gives in one call; the same index and seed give the same random numbers.
         """
-        steps = self.generate_steps(prompts, params, n, max_new_tokens)
+        steps = self.generate_steps(prompts, params, n, max_new_tokens, prompt_indices)
         while True:
             try:
                 next(steps)
@@ -92,7 +104,8 @@ class SpecEngine:
                 return done.value
 
     def generate_steps(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1,
-                       max_new_tokens: Sequence[int] | None = None) -> Generator[int, None, list[Rollout]]:
+                       max_new_tokens: Sequence[int] | None = None,
+                       prompt_indices: Sequence[int] | None = None) -> Generator[int, None, list[Rollout]]:
         """`generate` one engine step at a time: a generator that yields the live batch size after
         each step and returns the rollouts (`StopIteration.value`). Arguments are checked here, before
         the generator exists.
@@ -101,14 +114,10 @@ class SpecEngine:
         benchmarks do, so that machine noise hits every contender alike). `stats.wall_time_s` counts
         only the time spent inside the generator.
         """
-        budgets = validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len,
-                                         max_new_tokens)
-        requests = [
-            Request(index=i * n + j, prompt_ids=list(map(int, prompt)), max_new_tokens=budgets[i])
-            for i, prompt in enumerate(prompts)
-            for j in range(n)
-        ]
-        return self._run(requests, params)
+        budgets, indices = validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len,
+                                                  max_new_tokens, prompt_indices)
+        seed = params.seed if params.seed is not None else draw_seed()  # once per call, recorded in each Rollout
+        return self._run(make_requests(prompts, n, budgets, seed, indices), params)
 
     def _run(self, requests: list[Request], params: SamplingParams) -> Generator[int, None, list[Rollout]]:
         if self._generating:  # one batch state per engine: two generations would corrupt each other
@@ -121,8 +130,6 @@ class SpecEngine:
 
     def _steps(self, requests: list[Request], params: SamplingParams) -> Generator[int, None, list[Rollout]]:
         started = time.perf_counter()
-        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,)))
-        generator = torch.Generator(device=self.device).manual_seed(seed)
         stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.device)
         scheduler = Scheduler(self.config.max_batch_size)
         scheduler.add(requests)
@@ -131,7 +138,7 @@ class SpecEngine:
         while not scheduler.done:
             shape = self._shape(scheduler.num_live_rows)
             gamma = self.gamma_policy.choose(shape, params.greedy) if self.drafter else 0
-            finished = self._step(shape, gamma, params, stop_ids, generator)
+            finished = self._step(shape, gamma, params, stop_ids)
             self._finish(scheduler, finished)
             self._pause_clock(started)
             yield scheduler.num_live_rows
@@ -189,13 +196,15 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ the step
 
-    def _step(self, shape: StepShape, gamma: int, params: SamplingParams, stop_ids: torch.Tensor,
-              generator: torch.Generator) -> list[int]:
+    def _step(self, shape: StepShape, gamma: int, params: SamplingParams, stop_ids: torch.Tensor) -> list[int]:
         n = shape.rows
         live = slice(0, n)
         started = time.perf_counter()
+        # A copy, not a view: `_emit` overwrites rows.seq_len, and the drafter rolls back to the old length.
+        seq_len = self.rows.seq_len[live].clone()  # [n]
+        noise = StepNoise(self.rows.keys[live], seq_len, gamma + 1, self.vocab_size, params.greedy)
         if gamma:
-            proposal = self.drafter.propose(live, self.rows, gamma, params, generator)
+            proposal = self.drafter.propose(live, self.rows, gamma, params, noise.draw_draft)
             drafts, q = proposal.drafts, proposal.q  # [n, γ], [n, γ, V]
             if self.gamma_policy.adaptive and drafts.is_cuda:
                 torch.cuda.synchronize(drafts.device)  # the policy times the draft part on its own
@@ -204,12 +213,10 @@ class SpecEngine:
             q = torch.empty(n, 0, self.vocab_size, device=self.device)
         draft_ok = q.sum(-1).isfinite().all(1)  # [n]: a row with any non-finite q takes a plain step
         drafted = time.perf_counter()
-        # A copy, not a view: `_emit` overwrites rows.seq_len, and the drafter rolls back to the old length.
-        seq_len = self.rows.seq_len[live].clone()  # [n]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
         logits = self.target.feed(live, torch.cat([last_token, drafts], dim=1)).float()  # [n, γ+1, V]
         p = process_logits(logits, params)  # [n, γ+1, V]
-        verdict = verify(drafts, q, p, generator, draft_ok=draft_ok)
+        verdict = self.sampler.verify(drafts, q, p, noise, draft_ok)
         finished, emitted, stopped, counts = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids,
                                                         draft_ok)
         if self.gamma_policy.adaptive:
@@ -245,7 +252,7 @@ class SpecEngine:
         token_logprobs = dist.gather(-1, verdict.tokens[..., None]).squeeze(-1)  # [n, γ+1]
         rows.logprobs[live] = rows.logprobs[live].scatter(1, positions, token_logprobs)
         if rows.signal_top_k:
-            self._record_signals(live, positions, drafts, verdict, dist)
+            rows.record_signals(live, positions, drafts, verdict.accepted, dist)
         new_len = seq_len + num_emit
         rows.seq_len[live] = new_len
         rows.stopped[live] |= stopped
@@ -269,7 +276,7 @@ class SpecEngine:
         per_row = [summary[i : i + n] for i in range(4 + gamma, len(summary), n)]
         done, rows.host_seq_len[:n] = per_row[0], per_row[1]
         if num_failed:
-            self._record_failures(live, failed, verdict.accepted_len, logits)
+            rows.record_failures(live, failed, verdict.accepted_len, logits)
         step_counts = None
         if counted:
             # Drafts past a row's stop token or length limit were verified but never used: they are no
@@ -278,35 +285,6 @@ class SpecEngine:
         self.stats.record_step(gamma, n, emitted, kept, num_dropped)
         return [slot for slot, end in enumerate(done) if end], emitted, num_stopped, step_counts
 
-    def _record_failures(self, live: slice, failed: torch.Tensor, accepted_len: torch.Tensor,
-                         logits: torch.Tensor) -> None:
-        """Say, for each failed row, what was non-finite and where (rare: its own device→host copies)."""
-        slots = failed.nonzero()[:, 0]  # [k]
-        at = logits[slots, accepted_len[slots]]  # [k, V]: the target logits its next token needed
-        kinds = torch.stack([at.isnan().any(-1), at.isposinf().any(-1)], 1).tolist()
-        seq_len, prompt_len = self.rows.seq_len[live][slots].tolist(), self.rows.prompt_len[live][slots].tolist()
-        for slot, (nan, posinf), length, start in zip(slots.tolist(), kinds, seq_len, prompt_len):
-            kind = "NaN" if nan else "+inf" if posinf else "all -inf"
-            self.rows.host_error[slot] = (
-                f"target logits are non-finite ({kind}) at completion token {length - start} (sequence "
-                f"position {length}): no distribution to draw it from; the row ends with the tokens before it"
-            )
-
-    def _record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
-                        logprobs: torch.Tensor) -> None:
-        """Keep the top-k of `logprobs` [n, γ+1, V] (exponentiating only those k), drafts and verdicts."""
-        rows, n = self.rows, drafts.shape[0]
-        k = min(rows.signal_top_k, logprobs.shape[-1])
-        top = logprobs.topk(k, dim=-1)  # [n, γ+1, k]
-        pos_k = positions[..., None].expand(-1, -1, k)
-        # `live` is a slice, so these are views: scatter in place instead of copying [n, L, k] per step.
-        rows.topk_ids[live, :, :k].scatter_(1, pos_k, top.indices)
-        rows.topk_probs[live, :, :k].scatter_(1, pos_k, top.values.exp())
-        no_draft = drafts.new_full((n, 1), -1)
-        rows.draft_ids[live].scatter_(1, positions, torch.cat([drafts, no_draft], 1))
-        accepted = torch.cat([verdict.accepted, verdict.accepted.new_zeros(n, 1)], 1)
-        rows.draft_accepted[live].scatter_(1, positions, accepted)
-
     # ------------------------------------------------------------------ batch bookkeeping
 
     def _prefill(self, admitted: list[Request]) -> None:
@@ -314,7 +292,7 @@ class SpecEngine:
         if not admitted:
             return
         for req in admitted:
-            self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens)
+            self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens, req.key)
         slots = torch.tensor([req.slot for req in admitted], dtype=torch.long, device=self.device)
         count = torch.tensor([len(req.prompt_ids) - 1 for req in admitted], device=self.device)
         self.target.cache.reset_rows(slots)
@@ -329,19 +307,7 @@ class SpecEngine:
             return
         rows = self.rows
         for slot, row in zip(finished, rows.export(finished)):
-            req = scheduler.running[slot]
-            req.rollout = Rollout(
-                prompt_ids=req.prompt_ids,
-                completion_ids=row.completion_ids,
-                logprobs=row.logprobs,
-                finish_reason="error" if row.error else "stop" if row.stopped else "length",
-                num_drafted=row.num_drafted,
-                num_accepted=row.num_accepted,
-                policy_version=self.policy_version,
-                drafter_version=self.drafter_version,
-                signals=row.signals,
-                error=row.error,
-            )
+            scheduler.running[slot].finish(row, self.policy_version, self.drafter_version)
         plan = scheduler.retire(finished)
         for src, dst in plan.moves:
             rows.move_row(src, dst)

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+from .randomness import request_keys
+
+if TYPE_CHECKING:
+    from .batch import FinishedRow
 
 
 class Status(enum.Enum):
@@ -41,6 +48,11 @@ class Rollout:
     model on this input). An "error" rollout holds the tokens before that position and `error` says
     what was non-finite and where; it is not a sample of the policy, and consumers (the TRL hook, the
     Ray controller) refuse it. Other rows of the same batch are unaffected. `error` is None otherwise.
+
+    `seed`, `prompt_index` and `sample_index` name the rollout's random stream (the call's seed, drawn
+    when the call had none, and the request's index in the caller's batch): `generate([prompt],
+    SamplingParams(..., seed=seed), n=sample_index + 1, prompt_indices=[prompt_index])[-1]` regenerates it —
+    token for token with the invariant sampler, and with the rejection sampler under the same γ schedule.
     """
 
     prompt_ids: list[int]
@@ -53,6 +65,9 @@ class Rollout:
     drafter_version: int = 0
     signals: RolloutSignals | None = None
     error: str | None = None
+    seed: int | None = None
+    prompt_index: int = 0
+    sample_index: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -61,11 +76,46 @@ class Rollout:
 
 @dataclass
 class Request:
-    """One (prompt, sample index) pair while it waits, runs in a slot, or has finished."""
+    """One (prompt, sample index) pair while it waits, runs in a slot, or has finished. `key` is its
+    random-stream key (`randomness.request_keys`)."""
 
-    index: int
+    prompt_index: int
+    sample_index: int
+    seed: int
+    key: int
     prompt_ids: list[int]
     max_new_tokens: int
     status: Status = Status.WAITING
     slot: int = -1
     rollout: Rollout | None = field(default=None, repr=False)
+
+    def finish(self, row: FinishedRow, policy_version: int, drafter_version: int) -> None:
+        """Become a `Rollout` from the row the engine exported."""
+        self.rollout = Rollout(
+            prompt_ids=self.prompt_ids,
+            completion_ids=row.completion_ids,
+            logprobs=row.logprobs,
+            finish_reason="error" if row.error else "stop" if row.stopped else "length",
+            num_drafted=row.num_drafted,
+            num_accepted=row.num_accepted,
+            policy_version=policy_version,
+            drafter_version=drafter_version,
+            signals=row.signals,
+            error=row.error,
+            seed=self.seed,
+            prompt_index=self.prompt_index,
+            sample_index=self.sample_index,
+        )
+
+
+def make_requests(prompts: Sequence[Sequence[int]], n: int, budgets: list[int], seed: int,
+                  prompt_indices: list[int]) -> list[Request]:
+    """Sample j of prompt i as request i·n + j, keyed by (seed, prompt_indices[i], j)."""
+    index = torch.arange(len(prompts) * n)  # [N]
+    keys = request_keys(seed, torch.tensor(prompt_indices, dtype=torch.long)[index // n], index % n).tolist()
+    return [
+        Request(prompt_index=prompt_indices[i], sample_index=j, seed=seed, key=keys[i * n + j],
+                prompt_ids=list(map(int, prompt)), max_new_tokens=budgets[i])
+        for i, prompt in enumerate(prompts)
+        for j in range(n)
+    ]

@@ -1,21 +1,40 @@
-"""Logits → processed distributions, and the speculative accept/reject rule as whole-tensor ops.
+"""Logits → processed distributions, and the two speculative samplers as whole-tensor ops.
 
 Notation follows Leviathan et al. (2023) and Chen et al. (2023): `p` is the target's processed
-distribution, `q` the drafter's. Draft i is accepted with probability min(1, p(d_i) / q(d_i)); at
-the first rejection a token is drawn from norm(max(p − q, 0)); when every draft passes, a bonus
-token is drawn from p at position γ + 1. The emitted tokens are then distributed exactly as p.
+distribution, `q` the drafter's. Every token is drawn by Gumbel-max, argmax(log π + g), with noise g
+of its (request, position) from `randomness` — never of the step, slot or batch it was drawn in. A
+position's token noise g is shared: the drafter draws its draft argmax(log q + g) with it, and the
+target's own draw at that position (plain step, bonus token) is argmax(log p + g). The samplers differ
+in which drafts they keep:
 
-Greedy decoding is the T → 0 limit: p and q become one-hot at their argmax, so the same rule
-accepts a draft iff it equals the target's argmax and resamples the target's argmax otherwise.
+- `RejectionSampler` (the default): draft d is kept with probability min(1, p(d) / q(d)); at the first
+  rejection a token is drawn from norm(max(p − q, 0)) (with separate residual noise); when every draft
+  passes, the bonus token at position γ + 1 is the target's draw. The tokens are distributed exactly
+  as p. Which tokens a seed gives depends on the drafter's q and on which positions were drafted —
+  the row's γ schedule (fixed γ: the row's own accept history; γ = "auto": also the measured step
+  times and the batch the policy saw) — but never on the slot, batch composition or worker. Because
+  drafts share the token noise, a kept draft is usually the target's own draw, and a drafter equal to
+  the target reproduces plain decoding exactly. This coupling of drafts to the plain draw is ours;
+  Leviathan et al. draw drafts with independent randomness (same acceptance, same law).
+- `InvariantSampler` (Daliri, Musco, Suresh 2024, arXiv 2408.07978): the target emits its draw
+  argmax(log p + g) at every position, and a draft is kept iff it equals it. The output is plain
+  Gumbel-max decoding's for the seed whatever the drafter or γ; a draft is kept with probability
+  ≥ (1 − TV) / (1 + TV) instead of 1 − TV. The paper's scheme is this Gumbel-max coupling.
+
+With γ = 0 both samplers are the same plain Gumbel-max decoding. Greedy decoding is the T → 0
+limit: p and q are one-hot at their argmax, no noise is drawn, and either rule keeps a draft iff it
+equals the target's argmax.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from .config import SamplingParams
+from .randomness import Purpose, gumbel, uniform
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -57,16 +76,54 @@ def logprob_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.
     return process_logits(logits, params).log()
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per distribution: `probs` [..., V] → ids [...]. Works for one-hot (greedy) rows.
+def draw(probs: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+    """Gumbel-max: one token per distribution, argmax(log probs + noise), `probs` [..., V] → ids [...].
 
-    A NaN row (no distribution, see `process_logits`) draws uniformly instead of raising, as
-    `torch.multinomial` would for the whole batch; callers discard such draws (`Verdict.no_distribution`,
-    the engine's check of q). Valid rows draw exactly as before: the random stream does not depend on
-    the values.
+    `noise` None (greedy) takes the argmax. Zero-probability tokens are never drawn (log 0 = −inf). A NaN
+    row (no distribution, see `process_logits`) gives some id instead of raising; callers discard such
+    draws (`Verdict.no_distribution`, the engine's check of q).
     """
-    flat = probs.reshape(-1, probs.shape[-1]).nan_to_num(nan=1.0, posinf=1.0)
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    if noise is None:
+        return probs.argmax(-1)
+    return (probs.log() + noise).argmax(-1)
+
+
+@dataclass
+class StepNoise:
+    """Where one step's random numbers come from: the live rows' request keys [n], the sequence position
+    of each row's first new token [n], and the step's width γ + 1. Greedy steps draw none."""
+
+    keys: torch.Tensor
+    start: torch.Tensor
+    width: int
+    vocab_size: int
+    greedy: bool
+    _token: torch.Tensor | None = None
+
+    def token(self) -> torch.Tensor | None:
+        """The token noise of every position of the step [n, γ+1, V] (`Purpose.TOKEN`), computed once."""
+        if self.greedy:
+            return None
+        if self._token is None:
+            offsets = torch.arange(self.width, device=self.start.device)  # [γ+1]
+            self._token = gumbel(self.keys, self.start[:, None] + offsets, Purpose.TOKEN, self.vocab_size)
+        return self._token
+
+    def draw_draft(self, q: torch.Tensor, i: int) -> torch.Tensor:
+        """Draft i [n] from the drafter's processed q [n, V], with the token noise of its position."""
+        token = self.token()
+        return draw(q, None if token is None else token[:, i])
+
+    def residual(self, offset: torch.Tensor) -> torch.Tensor | None:
+        """Residual noise [n, V] at each row's position start + offset [n] (`Purpose.RESIDUAL`)."""
+        if self.greedy:
+            return None
+        return gumbel(self.keys, (self.start + offset)[:, None], Purpose.RESIDUAL, self.vocab_size)[:, 0]
+
+    def uniform(self, count: int, purpose: Purpose) -> torch.Tensor:
+        """One uniform [n, count] at each of the first `count` positions of the step."""
+        offsets = torch.arange(count, device=self.start.device)  # [count]
+        return uniform(self.keys, self.start[:, None] + offsets, purpose)
 
 
 @dataclass
@@ -80,52 +137,86 @@ class Verdict:
     no_distribution: torch.Tensor  # [B] bool, p was NaN where next_token was drawn: next_token is garbage
 
 
-def verify(
-    drafts: torch.Tensor,
-    q: torch.Tensor,
-    p: torch.Tensor,
-    generator: torch.Generator | None,
-    resample_residual: bool = True,
-    draft_ok: torch.Tensor | None = None,
-) -> Verdict:
-    """Speculative rejection sampling for a batch of rows.
+class Sampler(Protocol):
+    """Which drafts the target keeps, and the token after them."""
 
-    drafts [B, γ] int64 (drafted tokens), q [B, γ, V] (drafter's processed probs they were drawn
-    from), p [B, γ + 1, V] (target's processed probs at the same positions plus the bonus one).
-    `draft_ok` [B] bool, if given, marks the rows whose drafts may be kept; the others take a plain
-    step (no draft kept, next token from p), which is how a drafter's non-finite q is dropped.
-    A draft is never kept where p is NaN (the comparison below is false), so the first NaN position
-    of a row, if it reaches one, is where next_token is drawn: `no_distribution` flags that row.
+    def verify(self, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, noise: StepNoise,
+               draft_ok: torch.Tensor) -> Verdict:
+        """drafts [n, γ] (drawn by `StepNoise.draw_draft`), q [n, γ, V] (the drafter's processed probs
+        they were drawn from), p [n, γ+1, V] (the target's at the same positions plus the bonus one);
+        `draft_ok` [n] marks the rows whose drafts may be kept (the others take a plain step). A draft is
+        never kept where p is NaN, so the first NaN position of a row, if it reaches one, is where
+        next_token is drawn: `no_distribution` flags that row."""
+        ...
+
+
+def _kept_prefix(accept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drafts kept: the prefix before the first rejection. accept [n, γ] → accepted [n, γ], accepted_len [n]."""
+    accepted = accept.long().cumprod(dim=1).bool()  # [n, γ]
+    return accepted, accepted.sum(1)
+
+
+class RejectionSampler:
+    """Speculative rejection sampling (Leviathan et al. 2023): lossless in distribution.
+
     `resample_residual=False` draws the replacement from p instead of norm(max(p − q, 0)): that is a
     deliberately *wrong* sampler, kept only so the distribution test can prove it has power.
     """
-    bsz, gamma = drafts.shape
-    idx = drafts.unsqueeze(-1)
-    p_d = p[:, :gamma].gather(-1, idx).squeeze(-1)  # [B, γ]
-    q_d = q.gather(-1, idx).squeeze(-1)  # [B, γ]
-    u = torch.rand(bsz, gamma, generator=generator, device=p.device)
-    # u < p/q written without the division; q_d > 0 because d was drawn from q.
-    accept = u * q_d < p_d  # [B, γ]
-    if draft_ok is not None:
-        accept &= draft_ok[:, None]
-    accepted = accept.long().cumprod(dim=1).bool()  # [B, γ]
-    accepted_len = accepted.sum(1)  # [B]
 
-    rows = torch.arange(bsz, device=p.device)
-    p_next = p[rows, accepted_len]  # [B, V]: target distribution at the first non-accepted slot
-    no_distribution = ~p_next.sum(-1).isfinite()  # [B]
-    if resample_residual and gamma > 0:
-        q_next = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows, accepted_len]  # [B, V]
-        if draft_ok is not None:  # a dropped row's q (maybe NaN) plays no part: its residual is p
-            q_next = torch.where(draft_ok[:, None], q_next, 0.0)
-        residual = (p_next - q_next).clamp_min(0)  # bonus slot: q_next = 0 → residual = p
-        mass = residual.sum(-1, keepdim=True)
-        # Rounding can leave no mass when p ≈ q; then p itself is the right law to sample.
-        residual = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), p_next)
-    else:
+    def __init__(self, resample_residual: bool = True):
+        self.resample_residual = resample_residual
+
+    def verify(self, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, noise: StepNoise,
+               draft_ok: torch.Tensor) -> Verdict:
+        n, gamma = drafts.shape
+        idx = drafts.unsqueeze(-1)
+        p_d = p[:, :gamma].gather(-1, idx).squeeze(-1)  # [n, γ]
+        q_d = q.gather(-1, idx).squeeze(-1)  # [n, γ]
+        u = noise.uniform(gamma, Purpose.ACCEPT)  # [n, γ]
+        # u < p/q written without the division; q_d > 0 because d was drawn from q. False where p is NaN.
+        accepted, accepted_len = _kept_prefix((u * q_d < p_d) & draft_ok[:, None])
+
+        rows = torch.arange(n, device=p.device)
+        p_next = p[rows, accepted_len]  # [n, V]: target distribution at the first non-accepted slot
         residual = p_next
-    next_token = sample(residual, generator)  # [B]
-    tokens = torch.cat([drafts, drafts.new_zeros(bsz, 1)], dim=1)
-    tokens.scatter_(1, accepted_len.unsqueeze(1), next_token.unsqueeze(1))
-    return Verdict(accepted_len=accepted_len, accepted=accepted, next_token=next_token, tokens=tokens,
-                   no_distribution=no_distribution)
+        if self.resample_residual and gamma > 0:
+            q_next = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows, accepted_len]  # [n, V]
+            q_next = torch.where(draft_ok[:, None], q_next, 0.0)  # a dropped row's q (maybe NaN) plays no part
+            residual = (p_next - q_next).clamp_min(0)  # bonus slot: q_next = 0 → residual = p
+            mass = residual.sum(-1, keepdim=True)
+            # Rounding can leave no mass when p ≈ q; then p itself is the right law to sample.
+            residual = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), p_next)
+        # Past the kept drafts: a residual draw after a rejection; the target's own draw after none (the
+        # bonus token) and in a plain step (γ = 0, or the row's drafts dropped).
+        token, next_noise = noise.token(), None  # greedy draws no noise
+        if token is not None:
+            own_draw = token[rows, accepted_len]  # [n, V]
+            next_noise = own_draw if gamma == 0 else torch.where(
+                ((accepted_len == gamma) | ~draft_ok)[:, None], own_draw, noise.residual(accepted_len))
+        next_token = draw(residual, next_noise)  # [n]
+        tokens = torch.cat([drafts, drafts.new_zeros(n, 1)], dim=1)  # [n, γ+1]
+        tokens.scatter_(1, accepted_len.unsqueeze(1), next_token.unsqueeze(1))
+        return Verdict(accepted_len=accepted_len, accepted=accepted, next_token=next_token, tokens=tokens,
+                       no_distribution=~p_next.sum(-1).isfinite())
+
+
+class InvariantSampler:
+    """Drafter-invariant speculative sampling (Daliri, Musco, Suresh 2024): the output is plain
+    Gumbel-max decoding's for the seed, whatever the drafter proposes."""
+
+    def verify(self, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, noise: StepNoise,
+               draft_ok: torch.Tensor) -> Verdict:
+        n, gamma = drafts.shape
+        tokens = draw(p, noise.token())  # [n, γ+1]: the target's token at every position of the step
+        has_p = p.sum(-1).isfinite()  # [n, γ+1]
+        # A kept draft equals the target's token, so `tokens` is already the row's kept drafts + next token.
+        accepted, accepted_len = _kept_prefix((drafts == tokens[:, :gamma]) & has_p[:, :gamma] & draft_ok[:, None])
+        rows = torch.arange(n, device=p.device)
+        return Verdict(accepted_len=accepted_len, accepted=accepted, next_token=tokens[rows, accepted_len],
+                       tokens=tokens, no_distribution=~has_p[rows, accepted_len])
+
+
+SAMPLERS: dict[str, type[RejectionSampler] | type[InvariantSampler]] = {
+    "rejection": RejectionSampler,
+    "invariant": InvariantSampler,
+}

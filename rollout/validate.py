@@ -8,8 +8,9 @@ from .config import SamplingParams
 
 
 def validate_generate_args(prompts: Sequence[Sequence[int]], params: SamplingParams, n: int, vocab_size: int,
-                           max_seq_len: int, max_new_tokens: Sequence[int] | None = None) -> list[int]:
-    """Raise `ValueError` on the first bad argument; return each prompt's token budget."""
+                           max_seq_len: int, max_new_tokens: Sequence[int] | None = None,
+                           prompt_indices: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
+    """Raise `ValueError` on the first bad argument; return each prompt's token budget and index."""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params={params!r} is invalid: a SamplingParams is required")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -46,4 +47,12 @@ def validate_generate_args(prompts: Sequence[Sequence[int]], params: SamplingPar
                 f"prompts[{i}] has {len(prompt)} tokens and max_new_tokens={budgets[i]}: "
                 f"together {len(prompt) + budgets[i]} > max_seq_len={max_seq_len}"
             )
-    return budgets
+    if prompt_indices is None:
+        return budgets, list(range(len(prompts)))
+    indices = list(prompt_indices)
+    if len(indices) != len(prompts):
+        raise ValueError(f"prompt_indices has {len(indices)} entries for {len(prompts)} prompts: one index per prompt")
+    bad_index = [i for i in indices if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 2**62]
+    if bad_index:
+        raise ValueError(f"prompt_indices={bad_index[:5]} is invalid: ints in [0, 2**62)")
+    return budgets, indices

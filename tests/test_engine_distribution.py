@@ -13,6 +13,11 @@ fewer under top-k). Significance α = 1e-3 per test: a correct engine fails a gi
 probability 1e-3 (the seeds are fixed, so a run is deterministic). The same test applied to a
 deliberately broken sampler (a rejected draft replaced by a sample of p instead of norm(max(p − q, 0)))
 must reject H0 — which shows the test has the power to see a wrong sampler.
+
+Both samplers run the same test. The invariant sampler always emits the target's Gumbel-max token, so
+what its test checks is the noise: a position's Gumbel noise must be fresh given the prefix (keyed by
+request and position, never reused) and of the right law. Its power check replaces the Gumbel noise
+by the uniform it was made from (−log(−log u) left out), which must reject H0 as well.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from conftest import build_lm, make_prompts
 from scipy.stats import chi2
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-import specroll.rollout.engine as engine_module
+import specroll.rollout.sampling as sampling_module
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.sampling import verify
+from specroll.rollout.randomness import gumbel
+from specroll.rollout.sampling import RejectionSampler
 
 ALPHA = 1e-3
 VOCAB = 16
@@ -73,13 +79,16 @@ def conditional_chi2_pvalue(probs: torch.Tensor, tokens: torch.Tensor) -> float:
     return float(chi2.sf(stat, dof))
 
 
-def sample_and_test(params: SamplingParams, gamma: int = 3) -> float:
+def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,
+                    wrong_sampler: RejectionSampler | None = None) -> float:
     target, drafter = models()
     # Half as many slots as rows: finished rows are refilled, so continuous batching is under test too.
-    config = EngineConfig(max_batch_size=ROWS // 2, max_seq_len=6 + NEW_TOKENS, gamma=gamma)
+    config = EngineConfig(max_batch_size=ROWS // 2, max_seq_len=6 + NEW_TOKENS, gamma=gamma, sampler=sampler)
     engine = SpecEngine(target, drafter, config)
+    if wrong_sampler is not None:
+        engine.sampler = wrong_sampler
     rollouts = engine.generate(PROMPTS, params)
-    assert 0.05 < engine.stats.acceptance_rate < 0.8  # rejections are frequent, acceptances too
+    assert 0.02 < engine.stats.acceptance_rate < 0.8  # rejections are frequent, acceptances too (≥ 4k)
     probs, tokens = reference_probs(target, rollouts, params)
     assert tokens.numel() == ROWS * NEW_TOKENS
     # Tokens outside the processed support (top-k / top-p) are never emitted.
@@ -94,11 +103,16 @@ SETTINGS = [  # each temperature once; top-k and top-p each folded into one of t
 ]
 
 
+@pytest.mark.parametrize("sampler", ["rejection", "invariant"])
 @pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
-def test_emitted_tokens_follow_target_distribution(params):
-    assert sample_and_test(params) > ALPHA
+def test_emitted_tokens_follow_target_distribution(params, sampler):
+    assert sample_and_test(params, sampler) > ALPHA
 
 
-def test_same_test_rejects_sampler_without_residual(monkeypatch):
-    monkeypatch.setattr(engine_module, "verify", functools.partial(verify, resample_residual=False))
-    assert sample_and_test(SETTINGS[1]) < ALPHA
+def test_same_test_rejects_sampler_without_residual():
+    assert sample_and_test(SETTINGS[1], "rejection", wrong_sampler=RejectionSampler(resample_residual=False)) < ALPHA
+
+
+def test_same_test_rejects_invariant_sampler_with_uniform_noise(monkeypatch):
+    monkeypatch.setattr(sampling_module, "gumbel", lambda *args: torch.exp(-torch.exp(-gumbel(*args))))
+    assert sample_and_test(SETTINGS[1], "invariant") < ALPHA

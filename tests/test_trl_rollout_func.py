@@ -108,8 +108,8 @@ def test_a_failed_rollout_stops_training_naming_its_prompt(tmp_path):
     with torch.no_grad():  # any prompt holding "7" gets non-finite logits: its rollouts end in "error"
         policy.model.embed_tokens.weight[tokenizer.convert_tokens_to_ids("7")] = float("nan")
     backend = LocalBackend.from_models(copy.deepcopy(policy), None, EngineConfig(max_seq_len=32, gamma=0))
-    trainer = GRPOTrainer(
-        model=policy, reward_funcs=length_reward, args=grpo_args(tmp_path, max_steps=1),
+    trainer = GRPOTrainer(  # seed 1: the clean prompt's sampled rollouts never draw "7" themselves
+        model=policy, reward_funcs=length_reward, args=grpo_args(tmp_path, max_steps=1, seed=1),
         train_dataset=Dataset.from_dict({"prompt": ["1+2=", "7+7="]}), processing_class=tokenizer,
         rollout_func=SpecrollRolloutFunc(backend),
     )
