@@ -6,11 +6,17 @@ a `DraftLearner` actor). Callers never know which they hold.
 
 Both refuse a rollout whose target logits were non-finite (`finish_reason="error"`) the same way:
 `generate` raises `RolloutError` once every rollout of the call is in, and the error carries them all.
+
+Online draft learning runs off the critical path: `start_learner_round` returns at once and the
+round (and, every few steps, a probe of the served drafter on fresh rollouts of fixed prompts) runs
+while the trainer updates the policy — in a thread of the trainer's process locally, on the learner
+actor and idle workers on Ray; `finish_learner_round` collects it before the next rollout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -31,9 +37,18 @@ class RolloutBackend(Protocol):
         """Load new policy weights on every engine; returns the seconds it took."""
         ...
 
-    def learner_round(self) -> Any:
-        """Run one online draft-learning round on what the rollouts revealed so far; publish the new
-        drafter to every engine if it measured better. Returns the learner's report."""
+    def start_learner_round(self, budget_s: float | None, probe: ProbeRequest | None = None) -> None:
+        """Begin one draft-learning round on the rollouts so far — after scoring `probe`, if given —
+        and return at once. A no-op without a learner."""
+        ...
+
+    def finish_learner_round(self) -> LearnerRound | None:
+        """Wait for the round `start_learner_round` began and publish its drafter to every engine if
+        the version moved. None when no round is running (or there is no learner)."""
+        ...
+
+    def published_drafter(self) -> dict[str, torch.Tensor] | None:
+        """The drafter weights the learner publishes now (None without a learner)."""
         ...
 
     def metrics(self) -> dict[str, float]:
@@ -42,6 +57,31 @@ class RolloutBackend(Protocol):
 
     def shutdown(self) -> None:
         ...
+
+
+@dataclass
+class ProbeRequest:
+    """Fresh rollouts of a fixed set of prompts, scored for the served vs the frozen drafter, never trained on."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    n: int
+
+
+@dataclass
+class LearnerRound:
+    """What one background round did: the learner's `LearnerReport`, the probe's `ProbeReport` (or
+    None), and the seconds `finish_learner_round` blocked for it (its share of the critical path)."""
+
+    report: Any
+    probe: Any
+    wait_s: float
+
+
+def learner_round(backend: RolloutBackend) -> LearnerRound | None:
+    """One round, waited for: `start_learner_round` then `finish_learner_round` (scripts, tests)."""
+    backend.start_learner_round(None)
+    return backend.finish_learner_round()
 
 
 class RolloutError(RuntimeError):

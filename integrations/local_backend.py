@@ -5,15 +5,19 @@ For one machine without Ray (tests, notebooks, a single-GPU run)::
     backend = LocalBackend.from_models(target, drafter, EngineConfig(gamma="auto"), LearnerConfig())
     trainer = GRPOTrainer(..., rollout_func=SpecrollRolloutFunc(backend))
 
-Every rollout batch is handed to the learner's buffer; `learner_round` distils the learner's own
-copy of the drafter and loads it into the engine only when the learner published a new version,
-so a round that measured worse never changes what the engine drafts with.
+Every rollout batch is handed to the learner's buffer. `start_learner_round` runs the round (and
+a probe, if asked) in a background thread while the trainer updates the policy — torch releases the
+GIL in its kernels, so the two share the machine's cores — and `finish_learner_round` joins it and
+loads the learner's drafter into the engine only when the version moved, so a round that measured
+worse never changes what the engine drafts with. `sync_policy` and `generate` join a running round
+first: the probe generates on the same engine.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +27,7 @@ from transformers import PreTrainedModel
 
 from specroll.rollout import EngineConfig, EngineStats, Rollout, SamplingParams, SpecEngine
 
-from .backend import name_prompt_ids, raise_for_errors
+from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 
 
 class LocalBackend:
@@ -34,6 +38,8 @@ class LocalBackend:
         self.learner = learner
         self.last_stats = EngineStats()
         self.last_sync_s = 0.0
+        self._round: threading.Thread | None = None
+        self._round_result: dict[str, Any] | None = None  # the last round's, until finish_learner_round
 
     @classmethod
     def from_models(
@@ -62,6 +68,7 @@ class LocalBackend:
         return cls(SpecEngine(target, drafter, engine_config, target_tokenizer, drafter_tokenizer), learner)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
+        self._join_round()
         self.engine.stats.reset()
         rollouts = self.engine.generate(prompts, params, n)
         self.last_stats = copy.deepcopy(self.engine.stats)
@@ -71,19 +78,50 @@ class LocalBackend:
         return rollouts
 
     def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
+        self._join_round()
         started = time.perf_counter()
         self.engine.update_target(named_tensors, version)
         self.last_sync_s = time.perf_counter() - started
         return self.last_sync_s
 
-    def learner_round(self) -> Any:
-        """One learner round; returns its `LearnerReport`, or None when there is no learner."""
+    def start_learner_round(self, budget_s: float | None, probe: ProbeRequest | None = None) -> None:
         if self.learner is None:
+            return
+        if self._round_result is not None:
+            raise RuntimeError("start_learner_round called twice: finish_learner_round collects the running round")
+        break_even = self.engine.break_even_acceptance()
+        result = self._round_result = {}
+
+        def run() -> None:
+            try:
+                if probe is not None:  # not handed to the learner's buffer: a probe is never trained on
+                    result["probe"] = self.learner.probe(self.engine.generate(probe.prompts, probe.params, probe.n))
+                result["report"] = self.learner.train_round(budget_s, break_even)
+            except BaseException as err:  # re-raised in the caller's thread by finish_learner_round
+                result["error"] = err
+
+        self._round = threading.Thread(target=run, name="specroll-learner", daemon=True)
+        self._round.start()
+
+    def finish_learner_round(self) -> LearnerRound | None:
+        if self._round_result is None:
             return None
-        report = self.learner.train_round()
-        if report.published:
-            self.engine.update_drafter(self.learner.published_state_dict(), report.version)
-        return report
+        started = time.perf_counter()
+        self._join_round()
+        result, self._round_result = self._round_result, None
+        if "error" in result:
+            raise result["error"]
+        if self.learner.version != self.engine.drafter_version:
+            self.engine.update_drafter(self.learner.published_state_dict(), self.learner.version)
+        return LearnerRound(result.get("report"), result.get("probe"), time.perf_counter() - started)
+
+    def published_drafter(self) -> dict[str, torch.Tensor] | None:
+        return None if self.learner is None else self.learner.published_state_dict()
+
+    def _join_round(self) -> None:
+        if self._round is not None:
+            self._round.join()
+            self._round = None
 
     def metrics(self) -> dict[str, float]:
         """Numbers of the last `generate` call, under the names the TRL hook logs."""
@@ -93,6 +131,7 @@ class LocalBackend:
         }
 
     def shutdown(self) -> None:
+        self._join_round()
         self.learner = None
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
+from .backend import learner_round
 from .config import ModelPaths, RayRunConfig, load_config
 from .controller import RolloutController
 from .ray_cluster import connect_ray
@@ -45,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
         for round_index in range(config.job.rounds):
             prompts = torch.randint(vocab, (config.job.num_prompts, config.job.prompt_len), generator=generator)
             rollouts = controller.generate(prompts.tolist(), config.sampling, n=config.job.n)
-            report = controller.learner_round()
+            done = learner_round(controller)
             line = {"round": round_index, "rollouts": len(rollouts), **controller.metrics(),
-                    "drafter_published": bool(report and report.published)}
+                    "drafter_published": bool(done and done.report.published)}
             print(json.dumps(line), flush=True)
     finally:
         controller.shutdown()

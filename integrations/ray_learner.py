@@ -1,9 +1,11 @@
 """DraftLearnerActor: the online draft learner (`specroll.online_drafter.DraftLearner`) as a Ray actor.
 
 The controller forwards each round's rollout ObjectRefs (the learner pulls them from the object
-store itself, so rollouts do not pass through the driver twice) and calls `train_round` between
-rollout rounds, while workers would otherwise idle. The drafter weights live here; when a round
-publishes, the controller fetches `published_state_dict` and syncs it to the workers. The learner
+store itself, so rollouts do not pass through the driver twice), then queues `probe` (refs to the
+probe rollouts idle workers are generating) and `train_round` without waiting: an actor runs its
+calls in order, so the probe scores the drafter that served the step before the round replaces it,
+and the whole round runs while the trainer updates the policy. The drafter weights live here; when
+the version moved, the controller fetches `published_state_dict` and syncs it to the workers. The learner
 is not restarted on failure: losing it costs learning, never rollouts, and the controller reports it.
 """
 
@@ -30,9 +32,13 @@ class DraftLearnerActor:
         self.learner.add_rollouts(rollouts)
         return len(rollouts)
 
-    def train_round(self) -> Any:
+    def train_round(self, budget_s: float | None, break_even: float | None) -> Any:
         """One distillation round; returns the learner's `LearnerReport`."""
-        return self.learner.train_round()
+        return self.learner.train_round(budget_s, break_even)
+
+    def probe(self, rollout_lists: list[ray.ObjectRef]) -> Any:
+        """Score served vs frozen on probe rollouts (refs to workers' results); never buffered."""
+        return self.learner.probe([r for batch in ray.get(rollout_lists) for r in batch])
 
     def version(self) -> int:
         return self.learner.version

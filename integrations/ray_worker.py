@@ -71,6 +71,10 @@ class RolloutWorker:
         self.metrics.record_batch(self.last_batch)
         return rollouts
 
+    def break_even_acceptance(self) -> float | None:
+        """`SpecEngine.break_even_acceptance` of this worker's engine (for the learner's watchdog)."""
+        return self.engine.break_even_acceptance()
+
     def stage_weights(self, role: str, payload: WeightPayload, rank: int, timeout_s: float) -> None:
         """Fetch `payload` over its transport into staging memory, replacing any staged `role` version.
 

@@ -39,7 +39,7 @@ PLOTS = {
     "reward": "Reward per step",
     "tokens_per_s": "Rollout tokens/s per step vs plain decoding",
     "probe": "Drift on the probe set: online drafter vs frozen shadow",
-    "acceptance": "Learner's held-out acceptance per round (secondary)",
+    "acceptance": "Held-out acceptance per learner round (secondary)",
     "gamma_live_batch": "γ and live batch over one rollout",
 }
 ROLLING = 5  # steps in the reward's rolling mean
@@ -75,9 +75,12 @@ class ReportFiles:
 
 
 def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: SpeedMeasurement,
-                 config: dict[str, Any], summary: dict[str, Any], events: list[str] | None = None) -> ReportFiles:
+                 config: dict[str, Any], summary: dict[str, Any], events: list[str] | None = None,
+                 probes: list[dict[str, float]] | None = None) -> ReportFiles:
     """Write the report folder (created if needed); returns the paths written. `events`: the
-    learner's event lines (watchdog reverts, candidate resets), listed on the page."""
+    learner's event lines (watchdog reverts, candidate resets), listed on the page; `probes`: one
+    dict per probe, `step` the policy version probed and the `drafter/probe_*` numbers (also written
+    to `probes.jsonl`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps = [entry for entry in history if "step" in entry and "reward" in entry]
@@ -85,6 +88,9 @@ def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: Spee
     with metrics_path.open("w") as f:
         for entry in history:
             f.write(json.dumps(entry) + "\n")
+    with (out / "probes.jsonl").open("w") as f:
+        for probe in probes or []:
+            f.write(json.dumps(probe) + "\n")
     config_path = out / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     summary = {**summary, "speed": {**asdict(speed), "speedup": speed.speedup}}
@@ -93,7 +99,7 @@ def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: Spee
     plots = {
         "reward": _plot_reward(out / "reward.png", steps),
         "tokens_per_s": _plot_tokens_per_s(out / "tokens_per_s.png", steps, speed),
-        "probe": _plot_probe(out / "probe.png", history),
+        "probe": _plot_probe(out / "probe.png", probes or []),
         "acceptance": _plot_series(out / "acceptance.png", PLOTS["acceptance"], steps, {
             "drafter/acceptance_before": "online drafter (expected, held-out)",
             "drafter/acceptance_frozen_shadow": "frozen shadow (expected, same positions)",
@@ -133,8 +139,7 @@ def _plot_reward(path: Path, steps: list[dict]) -> Path:
     return _save(fig, path)
 
 
-def _plot_probe(path: Path, history: list[dict]) -> Path:
-    probes = [e for e in history if e.get("drafter/probe_online") is not None]
+def _plot_probe(path: Path, probes: list[dict]) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.4), sharex=True, height_ratios=(3, 2))
     x = [e["step"] for e in probes]
     for key, label, color in (("online", "online drafter (served)", "tab:blue"),

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(config.torch_threads)
     backend = make_backend(config, sources)
     try:
-        trainer = train(config, sources, backend)
+        trainer, schedule = train(config, sources, backend)
         speed = measure_speed(config, sources, trainer, backend)
     finally:
         backend.shutdown()
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     history = trainer.state.log_history
     wall_s = time.perf_counter() - started
     files = write_report(config.report.out_dir, history, speed, resolved_dict(config),
-                         summarize(history, speed, wall_s))
+                         summarize(history, speed, wall_s, schedule), schedule.events, schedule.probes)
     print(f"specroll train: done in {wall_s:.0f}s; speculative {speed.spec_tokens_per_s:.0f} tok/s vs plain "
           f"{speed.plain_tokens_per_s:.0f} tok/s ({speed.speedup:.2f}x); report: {files.html}")
     return 0
@@ -128,13 +128,31 @@ def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
     ))
 
 
-def train(config: TrainConfig, sources: ModelSources, backend: RolloutBackend) -> Any:
+def probe_prompts(n: int, seed: int, max_digits: int, training: list) -> list[list[dict[str, str]]]:
+    """`n` demo prompts none of which is among the `training` prompts (short sums repeat across draws)."""
+    from specroll.demo.task import make_prompts
+
+    seen = {json.dumps(p, sort_keys=True) for p in training}
+    chosen, draw = [], 0
+    while len(chosen) < n:
+        draw += 1
+        for prompt in make_prompts(4 * n, seed * 1_000 + draw, max_digits):
+            key = json.dumps(prompt, sort_keys=True)
+            if key not in seen and len(chosen) < n:
+                seen.add(key)
+                chosen.append(prompt)
+    return chosen
+
+
+def train(config: TrainConfig, sources: ModelSources, backend: RolloutBackend) -> tuple[Any, Any]:
+    """Run GRPO; returns the trainer and its hook's `LearnerSchedule` (probes, events, learner times)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from specroll.demo.reward import make_reward
     from specroll.demo.task import make_prompts
 
+    from .learner_schedule import LearnerSchedule, ProbeSet
     from .trl import SpecrollRolloutFunc
 
     grpo = config.grpo
@@ -149,15 +167,20 @@ def train(config: TrainConfig, sources: ModelSources, backend: RolloutBackend) -
         save_strategy="no", report_to=_report_to(), disable_tqdm=True, **grpo.extra,
     )
     dataset = Dataset.from_dict({"prompt": make_prompts(grpo.num_train_prompts, grpo.seed, sources.max_digits)})
+    probe = None
+    if config.probe.prompts:
+        probe = ProbeSet(probe_prompts(config.probe.prompts, grpo.seed + 2, sources.max_digits, dataset["prompt"]),
+                         config.probe.every, config.probe.samples)
+    schedule = LearnerSchedule(probe, config.learner_schedule.rollout_share, config.learner_schedule.update_share)
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(sources.target), reward_funcs=make_reward(), args=args,
         train_dataset=dataset, processing_class=sources.tokenizer,
-        rollout_func=SpecrollRolloutFunc(backend, learn=config.online_learning),
+        rollout_func=SpecrollRolloutFunc(backend, learn=config.online_learning, schedule=schedule),
         callbacks=[ProgressBar()],
     )
     trainer.remove_callback(PrinterCallback)  # the progress bar shows the numbers; the report keeps them
     trainer.train()
-    return trainer
+    return trainer, schedule
 
 
 def measure_speed(config: TrainConfig, sources: ModelSources, trainer: Any,
@@ -189,7 +212,7 @@ def _measure_speed(config: TrainConfig, sources: ModelSources, trainer: Any,
     spec = SpecEngine(AutoModelForCausalLM.from_pretrained(sources.target), drafter, engine_config,
                       *tokenizer_pair(sources.paths))
     spec.update_target(policy, trainer.state.global_step)
-    published = _published_drafter(backend)
+    published = backend.published_drafter()
     if drafter is not None and published:
         spec.update_drafter(published, version=-1)
     plain = SpecEngine(spec.target.model, None, engine_config)
@@ -210,16 +233,23 @@ def _measure_speed(config: TrainConfig, sources: ModelSources, trainer: Any,
     )
 
 
-def summarize(history: list[dict], speed: SpeedMeasurement, wall_s: float) -> dict[str, Any]:
+def summarize(history: list[dict], speed: SpeedMeasurement, wall_s: float, schedule: Any) -> dict[str, Any]:
     steps = [e for e in history if "reward" in e]
     first, last = (steps[0], steps[-1]) if steps else ({}, {})
-    keys = ("reward", "drafter/acceptance_before", "drafter/acceptance_frozen_shadow", "rollout/tokens_per_s",
-            "rollout/acceptance_rate", "drafter/version")
+    keys = ("reward", "rollout/tokens_per_s", "rollout/acceptance_rate", "drafter/version")
+    probes = schedule.probes
+    drift = {}
+    if probes:
+        drift = {f"{where}_{name}": probe[f"drafter/probe_{name}"] for where, probe in (("first", probes[0]),
+                 ("last", probes[-1])) for name in ("online", "frozen", "gain", "gain_se")}
+        drift["first_step"], drift["last_step"] = probes[0]["step"], probes[-1]["step"]
     return {
         "wall_time_s": wall_s,
         "steps": len(steps),
         "first_step": {k: first.get(k) for k in keys},
         "last_step": {k: last.get(k) for k in keys},
+        "probe": drift,
+        "learner": {**vars(schedule.times), **schedule.times.shares(), "events": len(schedule.events)},
         "speedup_vs_plain": speed.speedup,
     }
 
@@ -244,17 +274,6 @@ class ProgressBar(TrainerCallback):
         self.bar.close()
         if state.log_history:
             print(json.dumps({k: v for k, v in state.log_history[-1].items() if isinstance(v, (int, float))}))
-
-
-def _published_drafter(backend: RolloutBackend) -> dict[str, torch.Tensor] | None:
-    learner = getattr(backend, "learner", None)
-    if learner is None:
-        return None
-    if hasattr(learner, "published_state_dict") and not hasattr(learner.published_state_dict, "remote"):
-        return learner.published_state_dict()
-    import ray
-
-    return ray.get(learner.published_state_dict.remote())
 
 
 def _report_to() -> list[str]:

@@ -5,7 +5,8 @@
 Sections: `models` (the demo recipe, or your own `save_pretrained` folders), `grpo` (the TRL
 `GRPOTrainer` run), `backend` (in-process or Ray, with the Ray topology and weight transport),
 `engine` (`EngineConfig`), `learner` (`LearnerConfig`; `online_learning: false` keeps the drafter
-frozen), `report` (where the report lands and how the end-of-run speed measurement is done).
+frozen), `learner_schedule` (the background round's budget), `probe` (the drift probe set), `report`
+(where the report lands and how the end-of-run speed measurement is done).
 Loading goes through the project's typed loader (`config.load_config`): a missing file, an unknown
 key, a value of the wrong type or an emptied section fails with a `ConfigError` naming it, and
 every section validates its values in `__post_init__`, so a bad config stops before any model is built.
@@ -120,6 +121,37 @@ class ReportSettings:
 
 
 @dataclass
+class ProbeSettings:
+    """The drift probe: `prompts` fixed task prompts (drawn apart from the training prompts, never trained
+    on), `samples` fresh samples each, every `every` steps; `prompts: 0` turns it off."""
+
+    prompts: int = 32
+    samples: int = 2
+    every: int = 5
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.prompts, int) and (self.prompts == 0 or self.prompts >= 2), "probe.prompts",
+                self.prompts, "0 (off) or an int >= 2")
+        for name in ("samples", "every"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= 1, f"probe.{name}", value, "an int >= 1")
+
+
+@dataclass
+class LearnerScheduleSettings:
+    """A background learner round may take `rollout_share` of the last rollout's seconds and
+    `update_share` of the last policy update's (whichever is smaller)."""
+
+    rollout_share: float = 0.25
+    update_share: float = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("rollout_share", "update_share"):
+            value = getattr(self, name)
+            require(0 < value <= 1, f"learner_schedule.{name}", value, "a number in (0, 1]")
+
+
+@dataclass
 class TrainConfig:
     """One `specroll train` run (see the module docstring)."""
 
@@ -129,6 +161,8 @@ class TrainConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     online_learning: bool = True
+    learner_schedule: LearnerScheduleSettings = field(default_factory=LearnerScheduleSettings)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
     torch_threads: int | None = None
     report: ReportSettings = field(default_factory=ReportSettings)
 

@@ -11,20 +11,25 @@ TRL 1.16 calls `rollout_func(prompts, trainer)` with this process's prompts, eac
 `completion_ids` and `logprobs`, one entry per prompt entry, in order; every other key is forwarded
 to the reward functions (one value per entry). On each call this hook:
 
-1. syncs the policy to the backend when `trainer.state.global_step` moved since the last sync
-   (plain, PEFT or ZeRO-3 models, see `policy_sync`), tagging it with the step as its version; then,
-   for a training batch, runs one online draft-learning round on the rollouts of the previous step;
+1. for a training batch, collects the online draft-learning round that ran in the background since
+   the previous step's rollouts (`LearnerSchedule`: it ran while the trainer updated the policy),
+   publishing its drafter if the version moved; then syncs the policy to the backend when
+   `trainer.state.global_step` moved since the last sync (plain, PEFT or ZeRO-3 models, see
+   `policy_sync`), tagging it with the step as its version;
 2. applies the chat template to conversational prompts, exactly as TRL's own generation path does;
 3. generates each group once with n = G — one backend call for all the unique prompts — instead of
    G separate generations, so siblings share the batch (and, on Ray, the worker); a rollout that
    failed (non-finite target logits) raises `RolloutError`, naming its decoded prompt and carrying
    every rollout of the batch, instead of handing TRL a completion cut short by a fault;
-4. appends `rollout/*`, `drafter/*` and `weights/sync_s` to the trainer's metrics, which
+4. for a training batch, starts the next learner round (with a probe of the served drafter every
+   few steps) without waiting for it;
+5. appends `rollout/*`, `drafter/*` and `weights/sync_s` to the trainer's metrics, which
    `GRPOTrainer.log` averages into `log_history` and every `report_to` target alongside its own.
 
-At its first call the hook also registers a `PolicySyncCallback` on the trainer, which syncs once
-more when `trainer.train()` ends: the last optimizer step happens after the last rollout, so without
-it evaluation, saving or a speed measurement after training would run the policy one step behind.
+At its first call the hook also registers a `PolicySyncCallback` on the trainer, which collects the
+last learner round and syncs once more when `trainer.train()` ends: the last optimizer step happens
+after the last rollout, so without it evaluation, saving or a speed measurement after training
+would run the policy one step behind.
 
 Departure from TRL's vLLM path: sampling knobs the engine does not implement (`min_p`,
 `repetition_penalty`) raise instead of being silently ignored.
@@ -42,25 +47,29 @@ from trl.data_utils import is_conversational
 from specroll.rollout import Rollout, SamplingParams
 
 from .backend import RolloutBackend, RolloutError, raise_for_errors
+from .learner_schedule import LearnerSchedule, ProbeSet
 from .policy_sync import gather_policy_weights
-
-# Fields of a learner report logged under drafter/<name>.
-_REPORT_FIELDS = ("loss", "acceptance_before", "acceptance_after", "acceptance_frozen_shadow", "train_time_s")
 
 
 class SpecrollRolloutFunc:
     """A `rollout_func` for TRL's GRPOTrainer backed by any `RolloutBackend` (in-process or Ray).
 
-    `learn=False` skips online draft-learning rounds (the drafter stays as loaded).
+    `learn=False` skips online draft-learning rounds (the drafter stays as loaded); `probe` (prompts
+    in the dataset's format) measures the served drafter against the frozen one every few steps;
+    `schedule` sets the learner's budget shares (see `LearnerSchedule`).
     """
 
-    def __init__(self, backend: RolloutBackend, learn: bool = True):
+    def __init__(self, backend: RolloutBackend, learn: bool = True, probe: ProbeSet | None = None,
+                 schedule: LearnerSchedule | None = None):
         self.backend = backend
         self.learn = learn
+        self.schedule = schedule or LearnerSchedule()
+        if probe is not None:
+            self.schedule.probe = probe
         self.synced_step: int | None = None
-        self.train_rollout_step: int | None = None  # global step of the last training batch
         self.num_calls = 0
         self._attached_to: Any = None
+        self._probe_ids: list[list[int]] | None = None
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         if self._attached_to is not trainer:  # TRL hands the hook its trainer only here
@@ -68,18 +77,24 @@ class SpecrollRolloutFunc:
             self._attached_to = trainer
         mode = "train" if trainer.model.training else "eval"
         step = trainer.state.global_step
+        learns = mode == "train" and self.learn and trainer.accelerator.is_main_process
+        if learns:
+            self.collect_learner_round(trainer)  # before the sync: on Ray the probe still uses the workers
         if step != self.synced_step:  # evaluation, too, sees the current policy
             self.sync_policy(trainer)
-        if mode == "train":
-            if self.learn and self.train_rollout_step not in (None, step) and trainer.accelerator.is_main_process:
-                self._learner_round(trainer)  # on the rollouts of the previous step
-            self.train_rollout_step = step
         prompt_ids = tokenize_prompts(prompts, trainer)
         group_size = trainer.num_generations if mode == "train" else trainer.num_generations_eval
+        params = sampling_params(trainer, self.num_calls)
         started = time.perf_counter()
-        rollouts = self._generate_groups(prompt_ids, group_size, sampling_params(trainer, self.num_calls), trainer)
+        rollouts = self._generate_groups(prompt_ids, group_size, params, trainer)
+        seconds = time.perf_counter() - started
         self.num_calls += 1
-        self._log(trainer, mode, rollout_metrics(rollouts, time.perf_counter() - started, self.backend.metrics()))
+        self._log(trainer, mode, rollout_metrics(rollouts, seconds, self.backend.metrics()))
+        if learns:
+            self.schedule.rollout_done(seconds, started)
+            self.backend.start_learner_round(self.schedule.budget(),
+                                             self.schedule.probe_request(step, self._probe_prompt_ids(trainer), params))
+            self.schedule.round_started()
         return {
             "prompt_ids": [r.prompt_ids for r in rollouts],
             "completion_ids": [r.completion_ids for r in rollouts],
@@ -108,13 +123,16 @@ class SpecrollRolloutFunc:
         self._log(trainer, "train", {"weights/sync_s": seconds})
         return seconds
 
-    def _learner_round(self, trainer: Any) -> None:
-        report = self.backend.learner_round()
-        if report is None:
-            return
-        metrics = {f"drafter/{name}": float(getattr(report, name)) for name in _REPORT_FIELDS}
-        metrics["drafter/published"] = float(report.published)
-        self._log(trainer, "train", metrics)
+    def collect_learner_round(self, trainer: Any) -> None:
+        """Wait for the background learner round (publishing its drafter if the version moved); log it."""
+        self._log(trainer, "train", self.schedule.round_collected(self.backend.finish_learner_round()))
+
+    def _probe_prompt_ids(self, trainer: Any) -> list[list[int]] | None:
+        if self.schedule.probe is None:
+            return None
+        if self._probe_ids is None:
+            self._probe_ids = tokenize_prompts(self.schedule.probe.prompts, trainer)
+        return self._probe_ids
 
     def _generate_groups(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
                          trainer: Any) -> list[Rollout]:
@@ -146,7 +164,8 @@ class SpecrollRolloutFunc:
 
 
 class PolicySyncCallback(TrainerCallback):
-    """Syncs the hook's backend to the trainer's final policy when `trainer.train()` ends.
+    """Collects the last learner round and syncs the hook's backend to the trainer's final policy when
+    `trainer.train()` ends.
 
     `SpecrollRolloutFunc` registers it on its trainer at its first call. Transformers calls
     `on_train_end` on every process, so every ZeRO-3 rank joins the collective gather.
@@ -157,8 +176,11 @@ class PolicySyncCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step != self.rollout_func.synced_step:
-            self.rollout_func.sync_policy(self.trainer)
+        rollout_func = self.rollout_func
+        if rollout_func.learn and self.trainer.accelerator.is_main_process:
+            rollout_func.collect_learner_round(self.trainer)  # the last step's round: its probe, its drafter
+        if state.global_step != rollout_func.synced_step:
+            rollout_func.sync_policy(self.trainer)
 
 
 def rollout_metrics(rollouts: list[Rollout], seconds: float, backend_metrics: dict[str, float]) -> dict[str, float]:

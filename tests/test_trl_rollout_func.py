@@ -105,11 +105,15 @@ def test_find_groups_falls_back_to_runs_when_prompts_are_not_repeated():
 def test_a_failed_rollout_stops_training_naming_its_prompt(tmp_path):
     tokenizer = tiny_tokenizer()
     policy = tiny_model(len(tokenizer), seed=0)
+    seven = tokenizer.convert_tokens_to_ids("7")
     with torch.no_grad():  # any prompt holding "7" gets non-finite logits: its rollouts end in "error"
-        policy.model.embed_tokens.weight[tokenizer.convert_tokens_to_ids("7")] = float("nan")
+        policy.model.embed_tokens.weight[seven] = float("nan")
+        # ... and no clean row may emit "7" itself (it would fail too): a zero logit never wins under top_k = 1,
+        # whatever the sampler's random numbers.
+        policy.lm_head.weight[seven] = 0.0
     backend = LocalBackend.from_models(copy.deepcopy(policy), None, EngineConfig(max_seq_len=32, gamma=0))
-    trainer = GRPOTrainer(  # seed 1: the clean prompt's sampled rollouts never draw "7" themselves
-        model=policy, reward_funcs=length_reward, args=grpo_args(tmp_path, max_steps=1, seed=1),
+    trainer = GRPOTrainer(
+        model=policy, reward_funcs=length_reward, args=grpo_args(tmp_path, max_steps=1, top_k=1),
         train_dataset=Dataset.from_dict({"prompt": ["1+2=", "7+7="]}), processing_class=tokenizer,
         rollout_func=SpecrollRolloutFunc(backend),
     )

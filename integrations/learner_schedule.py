@@ -1,0 +1,138 @@
+"""LearnerSchedule: when the TRL hook runs online draft learning, with what budget, and what it logs.
+
+The hook starts a background round right after a training batch's rollouts (the backend returns at
+once) and collects it at the next call, before the policy sync: the round runs while the trainer
+computes rewards and updates the policy, when rollout workers would sit idle. Its budget is the time
+it has, bounded by a share of the rollout it is meant to speed up:
+
+    budget = min(rollout_share × last rollout seconds, update_share × last update seconds)
+
+(the update's length is only known from the second step on). Every `ProbeSet.every` steps the round
+first scores the served drafter against the frozen one on fresh rollouts of fixed probe prompts
+(`DraftLearner.probe`): the drift measure the report plots.
+
+Logged under `drafter/*` into the trainer's metrics (so every `report_to` target sees them), the same
+on every backend because they are computed here from the learner's own reports. The schedule also
+keeps, for the end-of-run report, every probe (with the policy version it probed), every learner
+event, and the time totals behind the learner's share of the critical path.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specroll.rollout import SamplingParams
+
+from .backend import LearnerRound, ProbeRequest
+
+REPORT_FIELDS = ("loss", "acceptance_before", "acceptance_after", "acceptance_frozen_shadow", "gain", "gain_se",
+                 "train_time_s", "round_time_s", "num_steps", "num_holdout_groups")
+# ProbeReport field -> logged name (the served drafter is "online": the one online learning produced)
+PROBE_FIELDS = {"served": "online", "frozen": "frozen", "gain": "gain", "gain_se": "gain_se",
+                "served_se": "online_se", "frozen_se": "frozen_se"}
+
+
+@dataclass
+class ProbeSet:
+    """Fixed prompts in the dataset's format (strings or conversations), never trained on, probed with
+    `samples` fresh samples each every `every` steps (and at the first step)."""
+
+    prompts: list[Any]
+    every: int = 5
+    samples: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise ValueError("prompts=[] is invalid: a probe set needs at least 2 prompts")
+        if not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(f"every={self.every!r} is invalid: an int >= 1")
+        if not isinstance(self.samples, int) or self.samples < 1:
+            raise ValueError(f"samples={self.samples!r} is invalid: an int >= 1")
+
+
+@dataclass
+class LearnerTimes:
+    """Seconds summed over the run: what the learner cost the critical path, and what it ran in all."""
+
+    wait_s: float = 0.0  # the hook blocked on a round (its serial share)
+    round_s: float = 0.0  # rounds ran, in the background
+    rollout_s: float = 0.0  # training rollouts
+    probes_s: float = 0.0  # probe generation + scoring, inside rounds' wall time as seen by the hook
+    wall_s: float = 0.0  # from the first training rollout to the last collection
+
+    def shares(self) -> dict[str, float]:
+        return {"learner_serial_share": self.wait_s / self.wall_s if self.wall_s else 0.0,
+                "learner_time_vs_rollout": self.round_s / self.rollout_s if self.rollout_s else 0.0}
+
+
+@dataclass
+class LearnerSchedule:
+    probe: ProbeSet | None = None
+    rollout_share: float = 0.25
+    update_share: float = 0.9
+    max_budget_s: float | None = None
+    probes: list[dict[str, float]] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    times: LearnerTimes = field(default_factory=LearnerTimes)
+    _started_at: float | None = None
+    _first_rollout_at: float | None = None
+    _last_rollout_s: float = 0.0
+    _update_s: float | None = None  # from a round's start to its collection: the trainer's update
+    _pending_probe: tuple[int, float] | None = None  # (policy version, started) of the probe in flight
+
+    def budget(self) -> float:
+        """Seconds the next round may take (see the module docstring)."""
+        budget = self.rollout_share * self._last_rollout_s
+        if self._update_s is not None:
+            budget = min(budget, self.update_share * self._update_s)
+        return budget if self.max_budget_s is None else min(budget, self.max_budget_s)
+
+    def rollout_done(self, rollout_s: float, started_at: float) -> None:
+        self._last_rollout_s = rollout_s
+        self.times.rollout_s += rollout_s
+        if self._first_rollout_at is None:
+            self._first_rollout_at = started_at
+
+    def probe_request(self, step: int, prompt_ids: list[list[int]] | None, params: SamplingParams
+                      ) -> ProbeRequest | None:
+        """The probe to run with this step's round, if one is due (`prompt_ids`: the probe prompts tokenized)."""
+        if self.probe is None or step % self.probe.every:
+            return None
+        self._pending_probe = (step, time.perf_counter())
+        return ProbeRequest(prompt_ids, SamplingParams(**{**asdict(params), "seed": 7_919 * (step + 1)}),
+                            self.probe.samples)
+
+    def round_started(self) -> None:
+        self._started_at = time.perf_counter()
+
+    def round_collected(self, done: LearnerRound | None) -> dict[str, float]:
+        """Account for a collected round; returns the metrics to log (empty when nothing ran)."""
+        now = time.perf_counter()
+        self._update_s = now - self._started_at if self._started_at is not None else None
+        if done is None:
+            return {}
+        self.times.wait_s += done.wait_s
+        self.times.wall_s = now - (self._first_rollout_at or now)
+        metrics = {"drafter/learner_wait_s": done.wait_s}
+        report = done.report
+        if report is not None:
+            self.times.round_s += report.round_time_s
+            metrics.update({f"drafter/{name}": float(getattr(report, name)) for name in REPORT_FIELDS})
+            metrics["drafter/published"] = float(report.published)
+            metrics["drafter/budget_s"] = float(report.budget_s or 0.0)
+            if report.event:
+                self.events.append(f"round after step {report.policy_version}: {report.event}")
+        if done.probe is not None:
+            version, started = self._pending_probe or (done.probe.policy_version, now)
+            self.times.probes_s += now - started
+            probe = {f"drafter/probe_{name}": float(getattr(done.probe, k)) for k, name in PROBE_FIELDS.items()}
+            probe["drafter/probe_policy_version"] = float(version)
+            metrics.update(probe)
+            self.probes.append({"step": version, **probe, "drafter/probe_drafter_version": done.probe.drafter_version})
+            if done.probe.event:
+                self.events.append(f"probe of policy version {version}: {done.probe.event}")
+        self._pending_probe = None
+        metrics["drafter/events"] = float(len(self.events))
+        return metrics

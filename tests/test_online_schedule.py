@@ -1,0 +1,125 @@
+"""Online learning off the critical path: the learner round runs in the background between rollouts,
+the probe scores the served drafter on fixed prompts never trained on, and everything lands in the
+trainer's logs — through a real GRPOTrainer on the in-process backend, and on the Ray controller."""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+from datasets import Dataset
+from ray_fixtures import make_config
+from trl import GRPOTrainer
+from trl_tiny import grpo_args, length_reward
+
+from specroll.demo.models import load_or_build_demo_models
+from specroll.demo.recipe import DemoRecipe
+from specroll.demo.task import make_prompts
+from specroll.integrations.backend import ProbeRequest
+from specroll.integrations.controller import RolloutController
+from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
+from specroll.integrations.local_backend import LocalBackend
+from specroll.integrations.trl import SpecrollRolloutFunc
+from specroll.online_drafter import LearnerConfig
+from specroll.rollout import EngineConfig, SamplingParams
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+LEARNER = LearnerConfig(lr=1e-3, max_steps=4, batch_size=4, holdout_fraction=0.5)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tmp_path_factory.mktemp("cache"), progress=False)
+
+
+def backend_for(demo) -> LocalBackend:
+    return LocalBackend.from_models(copy.deepcopy(demo.target), copy.deepcopy(demo.drafter),
+                                    EngineConfig(max_batch_size=8, max_seq_len=64, gamma=2), LEARNER)
+
+
+def test_the_round_runs_while_the_caller_goes_on(demo):
+    backend = backend_for(demo)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=0)
+    backend.generate([[1, 5, 6], [1, 7, 8]], params, n=2)
+    gate, entered = threading.Event(), threading.Event()
+    train_round = backend.learner.train_round
+
+    def blocked_round(*args):
+        entered.set()
+        gate.wait(timeout=30)
+        return train_round(*args)
+
+    backend.learner.train_round = blocked_round
+    backend.start_learner_round(budget_s=5.0)  # returns although the round cannot finish yet
+    assert entered.wait(timeout=30)
+    gate.set()
+    done = backend.finish_learner_round()
+    assert done is not None and done.report.num_steps > 0 and done.probe is None
+    assert backend.finish_learner_round() is None  # collected once
+    assert backend.engine.drafter_version == backend.learner.version
+
+
+def test_a_probe_is_scored_but_never_trained_on(demo):
+    backend = backend_for(demo)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=0)
+    backend.generate([[1, 5, 6], [1, 7, 8]], params, n=2)
+    seen = len(backend.learner.buffer) + len(backend.learner.holdout)
+    backend.start_learner_round(None, ProbeRequest([[1, 9, 9], [1, 4, 4], [1, 3, 3]], params, 2))
+    done = backend.finish_learner_round()
+    assert done.probe.num_groups == 3 and done.probe.gain == pytest.approx(0.0, abs=1e-9)
+    assert len(backend.learner.buffer) + len(backend.learner.holdout) == seen
+
+
+@pytest.fixture(scope="module")
+def trained(demo, tmp_path_factory):
+    backend = backend_for(demo)
+    schedule = LearnerSchedule(ProbeSet(make_prompts(4, seed=9, max_digits=3), every=2, samples=2))
+    trainer = GRPOTrainer(
+        model=copy.deepcopy(demo.target), reward_funcs=length_reward,
+        args=grpo_args(tmp_path_factory.mktemp("grpo"), max_steps=3),
+        train_dataset=Dataset.from_dict({"prompt": make_prompts(8, seed=0, max_digits=3)}),
+        processing_class=demo.tokenizer, rollout_func=SpecrollRolloutFunc(backend, schedule=schedule),
+    )
+    trainer.train()
+    return trainer, backend, schedule
+
+
+def test_rounds_and_probes_reach_the_logs_and_the_report_data(trained):
+    trainer, backend, schedule = trained
+    steps = [e for e in trainer.state.log_history if "reward" in e]
+    # The round started after step s's rollouts is collected at step s + 1's call, logged with it.
+    assert all("drafter/learner_wait_s" in e and "drafter/gain" in e for e in steps[1:])
+    assert [p["step"] for p in schedule.probes] == [0, 2]  # every 2 steps, collected at train end too
+    assert all(0 < p["drafter/probe_online"] <= 1 and p["drafter/probe_gain_se"] >= 0 for p in schedule.probes)
+    assert backend._round_result is None  # the last round was collected when train() ended
+    assert backend.engine.drafter_version == backend.learner.version
+    assert schedule.times.round_s > 0 and schedule.times.rollout_s > 0
+
+
+def test_the_budget_is_a_share_of_the_rollout_and_of_the_update():
+    schedule = LearnerSchedule(rollout_share=0.25, update_share=0.5)
+    schedule.rollout_done(8.0, started_at=0.0)
+    assert schedule.budget() == pytest.approx(2.0)  # no update measured yet: the rollout's share
+    schedule._update_s = 3.0
+    assert schedule.budget() == pytest.approx(1.5)
+
+
+def test_ray_controller_runs_the_round_and_the_probe_on_its_actors(ray_cluster, tiny_model_paths):
+    controller = RolloutController(make_config(tiny_model_paths, num_workers=1, online_learning=True))
+    try:
+        params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=0)
+        controller.generate([[1, 5, 6], [1, 7, 8], [2, 3, 4]], params, n=2)
+        controller.start_learner_round(5.0, ProbeRequest([[9, 9, 1], [4, 4, 1]], params, 2))
+        done = controller.finish_learner_round()
+        assert done.report.num_steps > 0
+        assert done.probe.num_groups == 2 and done.probe.gain == pytest.approx(0.0, abs=1e-9)
+        assert controller.finish_learner_round() is None
+        published = controller.published_drafter()
+        assert published and all(isinstance(t, torch.Tensor) for t in published.values())
+    finally:
+        controller.shutdown()
