@@ -104,10 +104,10 @@ def hf_assisted(target: PreTrainedModel, drafter: PreTrainedModel, pad_id: int,
 
 
 def specroll(target: PreTrainedModel, drafter: PreTrainedModel | None, gamma: int | str, max_batch: int,
-             max_seq_len: int, name: str | None = None) -> Contender:
+             max_seq_len: int, name: str | None = None, sampler: str = "rejection") -> Contender:
     engine = SpecEngine(
         target, drafter if gamma != 0 else None,
-        EngineConfig(max_batch_size=max_batch, max_seq_len=max_seq_len, gamma=gamma),
+        EngineConfig(max_batch_size=max_batch, max_seq_len=max_seq_len, gamma=gamma, sampler=sampler),
     )
 
     def run(prompts: list[list[int]], budgets: list[int], params: SamplingParams) -> int:

@@ -13,7 +13,8 @@ engines in lockstep (one engine step each, in turn, timed per engine):
    `max_batch_size` slots with continuous batching, no stop token (every contender does the same
    work), plain vs fixed γ vs auto.
 
-Prints tokens/s and ratios, writes everything to a JSON file.
+Every speculative contender uses `--sampler` (`EngineConfig.sampler`). Prints tokens/s and ratios,
+writes everything to a JSON file.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 from specroll.rollout import SamplingParams
+from specroll.rollout.config import SAMPLER_NAMES
 
 from .contenders import Contender, hf_assisted, hf_generate, specroll
 from .models import BenchModels, load_bench_models
@@ -53,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-repeats", type=int, default=1)
     parser.add_argument("--out", default="bench_results/engine_bench.json")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--sampler", default="rejection", choices=list(SAMPLER_NAMES),
+                        help="accept rule of every speculative contender (EngineConfig.sampler)")
 
 
 GRID_MIN_PROMPTS = 16  # small batch sizes run several batches of distinct prompts per repeat
@@ -192,8 +196,10 @@ def grid(models: BenchModels, args, gammas: list[int]) -> list[dict]:
     if not args.no_hf and 1 in batch_sizes:
         contenders += [hf_assisted(models.target, models.drafter, models.pad_id, k) for k in (None, 2, 4, 8)]
     contenders += [specroll(models.target, None, 0, max_batch, max_seq)]
-    contenders += [specroll(models.target, models.drafter, g, max_batch, max_seq) for g in gammas]
-    contenders += [specroll(models.target, models.drafter, "auto", max_batch, max_seq, name="specroll_auto")]
+    contenders += [specroll(models.target, models.drafter, g, max_batch, max_seq, sampler=args.sampler)
+                   for g in gammas]
+    contenders += [specroll(models.target, models.drafter, "auto", max_batch, max_seq, name="specroll_auto",
+                            sampler=args.sampler)]
     rows = []
     for mode in args.modes.split(","):
         for batch in batch_sizes:
@@ -234,9 +240,10 @@ def rollout_workload(models: BenchModels, args, gammas: list[int]) -> list[dict]
     prompts = [models.prompts[i % len(models.prompts)] for i in range(len(budgets))]
     max_seq = max(map(len, prompts)) + args.rollout_cap + 1
     contenders = [specroll(models.target, None, 0, args.rollout_batch, max_seq)]
-    contenders += [specroll(models.target, models.drafter, g, args.rollout_batch, max_seq) for g in gammas]
+    contenders += [specroll(models.target, models.drafter, g, args.rollout_batch, max_seq, sampler=args.sampler)
+                   for g in gammas]
     contenders += [specroll(models.target, models.drafter, "auto", args.rollout_batch, max_seq,
-                            name="specroll_auto")]
+                            name="specroll_auto", sampler=args.sampler)]
     rows = []
     for mode in args.modes.split(","):
         params = SamplingParams(max_new_tokens=args.rollout_cap, temperature=MODES[mode], seed=1)
@@ -254,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
     gammas = [int(g) for g in args.gammas.split(",")]
     models = load_bench_models(args.models, num_prompts=max(max(int(b) for b in args.batch_sizes.split(",")), 16))
     header = (f"specroll bench — {models.description}; max_new_tokens={args.max_new_tokens}, "
-              f"repeats={args.repeats} interleaved, torch threads={torch.get_num_threads()}, fp32 CPU")
+              f"repeats={args.repeats} interleaved, torch threads={torch.get_num_threads()}, fp32 CPU, "
+              f"sampler={args.sampler}")
     print(header, flush=True)
     report = {"header": header}
     if not args.no_grid:
