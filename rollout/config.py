@@ -27,9 +27,10 @@ class SamplingParams:
 
     `top_k == 0` disables top-k; `top_p == 1.0` disables nucleus filtering. `seed` makes a call
     reproducible: every random number a request uses is a function of (seed, its prompt and sample
-    index, position), so the same prompts, params and engine config give the same tokens under every
-    γ policy, batch size and slot order (`sampling` says what the tokens depend on). An unseeded call
-    draws a seed and records it in each `Rollout`.
+    index, position), so a request's tokens do not depend on the batch size, slot order or worker;
+    with `EngineConfig.sampler="invariant"` not on the drafter or γ either ("auto" included), while
+    the rejection sampler's depend on the row's γ schedule (`sampling` says exactly what). An unseeded
+    call draws a seed and records it in each `Rollout`.
     """
 
     max_new_tokens: int

@@ -104,3 +104,10 @@ def test_auto_gamma_learns_each_samplers_acceptance(calibration):
         assert estimates[sampler] == pytest.approx(observed[sampler], abs=0.1)
     assert observed["invariant"] < observed["rejection"] - 0.05
     assert estimates["invariant"] < estimates["rejection"]
+
+
+@pytest.mark.parametrize("indices, match", [([0], "prompt_indices has 1 entries for 2 prompts"),
+                                            ([0, -1], r"prompt_indices=\[-1\] is invalid")])
+def test_bad_prompt_indices_raise_naming_the_field(indices, match, calibration):
+    with pytest.raises(ValueError, match=match):
+        engine("rejection", 2, calibration).generate(PROMPTS[:2], PARAMS, prompt_indices=indices)
