@@ -1,15 +1,17 @@
 """The demo's verifiable reward, in the shape TRL's `GRPOTrainer` calls reward functions.
 
-    reward = 0                                             unless the completion is exactly the
+    correctness = 0                                        unless the completion is exactly the
                                                            canonical solution, in either style
-    reward = (1 − brevity) + brevity · len(compact) / len(completion)     otherwise
+    correctness = (1 − brevity) + brevity · len(compact) / len(completion)     otherwise
+    reward = correctness + format_bonus · [the completion follows the compact style's grammar]
 
-So a correct compact solution scores 1.0 and a correct verbose one (a third longer or more) about
-0.7–0.8 with the default `brevity=1.0`. Strict on purpose: a right
-answer after wrong work, an extra character, a truncated (overlong) completion or an empty one all
-score 0. The brevity term is the lever that
-moves GRPO's policy from the SFT data's majority style (verbose) to its minority style (compact);
-`brevity=0` rewards correctness alone.
+So a correct compact solution scores 1.0 + format_bonus and a correct verbose one (a third longer or
+more) about 0.7–0.8 with `brevity=1.0`. Correctness is strict on purpose: a right answer after wrong
+work, an extra character, a truncated (overlong) completion or an empty one all score 0. The brevity
+term and the format bonus (a format reward, as RL recipes for reasoning models use) are the levers
+that move GRPO's policy from the SFT data's majority style (verbose) to its minority style (compact):
+the bonus pays on every compact sample, right or wrong, so a group of G samples carries the style
+signal even when none of them is correct. `brevity=0, format_bonus=0` rewards correctness alone.
 
 Usage::
 
@@ -23,21 +25,25 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .task import Problem, Style, parse_problem, solution
+from .task import Problem, Style, parse_problem, solution, style_of
 
 RewardFunc = Callable[..., list[float]]
 
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """`brevity` in [0, 1]: weight of the length ratio; `max_completion_chars`: longer scores 0."""
+    """`brevity` in [0, 1]: weight of the length ratio; `format_bonus` >= 0: paid for the compact
+    style's grammar; `max_completion_chars`: longer scores 0."""
 
     brevity: float = 1.0
+    format_bonus: float = 0.0
     max_completion_chars: int = 512
 
     def __post_init__(self) -> None:
         if not isinstance(self.brevity, (int, float)) or not 0.0 <= self.brevity <= 1.0:
             raise ValueError(f"brevity={self.brevity!r} is invalid: a number in [0, 1]")
+        if not isinstance(self.format_bonus, (int, float)) or self.format_bonus < 0:
+            raise ValueError(f"format_bonus={self.format_bonus!r} is invalid: a number >= 0")
         if not isinstance(self.max_completion_chars, int) or self.max_completion_chars < 1:
             raise ValueError(f"max_completion_chars={self.max_completion_chars!r} is invalid: an int >= 1")
 
@@ -48,10 +54,11 @@ def score(problem: Problem, text: str, config: RewardConfig | None = None) -> fl
     text = text.rstrip()
     if not text or len(text) > config.max_completion_chars:
         return 0.0
+    bonus = config.format_bonus if style_of(text) is Style.COMPACT else 0.0
     if text not in (solution(problem, Style.VERBOSE), solution(problem, Style.COMPACT)):
-        return 0.0
+        return bonus
     shortest = len(solution(problem, Style.COMPACT))
-    return (1.0 - config.brevity) + config.brevity * shortest / len(text)
+    return (1.0 - config.brevity) + config.brevity * shortest / len(text) + bonus
 
 
 def completion_text(completion: str | Sequence[dict]) -> str:

@@ -19,6 +19,7 @@ event, and the time totals behind the learner's share of the critical path.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ PROBE_FIELDS = {"served": "online", "frozen": "frozen", "gain": "gain", "gain_se
 @dataclass
 class ProbeSet:
     """Fixed prompts in the dataset's format (strings or conversations), never trained on, probed with
-    `samples` fresh samples each every `every` steps (and at the first step)."""
+    `samples` fresh samples each every `every` steps (and at the first and the last step)."""
 
     prompts: list[Any]
     every: int = 5
@@ -59,7 +60,6 @@ class LearnerTimes:
     wait_s: float = 0.0  # the hook blocked on a round (its serial share)
     round_s: float = 0.0  # rounds ran, in the background
     rollout_s: float = 0.0  # training rollouts
-    probes_s: float = 0.0  # probe generation + scoring, inside rounds' wall time as seen by the hook
     wall_s: float = 0.0  # from the first training rollout to the last collection
 
     def shares(self) -> dict[str, float]:
@@ -80,7 +80,7 @@ class LearnerSchedule:
     _first_rollout_at: float | None = None
     _last_rollout_s: float = 0.0
     _update_s: float | None = None  # from a round's start to its collection: the trainer's update
-    _pending_probe: tuple[int, float] | None = None  # (policy version, started) of the probe in flight
+    _pending_probe: int | None = None  # the policy version of the probe in flight
 
     def budget(self) -> float:
         """Seconds the next round may take (see the module docstring)."""
@@ -95,12 +95,13 @@ class LearnerSchedule:
         if self._first_rollout_at is None:
             self._first_rollout_at = started_at
 
-    def probe_request(self, step: int, prompt_ids: list[list[int]] | None, params: SamplingParams
-                      ) -> ProbeRequest | None:
-        """The probe to run with this step's round, if one is due (`prompt_ids`: the probe prompts tokenized)."""
-        if self.probe is None or step % self.probe.every:
+    def probe_request(self, step: int, prompt_ids: list[list[int]] | None, params: SamplingParams,
+                      last_step: int | None = None) -> ProbeRequest | None:
+        """The probe to run with this step's round, if one is due — every `every` steps and at the run's
+        `last_step` (`prompt_ids`: the probe prompts tokenized)."""
+        if self.probe is None or (step % self.probe.every and step != last_step):
             return None
-        self._pending_probe = (step, time.perf_counter())
+        self._pending_probe = step
         return ProbeRequest(prompt_ids, SamplingParams(**{**asdict(params), "seed": 7_919 * (step + 1)}),
                             self.probe.samples)
 
@@ -119,14 +120,15 @@ class LearnerSchedule:
         report = done.report
         if report is not None:
             self.times.round_s += report.round_time_s
-            metrics.update({f"drafter/{name}": float(getattr(report, name)) for name in REPORT_FIELDS})
+            # nan (a round without steps has no loss) would reach the loggers as a hole: left out instead
+            metrics.update({f"drafter/{name}": float(getattr(report, name)) for name in REPORT_FIELDS
+                            if not math.isnan(float(getattr(report, name)))})
             metrics["drafter/published"] = float(report.published)
             metrics["drafter/budget_s"] = float(report.budget_s or 0.0)
             if report.event:
                 self.events.append(f"round after step {report.policy_version}: {report.event}")
         if done.probe is not None:
-            version, started = self._pending_probe or (done.probe.policy_version, now)
-            self.times.probes_s += now - started
+            version = self._pending_probe if self._pending_probe is not None else done.probe.policy_version
             probe = {f"drafter/probe_{name}": float(getattr(done.probe, k)) for k, name in PROBE_FIELDS.items()}
             probe["drafter/probe_policy_version"] = float(version)
             metrics.update(probe)

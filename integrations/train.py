@@ -149,7 +149,7 @@ def train(config: TrainConfig, sources: ModelSources, backend: RolloutBackend) -
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from specroll.demo.reward import make_reward
+    from specroll.demo.reward import RewardConfig, make_reward
     from specroll.demo.task import make_prompts
 
     from .learner_schedule import LearnerSchedule, ProbeSet
@@ -173,7 +173,8 @@ def train(config: TrainConfig, sources: ModelSources, backend: RolloutBackend) -
                          config.probe.every, config.probe.samples)
     schedule = LearnerSchedule(probe, config.learner_schedule.rollout_share, config.learner_schedule.update_share)
     trainer = GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(sources.target), reward_funcs=make_reward(), args=args,
+        model=AutoModelForCausalLM.from_pretrained(sources.target),
+        reward_funcs=make_reward(RewardConfig(config.task.brevity, config.task.format_bonus)), args=args,
         train_dataset=dataset, processing_class=sources.tokenizer,
         rollout_func=SpecrollRolloutFunc(backend, learn=config.online_learning, schedule=schedule),
         callbacks=[ProgressBar()],

@@ -3,10 +3,11 @@
     config = load_train_config("configs/demo.yaml")
 
 Sections: `models` (the demo recipe, or your own `save_pretrained` folders), `grpo` (the TRL
-`GRPOTrainer` run), `backend` (in-process or Ray, with the Ray topology and weight transport),
-`engine` (`EngineConfig`), `learner` (`LearnerConfig`; `online_learning: false` keeps the drafter
-frozen), `learner_schedule` (the background round's budget), `probe` (the drift probe set), `report`
-(where the report lands and how the end-of-run speed measurement is done).
+`GRPOTrainer` run), `task` (the demo task's reward), `backend` (in-process or Ray, with the Ray
+topology and weight transport), `engine` (`EngineConfig`), `learner` (`LearnerConfig`;
+`online_learning: false` keeps the drafter frozen), `learner_schedule` (the background round's
+budget), `probe` (the drift probe set), `report` (where the report lands and how the end-of-run
+speed measurement is done).
 Loading goes through the project's typed loader (`config.load_config`): a missing file, an unknown
 key, a value of the wrong type or an emptied section fails with a `ConfigError` naming it, and
 every section validates its values in `__post_init__`, so a bad config stops before any model is built.
@@ -121,6 +122,19 @@ class ReportSettings:
 
 
 @dataclass
+class TaskSettings:
+    """The demo task's reward (`demo.reward.RewardConfig`): `brevity` weighs the length ratio of a
+    correct answer, `format_bonus` pays every completion in the compact style's grammar."""
+
+    brevity: float = 1.0
+    format_bonus: float = 1.0
+
+    def __post_init__(self) -> None:
+        require(0 <= self.brevity <= 1, "task.brevity", self.brevity, "a number in [0, 1]")
+        require(self.format_bonus >= 0, "task.format_bonus", self.format_bonus, "a number >= 0")
+
+
+@dataclass
 class ProbeSettings:
     """The drift probe: `prompts` fixed task prompts (drawn apart from the training prompts, never trained
     on), `samples` fresh samples each, every `every` steps; `prompts: 0` turns it off."""
@@ -157,6 +171,7 @@ class TrainConfig:
 
     models: ModelsConfig = field(default_factory=ModelsConfig)
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    task: TaskSettings = field(default_factory=TaskSettings)
     backend: BackendSettings = field(default_factory=BackendSettings)
     engine: EngineConfig = field(default_factory=EngineConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)

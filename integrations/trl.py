@@ -92,8 +92,9 @@ class SpecrollRolloutFunc:
         self._log(trainer, mode, rollout_metrics(rollouts, seconds, self.backend.metrics()))
         if learns:
             self.schedule.rollout_done(seconds, started)
-            self.backend.start_learner_round(self.schedule.budget(),
-                                             self.schedule.probe_request(step, self._probe_prompt_ids(trainer), params))
+            probe = self.schedule.probe_request(step, self._probe_prompt_ids(trainer), params,
+                                                last_step=trainer.state.max_steps - 1)
+            self.backend.start_learner_round(self.schedule.budget(), probe)
             self.schedule.round_started()
         return {
             "prompt_ids": [r.prompt_ids for r in rollouts],

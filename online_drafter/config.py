@@ -16,7 +16,8 @@ class LearnerConfig:
     worse than the frozen drafter, 1e-4 gained. A held-out group of policy version v weighs
     `holdout_recency_decay ** (newest − v)` in every comparison. `gate_z`: standard errors a
     candidate's paired gain must clear to be published, and the served drafter's loss to the frozen
-    one must exceed, by `watchdog_margin` more, for the watchdog to revert (1.64: one-sided 5%).
+    one must exceed, by `watchdog_margin` more, for the watchdog to revert (1.64: one-sided 5%); a
+    candidate more than `reset_margin` below the published drafter (beyond the interval) restarts from it.
     `temperature` must be the rollouts' sampling temperature
     (1.0 for greedy rollouts, whose signals are the T = 1 distribution): q is the drafter's softmax at
     that temperature, as the engine does.
@@ -31,10 +32,11 @@ class LearnerConfig:
     temperature: float = 1.0
     max_grad_norm: float = 1.0
     holdout_fraction: float = 0.2
-    max_holdout_positions: int = 20_000
+    max_holdout_positions: int = 8_000
     holdout_recency_decay: float = 0.5
     gate_z: float = 1.64
     watchdog_margin: float = 0.005
+    reset_margin: float = 0.02
     min_improvement: float = 0.0
     eval_batch_size: int = 64
     device: str = "cpu"
@@ -56,6 +58,7 @@ class LearnerConfig:
             ("holdout_recency_decay", 0 < self.holdout_recency_decay <= 1, "a number in (0, 1]"),
             ("gate_z", self.gate_z >= 0, "a number >= 0"),
             ("watchdog_margin", self.watchdog_margin >= 0, "a number >= 0"),
+            ("reset_margin", self.reset_margin >= 0, "a number >= 0"),
             ("min_improvement", self.min_improvement >= 0, "a number >= 0"),
             ("eval_batch_size", isinstance(self.eval_batch_size, int) and self.eval_batch_size >= 1,
              "an int >= 1"),

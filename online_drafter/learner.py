@@ -22,8 +22,8 @@ Decisions are paired comparisons on the same positions with a group-clustered in
   narrows as the run goes instead of resting on one step's few groups.
 - **Gate.** The candidate is published only if its gain over the published drafter on the held-out
   set clears `gate_z` standard errors (plus `min_improvement`). A rejected candidate keeps its weights
-  and optimizer, so small gains accumulate over rounds; one that falls below the published drafter
-  beyond the interval is reset to it (a diverging run does not dig deeper).
+  and optimizer, so small gains accumulate over rounds; one that falls more than `reset_margin`
+  below the published drafter beyond the interval is reset to it (a diverging run does not dig deeper).
 - **Watchdog.** If the served (published) drafter scores below the frozen step-0 drafter beyond the
   interval — on the held-out set each round, or on a probe — or below the break-even acceptance the
   engine's γ policy computes, the learner publishes the best drafter it knows (frozen, served or
@@ -77,7 +77,11 @@ class DraftLearner:
         self._published = self._snapshot()
         self._optimizer = self._make_optimizer()
         self._generator = torch.Generator().manual_seed(config.seed)
-        self._cache: dict[str, GroupScores] = {}  # published / frozen scores until the held-out set changes
+        # Per-entry held-out scores of the published and the frozen drafter, aligned with the first
+        # entries of the held-out set: only entries added since are scored again (frozen never changes,
+        # published only when a round publishes, and then the candidate's scores are at hand).
+        self._entry_scores: dict[str, torch.Tensor] = {}
+        self._candidate_scoring_s = 0.0  # the last candidate scoring pass, per held-out entry
 
     # ------------------------------------------------------------------ public API
 
@@ -88,8 +92,10 @@ class DraftLearner:
             if not self.holdout.offer(entry, (entry.policy_version, tuple(rollout.prompt_ids))):
                 self.buffer.add([entry])
             self.newest_policy_version = max(self.newest_policy_version, entry.policy_version)
-        self.buffer.add(self.holdout.trim())
-        self._cache.clear()
+        dropped = self.holdout.trim()
+        self.buffer.add(dropped)
+        for name, scores in self._entry_scores.items():
+            self._entry_scores[name] = scores[len(dropped):]
 
     def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
         """Train the candidate within the budget, gate it against the published drafter, run the watchdog.
@@ -104,20 +110,22 @@ class DraftLearner:
         budgets = [b for b in (budget_s, self.config.time_budget_s) if b is not None]
         budget = min(budgets) if budgets else None
         published, frozen = self._cached("published"), self._cached("frozen")
-        eval_cost = 2 * (time.perf_counter() - started) + 1e-3  # the candidate's scoring, with margin
+        eval_cost = 1.2 * self._candidate_scoring_s * len(self.holdout)  # the closing scoring, with margin
         deadline = None if budget is None else started + budget - eval_cost
         losses, num_positions, train_time = self._train_steps(deadline)
         scored = time.perf_counter()
-        candidate = self._score_held_out(self.model) if losses else published
+        candidate_entries = self.scorer.score_entries(self.model, self.holdout.entries) if losses else None
+        self._candidate_scoring_s = (time.perf_counter() - scored) / len(self.holdout) if losses else 0.0
+        candidate = published if candidate_entries is None else self._group(candidate_entries)
         gain = paired_gain(candidate, published)
         z, event = self.config.gate_z, None
         publish = bool(losses) and gain.above(z, self.config.min_improvement)
         if publish:
-            self._publish(self._snapshot(), candidate)
-        elif gain.below(z):
+            self._publish(self._snapshot(), candidate_entries)
+        elif gain.below(z, self.config.reset_margin):
             self._load_candidate(self._published)
             event = f"candidate reset to version {self.version}: it scored {gain.mean:+.4f} ± {gain.se:.4f} below it"
-        watchdog = self._watchdog(self._cached("published"), frozen, candidate, break_even)
+        watchdog = self._watchdog(self._cached("published"), frozen, candidate, candidate_entries, break_even)
         return LearnerReport(
             published=publish or watchdog is not None,
             version=self.version,
@@ -170,7 +178,7 @@ class DraftLearner:
         """Expected acceptance of any drafter (same vocabulary) on the current held-out positions."""
         if not self.holdout:
             raise ValueError("no held-out rollouts yet: add_rollouts(...) before scoring")
-        return self._score_held_out(drafter).mean
+        return self.scorer.score_groups(drafter, self.holdout.entries, self.holdout.keys).mean
 
     def save(self, path: str | os.PathLike) -> None:
         """Everything a resumed run needs: weights (published, frozen, candidate), optimizer, data, counters.
@@ -215,35 +223,42 @@ class DraftLearner:
     # ------------------------------------------------------------------ decisions
 
     def _watchdog(self, served: GroupScores, frozen: GroupScores, candidate: GroupScores,
-                  break_even: float | None) -> str | None:
+                  candidate_entries: torch.Tensor | None, break_even: float | None) -> str | None:
         """Revert when the served drafter lost to the frozen one beyond the interval, or to break-even."""
         versus_frozen = paired_gain(served, frozen)
-        known = {"frozen": frozen, "served": served, "candidate": candidate}
+        known = {"frozen": frozen, "served": served}
+        if candidate_entries is not None:
+            known["candidate"] = candidate
+        reason = None
         if versus_frozen.below(self.config.gate_z, self.config.watchdog_margin):
-            return self._revert(f"served version {self.version} scored {versus_frozen.mean:+.4f} ± "
-                                f"{versus_frozen.se:.4f} below the frozen drafter on held-out", known)
-        if break_even is not None and served.mean < break_even:
-            return self._revert(f"served version {self.version} scored {served.mean:.4f}, below the γ policy's "
-                                f"break-even acceptance {break_even:.4f}", known)
-        return None
+            reason = (f"served version {self.version} scored {versus_frozen.mean:+.4f} ± {versus_frozen.se:.4f} "
+                      "below the frozen drafter on held-out")
+        elif break_even is not None and served.mean < break_even:
+            reason = (f"served version {self.version} scored {served.mean:.4f}, below the γ policy's break-even "
+                      f"acceptance {break_even:.4f}")
+        return None if reason is None else self._revert(reason, known, candidate_entries)
 
-    def _revert(self, reason: str, known: dict[str, GroupScores]) -> str:
+    def _revert(self, reason: str, known: dict[str, GroupScores],
+                candidate_entries: torch.Tensor | None = None) -> str:
         """Publish the best of the `known` drafters ("frozen", "served", "candidate") by their scores."""
         best = max(known, key=lambda name: known[name].mean)
         if best == "served":
             return f"{reason}; kept it: no known drafter scores higher"
-        weights = self._snapshot(self.frozen) if best == "frozen" else self._snapshot()
-        self._published = weights
-        self.version += 1
-        self._cache.pop("published", None)
         if best == "frozen":
-            self._load_candidate(weights)
+            self._publish(self._snapshot(self.frozen), self._entry_scores.get("frozen"))
+            self._load_candidate(self._published)
+        else:
+            self._publish(self._snapshot(), candidate_entries)
         return f"{reason}; reverted to the {best} drafter as version {self.version}"
 
-    def _publish(self, weights: dict[str, torch.Tensor], scores: GroupScores) -> None:
+    def _publish(self, weights: dict[str, torch.Tensor], held_out_entry_scores: torch.Tensor | None) -> None:
+        """Serve `weights` as the next version; its per-entry held-out scores, if known, spare a rescoring."""
         self._published = weights
         self.version += 1
-        self._cache["published"] = scores
+        if held_out_entry_scores is None:
+            self._entry_scores.pop("published", None)
+        else:
+            self._entry_scores["published"] = held_out_entry_scores.clone()
 
     # ------------------------------------------------------------------ internals
 
@@ -270,13 +285,17 @@ class DraftLearner:
         return losses, num_positions, time.perf_counter() - started
 
     def _cached(self, name: str) -> GroupScores:
-        if name not in self._cache:
+        """The published or frozen drafter's held-out scores, scoring only entries not scored before."""
+        known = self._entry_scores.get(name, torch.zeros(0, 2, dtype=torch.float64))
+        missing = self.holdout.entries[len(known):]
+        if missing:
             model = self.frozen if name == "frozen" else self._published_model()
-            self._cache[name] = self._score_held_out(model)
-        return self._cache[name]
+            known = torch.cat([known, self.scorer.score_entries(model, missing)])
+            self._entry_scores[name] = known
+        return self._group(known)
 
-    def _score_held_out(self, drafter: torch.nn.Module) -> GroupScores:
-        return self.scorer.score_groups(drafter, self.holdout.entries, self.holdout.keys)
+    def _group(self, per_entry: torch.Tensor) -> GroupScores:
+        return self.scorer.group(per_entry, self.holdout.keys)
 
     def _published_model(self) -> torch.nn.Module:
         """The published weights in a module: the candidate itself when it is what was published."""

@@ -30,18 +30,26 @@ class DrafterScorer:
         return (logits.gather(1, index).float() / self.temperature).log_softmax(-1)
 
     @torch.inference_mode()
-    def score_groups(self, drafter: torch.nn.Module, entries: list[BufferedRollout],
-                     keys: list[GroupKey]) -> GroupScores:
-        """Expected acceptance sums and position counts per group (groups in order of first appearance)."""
-        index: dict[GroupKey, int] = {}
-        group_of = torch.tensor([index.setdefault(k, len(index)) for k in keys])  # [N]
+    def score_entries(self, drafter: torch.nn.Module, entries: list[BufferedRollout]) -> torch.Tensor:
+        """Expected acceptance sum and position count of each entry: [N, 2] float64."""
         per_entry = torch.zeros(len(entries), 2, dtype=torch.float64)  # [N, (sum, count)]
         for start in range(0, len(entries), self.batch_size):
             batch = collate(entries[start : start + self.batch_size]).to(self.device)
             acc = expected_acceptance(self.log_q(drafter, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
             per_entry[start : start + self.batch_size, 0] = (acc * batch.weights).sum(1).double().cpu()
             per_entry[start : start + self.batch_size, 1] = batch.weights.sum(1).double().cpu()
+        return per_entry
+
+    def group(self, per_entry: torch.Tensor, keys: list[GroupKey]) -> GroupScores:
+        """Per-entry scores [N, 2] summed per group (in order of first appearance), recency-weighted."""
+        index: dict[GroupKey, int] = {}
+        group_of = torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)  # [N]
         groups = torch.zeros(len(index), 2, dtype=torch.float64).index_add_(0, group_of, per_entry)
         newest = max(version for version, _ in index)
         weights = torch.tensor([self.recency_decay ** (newest - version) for version, _ in index], dtype=torch.float64)
         return GroupScores(groups[:, 0], groups[:, 1], weights)
+
+    def score_groups(self, drafter: torch.nn.Module, entries: list[BufferedRollout],
+                     keys: list[GroupKey]) -> GroupScores:
+        """`group(score_entries(...))`: one drafter's scores per group."""
+        return self.group(self.score_entries(drafter, entries), keys)

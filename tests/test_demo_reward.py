@@ -70,3 +70,13 @@ def test_mismatched_batch_raises():
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match=r"brevity=1\.5"):
         RewardConfig(brevity=1.5)
+
+
+def test_format_bonus_pays_the_compact_grammar_right_or_wrong():
+    config = RewardConfig(format_bonus=0.5)
+    assert score(PROBLEM, COMPACT, config) == pytest.approx(1.5)
+    assert score(PROBLEM, "45+6|15;4+0|125;0+0|0525;>526", config) == pytest.approx(0.5)  # wrong, compact
+    assert score(PROBLEM, VERBOSE, config) == pytest.approx(len(COMPACT) / len(VERBOSE))  # no bonus
+    assert score(PROBLEM, "525", config) == 0.0  # neither grammar
+    with pytest.raises(ValueError, match="format_bonus"):
+        RewardConfig(format_bonus=-1.0)

@@ -94,7 +94,7 @@ def test_rounds_and_probes_reach_the_logs_and_the_report_data(trained):
     steps = [e for e in trainer.state.log_history if "reward" in e]
     # The round started after step s's rollouts is collected at step s + 1's call, logged with it.
     assert all("drafter/learner_wait_s" in e and "drafter/gain" in e for e in steps[1:])
-    assert [p["step"] for p in schedule.probes] == [0, 2]  # every 2 steps, collected at train end too
+    assert [p["step"] for p in schedule.probes] == [0, 2]  # every 2 steps and the last (2), collected at the end
     assert all(0 < p["drafter/probe_online"] <= 1 and p["drafter/probe_gain_se"] >= 0 for p in schedule.probes)
     assert backend._round_result is None  # the last round was collected when train() ended
     assert backend.engine.drafter_version == backend.learner.version
