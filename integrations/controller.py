@@ -143,8 +143,8 @@ class RolloutController:
         probe_ref = None
         if probe is not None:
             chunks = _split_groups(len(probe.prompts), len(self.workers))
-            refs = [self.workers[i].generate.remote([probe.prompts[j] for j in chunk], probe.params, probe.n)
-                    for i, chunk in enumerate(chunks)]
+            refs = [self.workers[i].generate.remote([probe.prompts[j] for j in chunk], probe.params, probe.n,
+                                                    list(chunk)) for i, chunk in enumerate(chunks)]
             probe_ref = self.learner.probe.remote(refs)
         break_even = self.workers[0].break_even_acceptance.remote()  # resolved by Ray before the round runs
         adds, self._pending_learner_adds = self._pending_learner_adds, []  # ordered before the round on the actor
@@ -205,7 +205,8 @@ class RolloutController:
             while pending and idle:
                 chunk_id, worker = pending.popleft(), idle.popleft()
                 batch = [prompts[i] for i in chunks[chunk_id]]
-                inflight[worker.generate.remote(batch, params, n)] = (worker, chunk_id)
+                # Global prompt indices: a row's random numbers do not depend on which worker or chunk ran it.
+                inflight[worker.generate.remote(batch, params, n, list(chunks[chunk_id]))] = (worker, chunk_id)
             if not inflight:
                 raise RuntimeError(f"no live rollout worker left for {len(pending)} chunks")
             ready, _ = ray.wait(list(inflight), num_returns=1)

@@ -63,10 +63,12 @@ class RolloutWorker:
                 self.commit_weights(role, payload.version)
         self.metrics.record_versions(self.engine.policy_version, self.engine.drafter_version)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int) -> list[Rollout]:
-        """`SpecEngine.generate` on this worker's engine, recording the batch's metrics."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int,
+                 prompt_indices: list[int] | None = None) -> list[Rollout]:
+        """`SpecEngine.generate` on this worker's engine (`prompt_indices`: the prompts' indices in the
+        whole call, which key their random numbers), recording the batch's metrics."""
         before = self.engine.stats.to_dict()
-        rollouts = self.engine.generate(prompts, params, n)
+        rollouts = self.engine.generate(prompts, params, n, prompt_indices=prompt_indices)
         self.last_batch = BatchMetrics.between(before, self.engine.stats)
         self.metrics.record_batch(self.last_batch)
         return rollouts

@@ -79,6 +79,15 @@ def run(args: argparse.Namespace) -> int:
         backend.shutdown()
         _stop_ray()
     history = trainer.state.log_history
+    if config.report.save_policy:
+        from safetensors.torch import save_file
+
+        from .policy_sync import gather_policy_weights
+
+        out = Path(config.report.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        policy = gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model))
+        save_file({name: t.detach().clone() for name, t in policy.items()}, str(out / "policy.safetensors"))
     wall_s = time.perf_counter() - started
     files = write_report(config.report.out_dir, history, speed, resolved_dict(config),
                          summarize(history, speed, wall_s, schedule), schedule.events, schedule.probes)

@@ -108,11 +108,13 @@ class BackendSettings:
 
 @dataclass
 class ReportSettings:
-    """Where the report lands, and the end-of-run speed measurement (spec vs plain, same prompts)."""
+    """Where the report lands, the end-of-run speed measurement (spec vs plain, same prompts), and
+    whether the final policy is saved with it (to compare two runs parameter by parameter)."""
 
     out_dir: str = "specroll_report"
     speed_prompts: int = 8
     speed_repeats: int = 2
+    save_policy: bool = False  # write the final policy's weights to out_dir/policy.safetensors
 
     def __post_init__(self) -> None:
         require(bool(self.out_dir), "report.out_dir", self.out_dir, "a folder path")

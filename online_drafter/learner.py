@@ -115,7 +115,8 @@ class DraftLearner:
         losses, num_positions, train_time = self._train_steps(deadline)
         scored = time.perf_counter()
         candidate_entries = self.scorer.score_entries(self.model, self.holdout.entries) if losses else None
-        self._candidate_scoring_s = (time.perf_counter() - scored) / len(self.holdout) if losses else 0.0
+        if losses:  # kept from the last round that scored, for the next round's reserve
+            self._candidate_scoring_s = (time.perf_counter() - scored) / len(self.holdout)
         candidate = published if candidate_entries is None else self._group(candidate_entries)
         gain = paired_gain(candidate, published)
         z, event = self.config.gate_z, None
@@ -269,8 +270,11 @@ class DraftLearner:
         started = time.perf_counter()
         self.model.train()
         loss_fn = LOSSES[cfg.loss]
-        for _ in range(cfg.max_steps):
-            if deadline is not None and time.perf_counter() >= deadline:
+        for step in range(cfg.max_steps):
+            # Stop before a step that would end past the deadline (a step is not short: the LM head's
+            # backward over a batch of full contexts), judged by the mean step so far.
+            per_step = (time.perf_counter() - started) / step if step else 0.0
+            if deadline is not None and time.perf_counter() + per_step >= deadline:
                 break
             batch = self.buffer.sample(cfg.batch_size, self._generator).to(self.device)
             per_position = loss_fn(self.scorer.log_q(self.model, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
