@@ -78,8 +78,9 @@ def ray_head():
     try:
         dashboard_url = f"http://127.0.0.1:{dashboard_port}"
         wait_for_dashboard(dashboard_url)
-        time.sleep(2)  # the agents open their ports just after the dashboard
-        yield RayHead(f"127.0.0.1:{gcs_port}", dashboard_url, head.pid)
+        ready = RayHead(f"127.0.0.1:{gcs_port}", dashboard_url, head.pid)
+        submit(ready, [sys.executable, "-c", "pass"], {}, timeout_s=120)  # every agent is up once a job runs
+        yield ready
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
@@ -92,17 +93,17 @@ def submit(head: RayHead, entrypoint: list[str], env_vars: dict[str, str], timeo
     """`ray job submit` and wait for the job to end; returns its log (the CLI tails it) after checking success.
 
     The head's job agent registers a while after the dashboard answers (longer on a loaded machine):
-    a submit refused with "No available agent" is retried for up to a minute.
+    a submit refused with "No available agent" is retried for up to two minutes.
     """
     runtime_env = {"env_vars": env_vars}  # the driver inherits the head's environment (auth, loopback)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while True:
         job = subprocess.run(
             [RAY, "job", "submit", f"--address={head.dashboard_url}",
              f"--runtime-env-json={json.dumps(runtime_env)}", "--", *entrypoint],
             env=USER_ENV, capture_output=True, text=True, timeout=timeout_s,
         )
-        if "No available agent" not in job.stderr or time.monotonic() > deadline:
+        if "No available agent" not in job.stdout + job.stderr or time.monotonic() > deadline:
             break
         time.sleep(2)
     assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, job.stdout[-4000:] + job.stderr[-3000:]
