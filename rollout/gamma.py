@@ -27,6 +27,7 @@ from typing import Protocol
 
 import torch
 
+from .break_even import break_even_acceptance
 from .config import EngineConfig
 from .cost_model import CALIBRATION_CONTEXT, CostModel, calibrate
 from .runner import ModelRunner
@@ -329,27 +330,6 @@ class AutoGamma:
     @property
     def acceptance(self) -> dict[str, list[float]]:
         return {"greedy": list(self.estimates[True].alpha), "sampled": list(self.estimates[False].alpha)}
-
-
-def break_even_acceptance(step_times: list[float]) -> float:
-    """Smallest per-draft acceptance α at which some γ ≥ 1 emits tokens faster than γ = 0.
-
-    `step_times[γ]` is a step's predicted seconds. With independent acceptance α a step at γ emits
-    (1 − α^(γ+1)) / (1 − α) tokens per row, increasing in α, so bisection finds the crossing; 1.0 if
-    speculation never pays at these costs.
-    """
-    def pays(alpha: float) -> bool:
-        rates = [(1 - alpha ** (g + 1)) / (1 - alpha) / t for g, t in enumerate(step_times)] if alpha < 1 else [
-            (g + 1) / t for g, t in enumerate(step_times)]
-        return max(rates[1:], default=0.0) > rates[0]
-
-    if not pays(1.0):
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if pays(mid) else (mid, hi)
-    return hi
 
 
 def make_gamma_policy(config: EngineConfig, target: ModelRunner, drafter: ModelRunner | None) -> GammaPolicy:
