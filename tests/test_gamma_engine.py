@@ -70,7 +70,7 @@ def test_engine_host_lengths_follow_the_device_through_continuous_batching(tmp_p
     # The policy's view of the batch (context, room) comes from host copies of the row lengths; they
     # must match the device buffers after every step, through finishes, moves and admissions.
     engine = SpecEngine(tiny_lm("llama"), noisy_copy("llama"),
-                        EngineConfig(max_batch_size=3, max_seq_len=64, gamma="auto", max_gamma=4,
+                        EngineConfig(max_batch_size=3, max_seq_len=64, gamma="auto", max_gamma=2,
                                      calibration_cache=str(tmp_path), cost_model_budget_s=1.0))
     prompts = make_prompts(7, 2, 9)
     steps = engine.generate_steps(prompts, SamplingParams(max_new_tokens=20, temperature=1.0, seed=3),
@@ -85,8 +85,8 @@ def test_engine_host_lengths_follow_the_device_through_continuous_batching(tmp_p
         assert rows.host_max_len[:live] == rows.max_len[:live].tolist()
         if live:
             shape = engine._shape(live)
-            room = (rows.max_len[:live] - rows.seq_len[:live] - 1).clamp(0, 4)
-            assert shape.room == torch.bincount(room, minlength=5).tolist()
+            room = (rows.max_len[:live] - rows.seq_len[:live] - 1).clamp(0, 2)
+            assert shape.room == torch.bincount(room, minlength=3).tolist()
             assert shape.context == int(rows.seq_len[:live].max())
             checked += 1
-    assert checked > 5
+    assert checked > 5  # 57 tokens in 3 slots at most 3 tokens per row-step (γ ≤ 2): at least 7 steps

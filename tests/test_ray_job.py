@@ -67,12 +67,16 @@ def wait_for_dashboard(url: str, timeout_s: float = 120) -> None:
 @pytest.fixture(scope="module")
 def ray_head():
     gcs_port, dashboard_port = free_port(), free_port()
+    # Ports of its own for every agent: the session's Ray cluster (other test modules) already holds
+    # the defaults, and a head whose dashboard agent cannot bind answers "No available agent" forever.
+    agent_ports = [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+                   f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
     env = {**os.environ, **ENV, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
          "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard_port}"],
+         f"--dashboard-port={dashboard_port}", *agent_ports],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
