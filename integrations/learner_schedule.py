@@ -3,11 +3,15 @@
 The hook starts a background round right after a training batch's rollouts (the backend returns at
 once) and collects it at the next call, before the policy sync: the round runs while the trainer
 computes rewards and updates the policy, when rollout workers would sit idle. Its budget is the time
-it has, bounded by a share of the rollout it is meant to speed up:
+it has, bounded by a share of the rollout it is meant to speed up, counted over the whole run:
 
-    budget = min(rollout_share × last rollout seconds, update_share × last update seconds)
+    budget = min(rollout_share × rollout seconds so far − round seconds so far,
+                 update_share × last update seconds)
 
-(the update's length is only known from the second step on). Every `ProbeSet.every` steps the round
+(the update's length is only known from the second step on). Counting the share cumulatively lets a
+round use what earlier rounds left (a round that stopped early, one that only scored), so the
+learner's total stays at `rollout_share` of the rollout time without each round being cut to the
+last, possibly short, rollout's share. Every `ProbeSet.every` steps the round
 first scores the served drafter against the frozen one on fresh rollouts of fixed probe prompts
 (`DraftLearner.probe`): the drift measure the report plots.
 
@@ -78,19 +82,17 @@ class LearnerSchedule:
     times: LearnerTimes = field(default_factory=LearnerTimes)
     _started_at: float | None = None
     _first_rollout_at: float | None = None
-    _last_rollout_s: float = 0.0
     _update_s: float | None = None  # from a round's start to its collection: the trainer's update
     _pending_probe: int | None = None  # the policy version of the probe in flight
 
     def budget(self) -> float:
         """Seconds the next round may take (see the module docstring)."""
-        budget = self.rollout_share * self._last_rollout_s
+        budget = max(0.0, self.rollout_share * self.times.rollout_s - self.times.round_s)
         if self._update_s is not None:
             budget = min(budget, self.update_share * self._update_s)
         return budget if self.max_budget_s is None else min(budget, self.max_budget_s)
 
     def rollout_done(self, rollout_s: float, started_at: float) -> None:
-        self._last_rollout_s = rollout_s
         self.times.rollout_s += rollout_s
         if self._first_rollout_at is None:
             self._first_rollout_at = started_at

@@ -14,7 +14,8 @@ class LearnerConfig:
 
     `lr` 1e-4: on the demo, 1e-3 on the few hundred new positions a step yields made every candidate
     worse than the frozen drafter, 1e-4 gained. A held-out group of policy version v weighs
-    `holdout_recency_decay ** (newest − v)` in every comparison. `gate_z`: standard errors a
+    `holdout_recency_decay ** (newest − v)` in every comparison; groups that would weigh less than
+`holdout_min_weight` leave the held-out set for training (0: keep them, up to `max_holdout_positions`). `gate_z`: standard errors a
     candidate's paired gain must clear to be published, and the served drafter's loss to the frozen
     one must exceed, by `watchdog_margin` more, for the watchdog to revert (1.64: one-sided 5%); a
     candidate more than `reset_margin` below the published drafter (beyond the interval) restarts from it.
@@ -34,6 +35,7 @@ class LearnerConfig:
     holdout_fraction: float = 0.2
     max_holdout_positions: int = 8_000
     holdout_recency_decay: float = 0.5
+    holdout_min_weight: float = 0.05
     gate_z: float = 1.64
     watchdog_margin: float = 0.005
     reset_margin: float = 0.02
@@ -56,6 +58,7 @@ class LearnerConfig:
             ("max_holdout_positions", isinstance(self.max_holdout_positions, int) and self.max_holdout_positions >= 1,
              "an int >= 1"),
             ("holdout_recency_decay", 0 < self.holdout_recency_decay <= 1, "a number in (0, 1]"),
+            ("holdout_min_weight", 0 <= self.holdout_min_weight < 1, "a number in [0, 1)"),
             ("gate_z", self.gate_z >= 0, "a number >= 0"),
             ("watchdog_margin", self.watchdog_margin >= 0, "a number >= 0"),
             ("reset_margin", self.reset_margin >= 0, "a number >= 0"),

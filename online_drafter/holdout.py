@@ -4,7 +4,9 @@ The learner decides on these positions (publish gate, watchdog), so they are nev
 held out. A group is a prompt's samples at one policy version, keyed `(policy_version, prompt ids)`;
 whole groups are held out together, because a sibling of a training rollout shares its prompt and
 much of its text. Every 1/f-th group is held out, starting with the first (an exact fraction f over
-the run). Past `max_positions`, the oldest groups leave the set, whole, to be trained on.
+the run). Groups older than `min_version` (whose recency weight in the comparisons no longer counts)
+and, past `max_positions`, the oldest groups leave the set, whole, to be trained on: scoring them
+would cost the learner's budget and move no decision.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ class HoldoutSet:
             self.keys.append(key)
         return self._is_held_out[key]
 
-    def trim(self) -> list[BufferedRollout]:
-        """Drop the oldest whole groups beyond `max_positions`; returns the dropped entries."""
+    def trim(self, min_version: int | None = None) -> list[BufferedRollout]:
+        """Drop groups of policy versions below `min_version`, then the oldest whole groups beyond
+        `max_positions`; returns the dropped entries."""
         dropped = []
-        while sum(e.num_positions for e in self.entries) > self.max_positions:
+        while self.keys and (sum(e.num_positions for e in self.entries) > self.max_positions
+                             or (min_version is not None and self.keys[0][0] < min_version)):
             oldest = self.keys[0]
             while self.keys and self.keys[0] == oldest:
                 self.keys.pop(0)

@@ -92,7 +92,7 @@ class DraftLearner:
             if not self.holdout.offer(entry, (entry.policy_version, tuple(rollout.prompt_ids))):
                 self.buffer.add([entry])
             self.newest_policy_version = max(self.newest_policy_version, entry.policy_version)
-        dropped = self.holdout.trim()
+        dropped = self.holdout.trim(self._oldest_weighed_version())
         self.buffer.add(dropped)
         for name, scores in self._entry_scores.items():
             self._entry_scores[name] = scores[len(dropped):]
@@ -287,6 +287,13 @@ class DraftLearner:
             num_positions += batch.num_positions
         self.model.eval()
         return losses, num_positions, time.perf_counter() - started
+
+    def _oldest_weighed_version(self) -> int | None:
+        """The oldest policy version whose held-out groups still weigh `holdout_min_weight` or more."""
+        decay, floor = self.config.holdout_recency_decay, self.config.holdout_min_weight
+        if decay >= 1 or floor <= 0:
+            return None
+        return self.newest_policy_version - math.floor(math.log(floor) / math.log(decay) + 1e-9)
 
     def _cached(self, name: str) -> GroupScores:
         """The published or frozen drafter's held-out scores, scoring only entries not scored before."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -63,6 +64,21 @@ def test_holdout_is_a_stride_of_prompt_groups_kept_across_versions(setup):
     learner.add_rollouts([newer])  # the 21st group: a stride of 4 holds it out, next to version 0's
     assert len(learner.holdout) == 6 and len(learner.buffer) == 15
     assert {v for v, _ in learner.holdout.keys} == {0, 1}
+
+
+def test_held_out_groups_that_no_longer_weigh_go_to_training(setup):
+    _, drafter, rollouts = setup
+    # decay 0.5, floor 0.2: versions newest-2.. weigh 1, 0.5, 0.25 and stay; older ones leave
+    learner = DraftLearner(drafter, small_config(holdout_fraction=0.25, holdout_recency_decay=0.5,
+                                                 holdout_min_weight=0.2))
+    for version in range(5):
+        learner.add_rollouts([dataclasses.replace(r, policy_version=version) for r in rollouts])
+    assert {v for v, _ in learner.holdout.keys} == {2, 3, 4}
+    assert len(learner.holdout) == 15 and len(learner.buffer) == 100 - 15  # nothing is lost
+    score_all = DraftLearner(drafter, small_config(holdout_fraction=0.25, holdout_min_weight=0.0))
+    for version in range(5):
+        score_all.add_rollouts([dataclasses.replace(r, policy_version=version) for r in rollouts])
+    assert len(score_all.holdout) == 25
 
 
 def test_target_parameters_bit_identical_after_learner_rounds(setup):

@@ -109,6 +109,17 @@ def test_the_budget_is_a_share_of_the_rollout_and_of_the_update():
     assert schedule.budget() == pytest.approx(1.5)
 
 
+def test_the_rollout_share_counts_over_the_run_so_a_round_uses_what_earlier_ones_left():
+    schedule = LearnerSchedule(rollout_share=0.25, update_share=1.0)
+    schedule._update_s = 100.0
+    schedule.rollout_done(8.0, started_at=0.0)
+    schedule.times.round_s += 0.5  # the first round stopped early: 1.5 s of its 2 s left over
+    schedule.rollout_done(4.0, started_at=10.0)
+    assert schedule.budget() == pytest.approx(0.25 * 12.0 - 0.5)  # 2.5 s, not the last rollout's 1 s
+    schedule.times.round_s += 2.5
+    assert schedule.budget() == 0.0  # spent: the total stays at a quarter of the rollout time
+
+
 def test_ray_controller_runs_the_round_and_the_probe_on_its_actors(ray_cluster, tiny_model_paths):
     controller = RolloutController(make_config(tiny_model_paths, num_workers=1, online_learning=True))
     try:
