@@ -1,8 +1,10 @@
-"""EngineStats: counters of one engine, accumulated across `generate` calls (reset with `reset`).
+"""EngineStats: counters of one engine, accumulated across `generate` calls (reset with `reset`);
+BatchStats: what one call (or several engines' calls together) did, `EngineStats.since(before)`.
 
 Totals are plain numbers; the per-step traces (`gamma_per_step`, `live_rows_per_step`) keep only the
 last `trace_steps` steps, so a long-lived worker's stats stay bounded. Anything that spans more steps
-than the trace (per-call means, `mean_accepted_len`) is computed from the totals.
+than the trace (per-call means, `mean_accepted_len`) is computed from the totals. The rates are
+defined once, in `StatRates`, for both (docs/metrics.md is their table).
 """
 
 from __future__ import annotations
@@ -11,10 +13,68 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 
 TRACE_STEPS = 4096
+COUNTERS = ("target_forwards", "drafter_forwards", "generated_tokens", "drafted", "accepted", "steps",
+            "wall_time_s", "gamma_sum", "row_steps", "spec_row_steps", "drafter_nonfinite_rows")
+
+
+class StatRates:
+    """The derived numbers of a set of counters (`EngineStats` or `BatchStats`): one definition each."""
+
+    generated_tokens: int
+    drafted: int
+    accepted: int
+    steps: int
+    wall_time_s: float
+    gamma_sum: int
+    row_steps: int
+    spec_row_steps: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.wall_time_s if self.wall_time_s else 0.0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        """Tokens emitted per row per speculative step (accepted drafts + the one target token)."""
+        return 1.0 + self.accepted / self.spec_row_steps if self.spec_row_steps else 1.0
+
+    @property
+    def mean_gamma(self) -> float:
+        """γ per engine step, plain (γ = 0) steps included, every step weighing the same."""
+        return self.gamma_sum / self.steps if self.steps else 0.0
+
+    @property
+    def mean_live_rows(self) -> float:
+        return self.row_steps / self.steps if self.steps else 0.0
+
+
+@dataclass(frozen=True)
+class BatchStats(StatRates):
+    """The counters of one or more `generate` calls; `+` sums two (e.g. two workers' batches)."""
+
+    target_forwards: int = 0
+    drafter_forwards: int = 0
+    generated_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    wall_time_s: float = 0.0
+    gamma_sum: int = 0
+    row_steps: int = 0
+    spec_row_steps: int = 0
+    drafter_nonfinite_rows: int = 0
+
+    def __add__(self, other: BatchStats) -> BatchStats:
+        return BatchStats(**{name: getattr(self, name) + getattr(other, name) for name in COUNTERS})
 
 
 @dataclass
-class EngineStats:
+class EngineStats(StatRates):
     target_forwards: int = 0
     drafter_forwards: int = 0
     generated_tokens: int = 0
@@ -39,29 +99,16 @@ class EngineStats:
         self.live_rows_per_step = deque(self.live_rows_per_step, maxlen=self.trace_steps)
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
     def acceptance_per_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.generated_tokens / self.wall_time_s if self.wall_time_s else 0.0
+    def since(self, before: BatchStats) -> BatchStats:
+        """What happened since `before` (`self.totals()` taken earlier): one call's stats."""
+        return BatchStats(**{name: getattr(self, name) - getattr(before, name) for name in COUNTERS})
 
-    @property
-    def mean_accepted_len(self) -> float:
-        """Tokens emitted per row per speculative step (accepted drafts + the one target token)."""
-        return 1.0 + self.accepted / self.spec_row_steps if self.spec_row_steps else 1.0
-
-    @property
-    def mean_gamma(self) -> float:
-        return self.gamma_sum / self.steps if self.steps else 0.0
-
-    @property
-    def mean_live_rows(self) -> float:
-        return self.row_steps / self.steps if self.steps else 0.0
+    def totals(self) -> BatchStats:
+        """The counters so far, as a `BatchStats` (the `before` of `since`)."""
+        return BatchStats(**{name: getattr(self, name) for name in COUNTERS})
 
     def record_step(self, gamma: int, live_rows: int, emitted: int, accepted: list[int], dropped_rows: int) -> None:
         """Count one engine step: its γ, live rows, tokens emitted, drafts kept per position
