@@ -23,7 +23,7 @@ import torch
 
 from specroll.rollout import Rollout
 
-from .batch import BufferedRollout, DraftBatch, collate
+from .draft_batch import BufferedRollout, DraftBatch, collate
 from .checkpoint import load_checkpoint, save_checkpoint
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from .batch import BufferedRollout
+from .draft_batch import BufferedRollout
 
 GroupKey = tuple[int, tuple[int, ...]]  # (policy version, prompt token ids)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .batch import BufferedRollout, DraftBatch, collate
+from .draft_batch import BufferedRollout, DraftBatch, collate
 from .divergence import expected_acceptance
 from .holdout import GroupKey
 from .paired import GroupScores
