@@ -33,7 +33,7 @@ from specroll.rollout import SamplingParams
 from .backend import LearnerRound, ProbeRequest
 
 REPORT_FIELDS = ("loss", "acceptance_before", "acceptance_after", "acceptance_frozen_shadow", "gain", "gain_se",
-                 "train_time_s", "round_time_s", "num_steps", "num_holdout_groups")
+                 "train_time_s", "round_time_s", "num_steps", "num_holdout_groups", "gated")
 # ProbeReport field -> logged name (the served drafter is "online": the one online learning produced)
 PROBE_FIELDS = {"served": "online", "frozen": "frozen", "gain": "gain", "gain_se": "gain_se",
                 "served_se": "online_se", "frozen_se": "frozen_se"}

@@ -12,7 +12,7 @@ class LearnerConfig:
     """Per-round budget (`max_steps`, optional `time_budget_s` for the whole round, evaluation
     included; a caller may pass a smaller budget per round), AdamW settings, the held-out set and the gate.
 
-    `lr` 1e-4: on the demo, 1e-3 on the few hundred new positions a step yields made every candidate
+    `warmup_steps`: linear lr warmup of a fresh (or reset) candidate's optimizer. `lr` 1e-4: on the demo, 1e-3 on the few hundred new positions a step yields made every candidate
     worse than the frozen drafter, 1e-4 gained. A held-out group of policy version v weighs
     `holdout_recency_decay ** (newest − v)` in every comparison; groups that would weigh less than
 `holdout_min_weight` leave the held-out set for training (0: keep them, up to `max_holdout_positions`). `gate_z`: standard errors a
@@ -25,6 +25,7 @@ class LearnerConfig:
     """
 
     lr: float = 1e-4
+    warmup_steps: int = 10
     weight_decay: float = 0.0
     batch_size: int = 16
     max_steps: int = 50
@@ -47,6 +48,7 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         checks = [
             ("lr", self.lr > 0, "a number > 0"),
+            ("warmup_steps", isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "an int >= 0"),
             ("weight_decay", self.weight_decay >= 0, "a number >= 0"),
             ("batch_size", isinstance(self.batch_size, int) and self.batch_size >= 1, "an int >= 1"),
             ("max_steps", isinstance(self.max_steps, int) and self.max_steps >= 0, "an int >= 0"),

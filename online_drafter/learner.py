@@ -82,6 +82,8 @@ class DraftLearner:
         # published only when a round publishes, and then the candidate's scores are at hand).
         self._entry_scores: dict[str, torch.Tensor] = {}
         self._candidate_scoring_s = 0.0  # the last candidate scoring pass, per held-out entry
+        self._trained_since_gate_s = 0.0  # candidate training since it was last scored
+        self._candidate_changed = False  # trained since it was last scored
 
     # ------------------------------------------------------------------ public API
 
@@ -111,19 +113,26 @@ class DraftLearner:
         budget = min(budgets) if budgets else None
         published, frozen = self._cached("published"), self._cached("frozen")
         eval_cost = 1.2 * self._candidate_scoring_s * len(self.holdout)  # the closing scoring, with margin
-        deadline = None if budget is None else started + budget - eval_cost
+        # Gate only once the candidate has trained at least as long as a gate costs: on short budgets
+        # scoring every round would leave no time to train (the reserve below is only taken then).
+        gate = budget is None or self._trained_since_gate_s + max(0.0, budget - eval_cost) >= eval_cost
+        deadline = None if budget is None else started + budget - (eval_cost if gate else 0.0)
         losses, num_positions, train_time = self._train_steps(deadline)
+        self._trained_since_gate_s += train_time
+        gate = gate and self._trained_since_gate_s > 0 and bool(losses or self._candidate_changed)
+        self._candidate_changed = self._candidate_changed or bool(losses)
         scored = time.perf_counter()
-        candidate_entries = self.scorer.score_entries(self.model, self.holdout.entries) if losses else None
-        if losses:  # kept from the last round that scored, for the next round's reserve
+        candidate_entries = self.scorer.score_entries(self.model, self.holdout.entries) if gate else None
+        if gate:  # kept from the last round that scored, for the next round's reserve
             self._candidate_scoring_s = (time.perf_counter() - scored) / len(self.holdout)
+            self._trained_since_gate_s, self._candidate_changed = 0.0, False
         candidate = published if candidate_entries is None else self._group(candidate_entries)
-        gain = paired_gain(candidate, published)
+        gain = paired_gain(candidate, published) if gate else None
         z, event = self.config.gate_z, None
-        publish = bool(losses) and gain.above(z, self.config.min_improvement)
+        publish = gate and gain.above(z, self.config.min_improvement)
         if publish:
             self._publish(self._snapshot(), candidate_entries)
-        elif gain.below(z, self.config.reset_margin):
+        elif gate and gain.below(z, self.config.reset_margin):
             self._load_candidate(self._published)
             event = f"candidate reset to version {self.version}: it scored {gain.mean:+.4f} ± {gain.se:.4f} below it"
         watchdog = self._watchdog(self._cached("published"), frozen, candidate, candidate_entries, break_even)
@@ -131,10 +140,11 @@ class DraftLearner:
             published=publish or watchdog is not None,
             version=self.version,
             acceptance_before=published.mean,
-            acceptance_after=candidate.mean,
+            acceptance_after=candidate.mean if gate else math.nan,
             acceptance_frozen_shadow=frozen.mean,
-            gain=gain.mean,
-            gain_se=gain.se,
+            gain=gain.mean if gate else math.nan,
+            gain_se=gain.se if gate else math.nan,
+            gated=gate,
             loss=sum(losses) / len(losses) if losses else math.nan,
             train_time_s=train_time,
             eval_time_s=(scored - started - train_time) + (time.perf_counter() - scored),
@@ -281,6 +291,7 @@ class DraftLearner:
             loss = (per_position * batch.weights).sum() / batch.weights.shape[0]
             self._optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            self._warm_up()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
             self._optimizer.step()
             losses.append(float(loss.detach()))
@@ -330,3 +341,13 @@ class DraftLearner:
     def _make_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.config
         return torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def _warm_up(self) -> None:
+        """Linear learning-rate warmup over a fresh optimizer's first `warmup_steps` steps: Adam's first
+        steps move every parameter by ~lr whatever its gradient, which on a drafter already close to the
+        policy is noise that the gate then has to wait out."""
+        state = self._optimizer.state
+        done = max((int(s["step"]) for s in state.values() if "step" in s), default=0)
+        scale = min(1.0, (done + 1) / self.config.warmup_steps) if self.config.warmup_steps else 1.0
+        for group in self._optimizer.param_groups:
+            group["lr"] = self.config.lr * scale

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class LearnerReport:
     """One round. Acceptances are expected acceptance Σ min(p, q) on the held-out positions (every
     version's held-out groups): the published drafter before the round, the candidate after it, the
-    frozen shadow; `gain` ± `gain_se` is candidate − published, paired."""
+    frozen shadow; `gain` ± `gain_se` is candidate − published, paired. A round that only trained
+    (`gated` False: the candidate had not trained as long as scoring it costs) has nan there."""
 
     published: bool
     version: int  # drafter version after the round (moved if published or reverted)
@@ -29,6 +30,7 @@ class LearnerReport:
     num_holdout_groups: int
     policy_version: int  # the newest policy version the learner has seen
     event: str | None = None  # the watchdog's, or a candidate reset: what happened and why
+    gated: bool = True  # the candidate was scored and judged this round
 
 
 @dataclass

@@ -17,14 +17,14 @@ from ray_fixtures import make_config
 from trl import GRPOTrainer
 from trl_tiny import grpo_args, length_reward
 
-from specroll.demo.models import load_or_build_demo_models
+from specroll.demo.model_cache import load_or_build_demo_models
 from specroll.demo.recipe import DemoRecipe
 from specroll.demo.task import make_prompts
 from specroll.integrations.backend import ProbeRequest
-from specroll.integrations.controller import RolloutController
 from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
 from specroll.integrations.local_backend import LocalBackend
-from specroll.integrations.trl import SpecrollRolloutFunc
+from specroll.integrations.ray_backend.controller import RolloutController
+from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc
 from specroll.online_drafter import LearnerConfig
 from specroll.rollout import EngineConfig, SamplingParams
 
@@ -93,7 +93,10 @@ def test_rounds_and_probes_reach_the_logs_and_the_report_data(trained):
     trainer, backend, schedule = trained
     steps = [e for e in trainer.state.log_history if "reward" in e]
     # The round started after step s's rollouts is collected at step s + 1's call, logged with it.
-    assert all("drafter/learner_wait_s" in e and "drafter/gain" in e for e in steps[1:])
+    assert all("drafter/learner_wait_s" in e and "drafter/gated" in e for e in steps[1:])
+    # a round that only trained (not long enough to be worth scoring) logs no gain: no nan holes
+    assert all(("drafter/gain" in e) == bool(e["drafter/gated"]) for e in steps[1:])
+    assert any(e["drafter/gated"] for e in steps[1:])
     assert [p["step"] for p in schedule.probes] == [0, 2]  # every 2 steps and the last (2), collected at the end
     assert all(0 < p["drafter/probe_online"] <= 1 and p["drafter/probe_gain_se"] >= 0 for p in schedule.probes)
     assert backend._round_result is None  # the last round was collected when train() ended
