@@ -37,7 +37,7 @@ def load_bench_models(kind: str, num_prompts: int, seed: int = 0) -> BenchModels
 
 
 def _demo_models(num_prompts: int, seed: int) -> BenchModels:
-    from specroll.demo.models import load_or_build_demo_models
+    from specroll.demo.model_cache import load_or_build_demo_models
     from specroll.demo.task import make_prompts
     from specroll.demo.tokenizer import encode_prompt
 

@@ -21,10 +21,11 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from specroll.integrations.broadcast_sync import TorchBroadcastTransport
-from specroll.integrations.config import ActorResources, ModelPaths, RayRunConfig, SyncConfig, TopologyConfig
-from specroll.integrations.controller import RolloutController
-from specroll.integrations.ray_cluster import connect_ray
+from specroll.integrations.model_source import ModelPaths
+from specroll.integrations.ray_backend.broadcast_sync import TorchBroadcastTransport
+from specroll.integrations.ray_backend.cluster import connect_ray
+from specroll.integrations.ray_backend.controller import RolloutController
+from specroll.integrations.ray_backend.settings import ActorResources, RayRunConfig, SyncConfig, TopologyConfig
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 

@@ -11,7 +11,7 @@ No weights can be downloaded where specroll runs its demo and tests, so it build
   tokenizer), cached under `$SPECROLL_CACHE` by recipe hash; `DemoRecipe.tiny()` for tests.
 """
 
-from .models import DemoModels, build_demo_models, load_or_build_demo_models
+from .model_cache import DemoModels, build_demo_models, load_or_build_demo_models
 from .recipe import DemoRecipe
 from .reward import RewardConfig, arithmetic_reward, make_reward
 from .task import Problem, Style, make_problems, make_prompts, solution, to_messages

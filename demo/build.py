@@ -26,10 +26,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from ..rollout.lean import unfuse
 from .generate import sample_completions
 from .grow import grow, grown_config
+from .pretrain import Example, train
 from .recipe import DemoRecipe, ModelShape
 from .task import Style, make_problems, max_completion_tokens, solution, to_messages
 from .tokenizer import build_tokenizer, encode_prompt
-from .train import Example, train
 from .truncate import truncate
 
 # Separate problem streams per use, so training never reuses the report's evaluation problems.

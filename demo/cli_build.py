@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .models import build_demo_models
+    from .model_cache import build_demo_models
     from .recipe import DemoRecipe
 
     if args.threads is not None:

@@ -20,11 +20,11 @@ import statistics
 import torch
 
 from specroll.demo.generate import completion_texts, sample_completions
-from specroll.demo.models import load_or_build_demo_models
+from specroll.demo.model_cache import load_or_build_demo_models
+from specroll.demo.pretrain import Example, train
 from specroll.demo.recipe import DemoRecipe, TrainStage
 from specroll.demo.reward import score
 from specroll.demo.task import Style, make_problems, max_completion_tokens, style_of
-from specroll.demo.train import Example, train
 
 DRIFT_SEED = 20_000
 

@@ -18,7 +18,7 @@ import time
 import torch
 
 from specroll.demo.generate import completion_texts, sample_completions
-from specroll.demo.models import load_or_build_demo_models
+from specroll.demo.model_cache import load_or_build_demo_models
 from specroll.demo.recipe import DemoRecipe
 from specroll.demo.reward import score
 from specroll.demo.task import make_problems, max_completion_tokens, style_of

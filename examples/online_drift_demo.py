@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from specroll.demo.models import load_or_build_demo_models
+from specroll.demo.model_cache import load_or_build_demo_models
 from specroll.demo.recipe import DemoRecipe
 from specroll.demo.reward import score
 from specroll.demo.task import Style, make_problems, max_completion_tokens, style_of, to_messages

@@ -2,11 +2,11 @@
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from specroll.demo.models import load_or_build_demo_models
+from specroll.demo.model_cache import load_or_build_demo_models
 from specroll.demo.reward import make_reward
 from specroll.demo.task import make_prompts
 from specroll.integrations.local_backend import LocalBackend
-from specroll.integrations.trl import SpecrollRolloutFunc
+from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc
 from specroll.online_drafter import LearnerConfig
 from specroll.rollout import EngineConfig
 

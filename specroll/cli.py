@@ -16,7 +16,7 @@ from typing import NoReturn
 SUBCOMMANDS = {
     "bench": ("specroll.benchmarks.engine_bench", "benchmark the engine against HF generate / assisted generation"),
     "build-demo-models": ("specroll.demo.cli_build", "build (or rebuild) the cached demo models and tokenizer"),
-    "train": ("specroll.integrations.train", "GRPO (TRL) with speculative rollouts and online draft learning"),
+    "train": ("specroll.jobs.train", "GRPO (TRL) with speculative rollouts and online draft learning"),
 }
 
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     module.add_arguments(job_parser)
     job_parser.add_argument("--debug", action="store_true", help="show the traceback of a config error")
     args = job_parser.parse_args(argv[1:])
-    from specroll.integrations.config import ConfigError
+    from specroll.integrations.yaml_config import ConfigError
 
     try:
         return int(module.run(args) or 0)

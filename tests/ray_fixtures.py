@@ -20,8 +20,9 @@ from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specroll.integrations.config import ActorResources, ModelPaths, RayRunConfig, SyncConfig, TopologyConfig
-from specroll.integrations.controller import RolloutController
+from specroll.integrations.model_source import ModelPaths
+from specroll.integrations.ray_backend.controller import RolloutController
+from specroll.integrations.ray_backend.settings import ActorResources, RayRunConfig, SyncConfig, TopologyConfig
 from specroll.rollout import EngineConfig
 
 CPUS_PER_NODE = 3  # logical CPUs: tests place 2 workers + a learner per node on 2 physical cores

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from specroll.cli import main
-from specroll.integrations.config import ConfigError
+from specroll.integrations.yaml_config import ConfigError
 
 
 def test_a_missing_config_file_is_one_line_and_exit_code_2(tmp_path):

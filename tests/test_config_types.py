@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from specroll.integrations.config import ConfigError, RayRunConfig, load_config
-from specroll.integrations.train_config import load_train_config
+from specroll.integrations.ray_backend.settings import RayRunConfig
+from specroll.integrations.yaml_config import ConfigError, load_config
+from specroll.jobs.train_config import load_train_config
 from specroll.online_drafter import LearnerConfig
 
 

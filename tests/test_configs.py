@@ -32,7 +32,7 @@ class Gauge(_Recorder):
 
 def exported_names(monkeypatch) -> set[str]:
     """Prometheus names as Ray serves them: `ray_` prefix, counters suffixed `_total`."""
-    metrics = pytest.importorskip("specroll.integrations.metrics")
+    metrics = pytest.importorskip("specroll.integrations.ray_backend.metrics")
     _Recorder.declared = []
     monkeypatch.setattr(metrics, "Counter", Counter)
     monkeypatch.setattr(metrics, "Gauge", Gauge)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from specroll.demo import cli_build, models
+from specroll.demo import cli_build, model_cache
 from specroll.demo.build import llama_config
 from specroll.demo.grow import grow, grown_config
-from specroll.demo.models import build_demo_models, load_demo_models, load_or_build_demo_models, models_dir
+from specroll.demo.model_cache import build_demo_models, load_demo_models, load_or_build_demo_models, models_dir
 from specroll.demo.recipe import DemoRecipe, ModelShape, TrainStage
 from specroll.demo.tokenizer import build_tokenizer
 from specroll.demo.truncate import kept_layers, truncate
@@ -67,7 +67,7 @@ def test_tiny_build_saves_llama_models_and_tokenizer(tiny):
 
 def test_second_call_loads_from_cache_without_building(tiny, monkeypatch):
     _, cache = tiny
-    monkeypatch.setattr(models, "build", lambda *a, **k: pytest.fail("rebuilt a cached recipe"))
+    monkeypatch.setattr(model_cache, "build", lambda *a, **k: pytest.fail("rebuilt a cached recipe"))
     again = load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=cache, progress=False)
     assert again.path == models_dir(DemoRecipe.tiny(), cache)
 

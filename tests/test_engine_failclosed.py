@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import make_prompts, noisy_copy, tiny_lm
 
-from specroll.integrations.metrics import BatchMetrics
+from specroll.integrations.ray_backend.metrics import BatchMetrics
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 BAD = 13  # a token id the clean prompts below never produce (greedy or T = 1)

@@ -12,9 +12,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specroll.demo.tokenizer import build_tokenizer
-from specroll.integrations.config import ModelPaths
 from specroll.integrations.local_backend import LocalBackend
-from specroll.integrations.tokenizers import load_tokenizer, tokenizer_pair
+from specroll.integrations.model_source import ModelPaths, load_tokenizer, tokenizer_pair
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specroll.integrations.config import RayRunConfig, SyncConfig, TopologyConfig, from_dict, load_config
+from specroll.integrations.ray_backend.settings import RayRunConfig, SyncConfig, TopologyConfig
+from specroll.integrations.yaml_config import from_dict, load_config
 
 
 def test_loader_builds_nested_dataclasses(tmp_path):

@@ -13,7 +13,7 @@ from ray.exceptions import ActorUnavailableError
 from ray_fixtures import VOCAB, make_config, tiny_llama
 
 from specroll.integrations.backend import RolloutError
-from specroll.integrations.controller import RolloutController, _split_groups
+from specroll.integrations.ray_backend.controller import RolloutController, _split_groups
 from specroll.rollout import EngineConfig, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)

@@ -1,7 +1,7 @@
 """End to end under `ray job submit` against a local `ray start --head`, started with README's secure
 recipe (token auth on, single-node mode so every port is on 127.0.0.1): the head listens on loopback
 only, refuses a client without the token, and runs a job whose driver joins it with the token (fast);
-the Ray rollout job (`python -m specroll.integrations.ray_job`) and the main job (`specroll train`) are
+the Ray rollout job (`python -m specroll.jobs.ray_job`) and the main job (`specroll train`) are
 slow (job drivers and actors: minutes on 2 cores), so marked `slow`. One head serves the module; it runs
 with `--block` and is stopped by its process group (never `ray stop`, which would kill every Ray on the
 machine). The head's PATH starts with this venv's `bin`, as after `source .venv/bin/activate`, so a
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from listening import is_loopback, listening_sockets
 
-from specroll.integrations.config import ModelPaths
-from specroll.integrations.ray_job import make_tiny_models
+from specroll.integrations.model_source import ModelPaths
+from specroll.jobs.ray_job import make_tiny_models
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -139,7 +139,7 @@ def test_ray_job_submit_runs_rounds_with_online_learning(ray_head, tmp_path):
     config = tmp_path / "ray_job.yaml"
     config.write_text((REPO / "configs" / "ray_local.yaml").read_text().replace(".cache/specroll/ray_local",
                                                                                  str(tmp_path)))
-    log = submit(ray_head, [sys.executable, "-m", "specroll.integrations.ray_job", "--config", str(config)], {},
+    log = submit(ray_head, [sys.executable, "-m", "specroll.jobs.ray_job", "--config", str(config)], {},
                  timeout_s=300)
     rounds = [json.loads(line) for line in log.splitlines() if line.startswith('{"round"')]
     assert [r["round"] for r in rounds] == [0, 1]

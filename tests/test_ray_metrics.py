@@ -8,7 +8,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 from test_ray_controller import GREEDY, prompts_for
 
-from specroll.integrations.metrics import prometheus_urls
+from specroll.integrations.ray_backend.metrics import prometheus_urls
 
 EXPECTED = {
     "ray_specroll_rollout_tokens",  # a counter: samples are ray_specroll_rollout_tokens_total

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 from ray_fixtures import make_config
 
-from specroll.integrations.controller import RolloutController
+from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.rollout import SamplingParams
 
 

@@ -14,8 +14,8 @@ from ray.exceptions import RayActorError
 from ray_fixtures import make_config, tiny_llama
 from test_ray_controller import GREEDY, generate_killing_a_worker, prompts_for, versions_once_alive
 
-from specroll.integrations.controller import RolloutController
-from specroll.integrations.weight_sync import WeightSyncError
+from specroll.integrations.ray_backend.controller import RolloutController
+from specroll.integrations.ray_backend.weight_sync import WeightSyncError
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import torch
 from ray_fixtures import tiny_llama
 from test_ray_controller import GREEDY, prompts_for
 
-from specroll.integrations.broadcast_sync import BroadcastRoute, TorchBroadcastTransport
-from specroll.integrations.weight_sync import WeightSyncError, pack_buckets, unpack_buckets
+from specroll.integrations.ray_backend.broadcast_sync import BroadcastRoute, TorchBroadcastTransport
+from specroll.integrations.ray_backend.weight_sync import WeightSyncError, pack_buckets, unpack_buckets
 from specroll.rollout import EngineConfig, SpecEngine
 
 

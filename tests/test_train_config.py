@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from specroll.integrations.train_config import TrainConfig, load_train_config, resolved_dict
+from specroll.jobs.train_config import TrainConfig, load_train_config, resolved_dict
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from listening import is_loopback, listening_sockets
 
-from specroll.integrations.report import PLOTS
+from specroll.jobs.report import PLOTS
 
 REPO = Path(__file__).resolve().parents[1]
 

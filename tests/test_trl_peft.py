@@ -14,7 +14,7 @@ from trl import GRPOTrainer
 from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_model, tiny_tokenizer
 
 from specroll.integrations.local_backend import LocalBackend
-from specroll.integrations.trl import SpecrollRolloutFunc
+from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc
 from specroll.rollout import EngineConfig
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

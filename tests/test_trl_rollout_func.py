@@ -15,12 +15,12 @@ from datasets import Dataset
 from trl import GRPOTrainer
 from trl_tiny import grpo_args, length_reward, tiny_model, tiny_tokenizer
 
-from specroll.demo.models import load_or_build_demo_models
+from specroll.demo.model_cache import load_or_build_demo_models
 from specroll.demo.recipe import DemoRecipe
 from specroll.demo.task import make_prompts
 from specroll.integrations.backend import RolloutError
 from specroll.integrations.local_backend import LocalBackend
-from specroll.integrations.trl import SpecrollRolloutFunc, find_groups
+from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc, find_groups
 from specroll.rollout import EngineConfig
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -40,7 +40,7 @@ def main() -> None:
     from trl_tiny import tiny_model
 
     from specroll.integrations.local_backend import LocalBackend
-    from specroll.integrations.trl import PolicySyncCallback, SpecrollRolloutFunc
+    from specroll.integrations.trl_hook.rollout_func import PolicySyncCallback, SpecrollRolloutFunc
     from specroll.rollout import EngineConfig
 
     deepspeed.init_distributed(dist_backend="gloo")

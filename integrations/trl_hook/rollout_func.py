@@ -44,10 +44,10 @@ from typing import Any
 from transformers import TrainerCallback
 from trl.data_utils import is_conversational
 
+from specroll.integrations.backend import RolloutBackend, RolloutError, raise_for_errors
+from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
 from specroll.rollout import Rollout, SamplingParams
 
-from .backend import RolloutBackend, RolloutError, raise_for_errors
-from .learner_schedule import LearnerSchedule, ProbeSet
 from .policy_sync import gather_policy_weights
 
 

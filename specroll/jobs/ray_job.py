@@ -1,7 +1,7 @@
 """The Ray entry point: rollout rounds with online draft learning, on a laptop or a cluster.
 
-    python -m specroll.integrations.ray_job --config configs/ray_local.yaml [--make-tiny-models]
-    ray job submit --address http://127.0.0.1:8265 -- python -m specroll.integrations.ray_job \
+    python -m specroll.jobs.ray_job --config configs/ray_local.yaml [--make-tiny-models]
+    ray job submit --address http://127.0.0.1:8265 -- python -m specroll.jobs.ray_job \
         --config "$PWD/configs/ray_local.yaml"
 
 It joins the cluster of `ray job submit` (which sets `RAY_ADDRESS`) or the config's `address`, and
@@ -21,10 +21,12 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from .backend import learner_round
-from .config import ModelPaths, RayRunConfig, load_config
-from .controller import RolloutController
-from .ray_cluster import connect_ray
+from specroll.integrations.backend import learner_round
+from specroll.integrations.model_source import ModelPaths
+from specroll.integrations.ray_backend.cluster import connect_ray
+from specroll.integrations.ray_backend.controller import RolloutController
+from specroll.integrations.ray_backend.settings import RayRunConfig
+from specroll.integrations.yaml_config import load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +72,7 @@ def make_tiny_models(models: ModelPaths) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specroll.integrations.ray_job", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m specroll.jobs.ray_job", description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -1,9 +1,9 @@
 """The Ray cluster a specroll job runs on: join the one it was given, or start an embedded one on loopback.
 
-    from specroll.integrations.ray_cluster import connect_ray
+    from .cluster import connect_ray
     where = connect_ray(address=None, num_cpus=3)   # "embedded" or "joined"
 
-Used by every entry point that starts Ray (`specroll train`, `python -m specroll.integrations.ray_job`,
+Used by every entry point that starts Ray (`specroll train`, `python -m specroll.jobs.ray_job`,
 the Ray benchmark), so that all of them get the same security properties:
 
 - **Embedded cluster (no address, no `RAY_ADDRESS`): loopback only.** Ray resolves `127.0.0.1` to the

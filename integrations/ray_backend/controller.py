@@ -31,12 +31,11 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from specroll.integrations.backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 from specroll.rollout import Rollout, SamplingParams
 
-from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
-from .config import RayRunConfig
-from .ray_learner import DraftLearnerActor
-from .ray_worker import RolloutWorker
+from .learner_actor import DraftLearnerActor
+from .settings import RayRunConfig
 from .weight_board import WeightBoard
 from .weight_sync import (
     RESTART_PROBE_INTERVAL_S,
@@ -49,6 +48,7 @@ from .weight_sync import (
     stage_weights,
     wait_for_workers,
 )
+from .worker import RolloutWorker
 
 
 class RolloutController:

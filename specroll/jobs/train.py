@@ -29,14 +29,12 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
+from specroll.integrations.backend import RolloutBackend
+from specroll.integrations.model_source import ModelPaths, tokenizer_pair
+from specroll.integrations.ray_backend.cluster import connect_ray
+from specroll.jobs.report import SpeedMeasurement, write_report
+from specroll.jobs.train_config import TrainConfig, load_train_config, resolved_dict
 from specroll.rollout import SamplingParams, SpecEngine
-
-from .backend import RolloutBackend
-from .config import ModelPaths
-from .ray_cluster import connect_ray
-from .report import SpeedMeasurement, write_report
-from .tokenizers import tokenizer_pair
-from .train_config import TrainConfig, load_train_config, resolved_dict
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's documented hook
 
@@ -82,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if config.report.save_policy:
         from safetensors.torch import save_file
 
-        from .policy_sync import gather_policy_weights
+        from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
 
         out = Path(config.report.out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -102,7 +100,7 @@ def resolve_models(config: TrainConfig) -> ModelSources:
         tokenizer = AutoTokenizer.from_pretrained(models.tokenizer or models.target)
         return ModelSources(models.target, models.drafter, tokenizer, max_digits=models.task_max_digits or 10,
                             target_tokenizer=models.tokenizer or models.target, drafter_tokenizer=models.drafter)
-    from specroll.demo.models import load_or_build_demo_models
+    from specroll.demo.model_cache import load_or_build_demo_models
     from specroll.demo.recipe import DemoRecipe
 
     recipe = DemoRecipe() if models.recipe == "full" else DemoRecipe.tiny()
@@ -115,7 +113,7 @@ def resolve_models(config: TrainConfig) -> ModelSources:
 def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
     learner = dataclasses.replace(config.learner, temperature=config.grpo.temperature)
     if config.backend.kind == "local":
-        from .local_backend import LocalBackend
+        from specroll.integrations.local_backend import LocalBackend
 
         drafter = AutoModelForCausalLM.from_pretrained(sources.drafter) if sources.drafter else None
         return LocalBackend.from_models(
@@ -123,8 +121,8 @@ def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
             learner if config.online_learning and drafter is not None else None,
             *tokenizer_pair(sources.paths),
         )
-    from .config import RayRunConfig
-    from .controller import RolloutController
+    from specroll.integrations.ray_backend.controller import RolloutController
+    from specroll.integrations.ray_backend.settings import RayRunConfig
 
     _start_ray(config)
     engine = config.engine
@@ -160,9 +158,8 @@ def train(config: TrainConfig, sources: ModelSources, backend: RolloutBackend) -
 
     from specroll.demo.reward import RewardConfig, make_reward
     from specroll.demo.task import make_prompts
-
-    from .learner_schedule import LearnerSchedule, ProbeSet
-    from .trl import SpecrollRolloutFunc
+    from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
+    from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc
 
     grpo = config.grpo
     out = Path(config.report.out_dir)
@@ -212,9 +209,8 @@ def measure_speed(config: TrainConfig, sources: ModelSources, trainer: Any,
 def _measure_speed(config: TrainConfig, sources: ModelSources, trainer: Any,
                    backend: RolloutBackend) -> SpeedMeasurement:
     from specroll.demo.task import make_prompts
-
-    from .policy_sync import gather_policy_weights
-    from .trl import tokenize_prompts
+    from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
+    from specroll.integrations.trl_hook.rollout_func import tokenize_prompts
 
     policy = gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model))
     drafter = AutoModelForCausalLM.from_pretrained(sources.drafter) if sources.drafter else None

@@ -23,12 +23,11 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from specroll.integrations.model_source import ModelPaths, tokenizer_pair
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.weights import check_fits
 
-from .config import ModelPaths
 from .metrics import BatchMetrics, WorkerMetrics
-from .tokenizers import tokenizer_pair
 from .weight_sync import WeightPayload, WeightSyncError, receiving_transport, unpack_buckets
 
 ROLES = ("policy", "drafter")

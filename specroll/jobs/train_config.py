@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specroll.integrations.ray_backend.settings import SyncConfig, TopologyConfig
+from specroll.integrations.yaml_config import load_config
 from specroll.online_drafter import LearnerConfig
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
-
-from .config import SyncConfig, TopologyConfig, load_config
 
 MODEL_SOURCES = ("demo", "pretrained")
 DEMO_RECIPES = ("full", "tiny")

@@ -36,7 +36,7 @@ import ray
 import torch
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
-from .config import SyncConfig
+from .settings import SyncConfig
 
 RESTART_PROBE_INTERVAL_S = 0.2  # how often a worker Ray is restarting is asked again whether it is up
 

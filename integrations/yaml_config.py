@@ -1,0 +1,113 @@
+"""The typed YAML loader every specroll config goes through.
+
+`load_config(path, cls)` reads a YAML file into the dataclass `cls`. Each value is checked against its
+field's type hint (nested dataclasses are sections and must be mappings; `X | None`, `Literal`, lists
+and tuples are understood; a bool is never an int; an int or a numeric string such as PyYAML's
+`'3e-4'` is taken as a float), unknown keys fail, and the dataclass's own `__post_init__` checks the
+ranges. Every failure is a `ConfigError` (a `ValueError`) naming `section.field`, the value and what
+is allowed, so a typo or a wrong type never silently falls back to a default or crashes after models
+are built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used as written: its file, or a field named by its dotted path."""
+
+
+def load_config(path: str | Path, cls: type[T]) -> T:
+    """Read a YAML file into the dataclass `cls` (an empty file gives the defaults); see the module doc."""
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from err
+    return from_dict(cls, {} if data is None else data)
+
+
+def from_dict(cls: type[T], data: Any, where: str = "") -> T:
+    """Build the dataclass `cls` from a mapping, each value typed by its field (see the module doc)."""
+    label = where or cls.__name__
+    if not isinstance(data, dict):
+        hint = f" (an emptied section: write `{label}: {{}}` for the defaults)" if data is None else ""
+        raise ConfigError(f"{label}={data!r} is invalid: a mapping of {cls.__name__} fields{hint}")
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - known, key=str)
+    if unknown:
+        raise ConfigError(f"{label} has unknown fields {unknown}; allowed: {sorted(known)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {name: _typed(hints[name], value, f"{where}.{name}" if where else name) for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        # `__post_init__` checks name their field, some with the section already (`grpo.steps`).
+        message = str(err)
+        raise ConfigError(message if not where or message.startswith(f"{where}.") else f"{where}: {message}") from err
+
+
+def _typed(hint: Any, value: Any, where: str) -> Any:
+    """`value` as the type `hint` allows it, or a `ConfigError` naming `where`, the value and what is allowed."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return from_dict(hint, value, where)
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            try:
+                return _typed(arg, value, where)
+            except ConfigError:
+                continue
+    elif origin is Literal:
+        if any(value == arg and type(value) is type(arg) for arg in args):
+            return value
+    elif origin is dict or hint is dict:
+        if isinstance(value, dict):
+            key_hint, value_hint = args or (Any, Any)
+            return {_typed(key_hint, k, f"{where} key"): _typed(value_hint, v, f"{where}.{k}")
+                    for k, v in value.items()}
+    elif origin in (list, tuple):
+        if isinstance(value, (list, tuple)):
+            return origin(_typed(args[0], item, f"{where}[{i}]") for i, item in enumerate(value))
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, hint):
+        return value
+    raise ConfigError(f"{where}={value!r} is invalid: {_describe(hint)}")
+
+
+def _describe(hint: Any) -> str:
+    """What a type hint allows, in the words of a config error."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in args)
+    if origin is Literal:
+        return " or ".join(repr(arg) for arg in args)
+    if origin in (list, tuple):
+        return f"a list (each {_describe(args[0])})"
+    if origin is dict or hint is dict:
+        return "a mapping"
+    names = {bool: "true or false", int: "an int", float: "a number", str: "a string", type(None): "null"}
+    return names.get(hint, f"a {getattr(hint, '__name__', hint)}")
