@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
@@ -25,24 +25,7 @@ from specroll.rollout import Rollout
 
 from .draft_batch import BufferedRollout, DraftBatch, collate
 from .checkpoint import load_checkpoint, save_checkpoint
-
-
-@dataclass
-class BufferConfig:
-    """`max_positions`: completion positions kept in all; `recency_decay` in (0, 1]: weight ratio of
-    one policy version to the next newer; `rejected_weight` >= 1: weight of a rejected-draft position."""
-
-    max_positions: int = 200_000
-    recency_decay: float = 0.5
-    rejected_weight: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.max_positions, int) and self.max_positions >= 1):
-            raise ValueError(f"max_positions={self.max_positions!r} is invalid: an int >= 1")
-        if not 0 < self.recency_decay <= 1:
-            raise ValueError(f"recency_decay={self.recency_decay!r} is invalid: a number in (0, 1]")
-        if not self.rejected_weight >= 1:
-            raise ValueError(f"rejected_weight={self.rejected_weight!r} is invalid: a number >= 1")
+from .config import BufferConfig
 
 
 def to_buffered(rollout: Rollout) -> BufferedRollout:
@@ -94,13 +77,6 @@ class DraftBuffer:
             self.num_positions -= oldest.pop(0).num_positions
             if not oldest:
                 del self._by_version[version]
-
-    def pop_all(self) -> list[BufferedRollout]:
-        """Remove and return every entry (oldest version first)."""
-        out = [e for v in self.versions for e in self._by_version[v]]
-        self._by_version.clear()
-        self.num_positions = 0
-        return out
 
     def entries(self) -> list[BufferedRollout]:
         return [e for v in self.versions for e in self._by_version[v]]

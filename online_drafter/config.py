@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .divergence import LOSSES
+
+
+@dataclass
+class BufferConfig:
+    """`max_positions`: completion positions kept in all; `recency_decay` in (0, 1]: weight ratio of
+    one policy version to the next newer; `rejected_weight` >= 1: weight of a rejected-draft position."""
+
+    max_positions: int = 200_000
+    recency_decay: float = 0.5
+    rejected_weight: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_positions, int) and self.max_positions >= 1):
+            raise ValueError(f"max_positions={self.max_positions!r} is invalid: an int >= 1")
+        if not 0 < self.recency_decay <= 1:
+            raise ValueError(f"recency_decay={self.recency_decay!r} is invalid: a number in (0, 1]")
+        if not self.rejected_weight >= 1:
+            raise ValueError(f"rejected_weight={self.rejected_weight!r} is invalid: a number >= 1")
 
 
 @dataclass
@@ -21,7 +39,8 @@ class LearnerConfig:
     candidate more than `reset_margin` below the published drafter (beyond the interval) restarts from it.
     `temperature` must be the rollouts' sampling temperature
     (1.0 for greedy rollouts, whose signals are the T = 1 distribution): q is the drafter's softmax at
-    that temperature, as the engine does.
+    that temperature, as the engine does. `buffer`: the replay store's bounds and weights (YAML
+    `learner.buffer:`).
     """
 
     lr: float = 1e-4
@@ -44,8 +63,11 @@ class LearnerConfig:
     eval_batch_size: int = 64
     device: str = "cpu"
     seed: int = 0
+    buffer: BufferConfig = field(default_factory=BufferConfig)
 
     def __post_init__(self) -> None:
+        if isinstance(self.buffer, dict):  # from `asdict` (a checkpoint) or a plain mapping
+            self.buffer = BufferConfig(**self.buffer)
         checks = [
             ("lr", self.lr > 0, "a number > 0"),
             ("warmup_steps", isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "an int >= 0"),

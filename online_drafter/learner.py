@@ -68,7 +68,7 @@ class DraftLearner:
         self.device = torch.device(config.device)
         self.model = copy.deepcopy(drafter).to(self.device, torch.float32)
         self.frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.buffer = buffer if buffer is not None else DraftBuffer()
+        self.buffer = buffer if buffer is not None else DraftBuffer(config.buffer)
         self.holdout = HoldoutSet(config.holdout_fraction, config.max_holdout_positions)
         self.scorer = DrafterScorer(config.temperature, config.eval_batch_size, config.holdout_recency_decay,
                                     self.device)

@@ -28,6 +28,27 @@ def test_config_rejects_bad_values():
         BufferConfig(max_positions=0)
 
 
+def test_the_learner_config_carries_the_buffer_section(tmp_path):
+    import torch.nn as nn
+
+    from specroll.online_drafter import DraftLearner, LearnerConfig
+
+    config = LearnerConfig(buffer={"recency_decay": 0.3, "rejected_weight": 4.0})  # as a YAML section reads
+    assert config.buffer == BufferConfig(recency_decay=0.3, rejected_weight=4.0)
+    with pytest.raises(ValueError, match="rejected_weight"):
+        LearnerConfig(buffer={"rejected_weight": 0.5})
+
+    class Linear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(2, 2)
+
+    learner = DraftLearner(Linear(), config)
+    assert learner.buffer.config.recency_decay == 0.3
+    learner.save(tmp_path / "learner.pt")
+    assert DraftLearner.load(tmp_path / "learner.pt", Linear()).config.buffer == config.buffer
+
+
 def test_bounded_by_positions_and_evicts_oldest_version_first():
     buffer = DraftBuffer(BufferConfig(max_positions=12))
     buffer.add([entry(1, first_token=10), entry(0, first_token=0), entry(1, first_token=20)])
