@@ -135,7 +135,8 @@ class RaggedKVCache(Cache):
     """K/V of up to `batch` rows of up to `length` tokens each, for one model.
 
     `lens[b]` is how many tokens of row b the cache holds. The runner calls `plan_write` before
-    each forward and `lens` is set by whoever knows how many of the written tokens stay.
+    each forward and `set_lens` after it (and to roll back: `ModelRunner.rollback`); `lens` is
+    written nowhere else but here (`reset_rows`, `move_row`).
     """
 
     def __init__(self, shapes: list[LayerShape | None], batch: int, length: int, dtype: torch.dtype,
@@ -179,6 +180,10 @@ class RaggedKVCache(Cache):
         self.plan = WritePlan(rows=rows, positions=positions.clamp_max(self.length - 1), kv_len=kv_len,
                               same_start=same)
         return positions
+
+    def set_lens(self, rows: slice | torch.Tensor, lens: torch.Tensor) -> None:
+        """Rows `rows` hold their first `lens` [n] tokens (slots past them are stale, never read)."""
+        self.lens[rows] = lens
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Empty `rows` [k] for new requests: length 0, and every slot they have written zeroed."""

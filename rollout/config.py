@@ -7,7 +7,7 @@ with a `ValueError` that names the field, the value and what is allowed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -70,6 +70,30 @@ class SamplingParams:
 GammaSetting = int | Literal["auto"]
 SamplerName = Literal["rejection", "invariant"]
 SAMPLER_NAMES = ("rejection", "invariant")
+DrafterKind = Literal["model", "suffix"]
+DRAFTER_KINDS = ("model", "suffix")
+
+
+@dataclass
+class SuffixConfig:
+    """The suffix drafter (`suffix.SuffixDrafter`): `history_tokens` bounds the completions kept across
+    `generate` calls (least recently used prompts go first), `prompt_history_tokens` those of one prompt
+    (oldest completions go first); a match is looked up over at most `max_match` tokens of the row's end
+    and must reach `min_match`; `candidates` earlier occurrences of each n-gram are compared."""
+
+    history_tokens: int = 2_000_000
+    prompt_history_tokens: int = 32_768
+    max_match: int = 32
+    min_match: int = 1
+    candidates: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("history_tokens", "prompt_history_tokens", "max_match", "min_match", "candidates"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"suffix.{name}",
+                    value, "an int >= 1")
+        require(self.min_match <= self.max_match, "suffix.min_match", self.min_match,
+                f"at most suffix.max_match ({self.max_match})")
 
 
 @dataclass
@@ -94,6 +118,12 @@ class EngineConfig:
     and γ; acceptance ≥ (1 − TV) / (1 + TV)). It is an engine setting, like γ: it only matters when
     drafting (with γ = 0 both are the same plain decoding), and what auto-γ's acceptance estimates and
     the learner's draft signals measure depends on it, so one engine keeps one rule.
+
+    `drafters` lists the drafter kinds to run: "model" (the drafter LM passed to `SpecEngine`) and
+    "suffix" (model-free, over sibling and earlier completions of the same prompt; `suffix` configures
+    it). With several, each row each step takes the proposal expected to keep the most tokens
+    (`multi_drafter`), all rows still verified in one target forward. None: the drafter LM if one is
+    given, else plain decoding.
     """
 
     max_batch_size: int = 16
@@ -116,6 +146,8 @@ class EngineConfig:
     stats_trace_steps: int = TRACE_STEPS
     sampler: SamplerName = "rejection"
     allow_unverified_architectures: bool = False
+    drafters: tuple[DrafterKind, ...] | None = None
+    suffix: SuffixConfig = field(default_factory=SuffixConfig)
 
     def __post_init__(self) -> None:
         require(
@@ -158,6 +190,12 @@ class EngineConfig:
             and self.stats_trace_steps >= 1, "stats_trace_steps", self.stats_trace_steps, "an int >= 1",
         )
         require(self.sampler in SAMPLER_NAMES, "sampler", self.sampler, "'rejection' or 'invariant'")
+        if self.drafters is not None:
+            self.drafters = tuple(self.drafters)
+            require(len(self.drafters) >= 1 and all(k in DRAFTER_KINDS for k in self.drafters)
+                    and len(set(self.drafters)) == len(self.drafters), "drafters", self.drafters,
+                    f"None or a non-empty list of distinct kinds from {DRAFTER_KINDS}")
+        require(isinstance(self.suffix, SuffixConfig), "suffix", self.suffix, "a SuffixConfig")
         require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
         try:
             torch.device(self.device)

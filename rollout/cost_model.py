@@ -17,13 +17,16 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .config import SamplingParams
 from .randomness import Purpose, gumbel
 from .runner import ModelRunner
-from .sampling import draw, process_logits
+
+if TYPE_CHECKING:
+    from .drafter import Drafter
 
 CALIBRATION_CONTEXT = 64  # tokens already in the cache while timing ...
 DRAFT_PARAMS = SamplingParams(max_new_tokens=1, temperature=1.0)
@@ -220,7 +223,7 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
     times: list[list[float]] = []
     for batch in batch_sizes:
         rows = slice(0, batch)
-        runner.cache.lens[rows] = context
+        runner.rollback(rows, torch.full((batch,), context, dtype=torch.long, device=device))
         row_times = []
         for q in query_lens:
             ids = torch.zeros(batch, q, dtype=torch.long, device=device)
@@ -242,7 +245,7 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
         if time.perf_counter() > deadline and len(times) >= 2:
             break
     measured = batch_sizes[: len(times)]
-    runner.cache.lens.zero_()
+    runner.rollback(slice(None), torch.zeros_like(runner.cache.lens))
     runner.num_forwards = 0
     partial = ForwardTimes(measured, query_lens, _monotone(times))
     return ForwardTimes(batch_sizes, query_lens, _monotone([[partial(b, q) for q in query_lens] for b in batch_sizes]))
@@ -259,19 +262,20 @@ def _monotone(times: list[list[float]]) -> list[list[float]]:
     return times
 
 
-def _draft_noise(logits: torch.Tensor) -> torch.Tensor:
+def draft_noise(logits: torch.Tensor) -> torch.Tensor:
     """The Gumbel noise [n, V] a sampled draft computes from logits [n, Q, V] (its values do not matter here)."""
     zeros = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
     return gumbel(zeros, zeros[:, None], Purpose.TOKEN, logits.shape[-1])[:, 0]
 
 
-def calibrate(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_gamma: int, budget_s: float,
+def calibrate(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: int, budget_s: float,
               cache_dir: str | None = None) -> CostModel:
     """Measure (or load from the on-disk cache) target and drafter forward times.
 
     The target is timed at two cached-context lengths, `CALIBRATION_CONTEXT` and up to
     `LONG_CONTEXT` (as far as the cache allows): attention over a long ragged batch reads every
     row's K/V up to the longest row, which at rollout lengths costs as much as the matrix products.
+    The drafter times its own drafts (`Drafter.time_drafts`).
     """
     key = _cache_key(target, drafter, max_batch, max_gamma)
     path = Path(cache_dir or _default_cache_dir()) / f"{key}.json"
@@ -286,11 +290,7 @@ def calibrate(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_gam
     long_context = min(LONG_CONTEXT, target.cache.length - max_gamma - 2)
     two = long_context >= 2 * CALIBRATION_CONTEXT
     now = time.perf_counter()
-    # A draft costs its forward plus turning the logits into a sampled token (T = 1, the dearer mode):
-    # for small drafters, and on GPUs where small kernels are launch-bound, that is no rounding error.
-    drafter_times = time_forwards(drafter, batch_sizes, [1, 2], now + budget_s * 0.2,
-                                  then=lambda logits: draw(process_logits(logits[:, -1], DRAFT_PARAMS),
-                                                           _draft_noise(logits)))
+    drafter_times = drafter.time_drafts(batch_sizes, now + budget_s * 0.2)
     target_times = time_forwards(target, batch_sizes, query_lens, now + budget_s * (0.6 if two else 1.0))
     target_long = None
     if two:
@@ -311,18 +311,20 @@ def _default_cache_dir() -> str:
     return os.path.join(root, "cost_model")
 
 
-def _cache_key(target: ModelRunner, drafter: ModelRunner, max_batch: int, max_gamma: int) -> str:
-    def shape(runner: ModelRunner) -> str:
-        cfg = runner.model.config.to_dict()
-        cfg.pop("_name_or_path", None)
-        cfg.pop("transformers_version", None)
-        dtype = next(runner.model.parameters()).dtype
-        forward = f"lean-{runner.lean.layout}" if runner.lean is not None else "hf"  # they cost differently
-        return json.dumps(cfg, sort_keys=True, default=str) + str(dtype) + forward
+def model_cost_key(runner: ModelRunner) -> str:
+    """What a model's forward time depends on: its config, dtype and forward path."""
+    cfg = runner.model.config.to_dict()
+    cfg.pop("_name_or_path", None)
+    cfg.pop("transformers_version", None)
+    dtype = next(runner.model.parameters()).dtype
+    forward = f"lean-{runner.lean.layout}" if runner.lean is not None else "hf"  # they cost differently
+    return json.dumps(cfg, sort_keys=True, default=str) + str(dtype) + forward
 
+
+def _cache_key(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: int) -> str:
     device = target.device
     hw = f"{device}|{torch.get_num_threads()}|{torch.__version__}"
     if device.type == "cuda":
         hw += torch.cuda.get_device_name(device)
-    raw = "|".join(["v4", shape(target), shape(drafter), str(max_batch), str(max_gamma), hw])
+    raw = "|".join(["v4", model_cost_key(target), drafter.cost_key(), str(max_batch), str(max_gamma), hw])
     return hashlib.sha256(raw.encode()).hexdigest()[:20]

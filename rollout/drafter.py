@@ -1,23 +1,26 @@
 """The `Drafter` protocol and its default: an independent small causal LM with its own ragged cache.
 
-A drafter proposes γ tokens for every live row together with the distribution q each was drawn from
-(verification needs q), is told how many of them the target kept, and follows the scheduler's row
-moves and prefills. Other drafters (a feature drafter on target hidden states, a suffix drafter over
-sibling rollouts, layer-skip self-speculation) implement the same methods.
+A drafter proposes up to γ tokens for every live row together with the distribution q each was drawn
+from (verification needs q), is told after the step which tokens the rows kept, and follows the
+scheduler's row moves and prefills. It reports what its drafts cost (`time_drafts`, for auto-γ's cost
+model) and whether it has weights the learner can update (`trainable`). The engine takes any object
+with these methods: `ModelDrafter` (an independent LM, the default), `suffix.SuffixDrafter` (model-free,
+over sibling and earlier completions), and `multi_drafter.MultiDrafter` (a per-row choice between them).
 
 A drafter owns no randomness: it draws each draft with the `draw(q_i, i)` the engine hands it —
 Gumbel-max with the token noise of that row and position (`sampling.StepNoise.draw_draft`), the noise
 the target's own draw there uses. That shared noise is what makes the invariant sampler's output
-independent of the drafter.
+independent of the drafter. A drafter whose q is a point mass (the suffix drafter) needs no draw.
 
 `ModelDrafter` keeps its cache one or two tokens behind the row (the last draft is never fed, and
-after a rejection the kept prefix is shorter than what it fed); more after plain (γ = 0) steps, when
-it is not run at all. Before drafting it catches up with one ragged forward, whose last logits give
-q for the first draft.
+after a rejection the kept prefix is shorter than what it fed); more after steps it did not run in
+(plain steps, or rows another drafter served). Before drafting it catches up with one ragged
+forward, whose last logits give q for the first draft.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,7 +30,9 @@ from transformers import PreTrainedModel
 
 from .batch import RowBuffers
 from .config import SamplingParams
+from .cost_model import DRAFT_PARAMS, ForwardTimes, draft_noise, model_cost_key, time_forwards
 from .runner import ModelRunner
+from .sampling import draw as gumbel_max
 from .sampling import process_logits
 from .weights import copy_into
 
@@ -41,25 +46,50 @@ class Proposal:
     # [n, γ, V] drafter's processed probabilities the drafts were drawn from; NaN where its logits
     # were non-finite (`process_logits`): the engine then drops that row's drafts for the step.
     q: torch.Tensor
+    # [n] drafts each row proposes (≤ γ; the rest are padding, never kept). None: all γ.
+    lengths: torch.Tensor | None = None
+    # [n] which of the drafter's `names` proposed each row (for per-drafter stats). None: all names[0].
+    source: torch.Tensor | None = None
 
 
 class Drafter(Protocol):
-    num_forwards: int
+    names: tuple[str, ...]  # the kinds this drafter reports stats under (one, or one per sub-drafter)
+    trainable: bool  # has weights `load_weights` can replace (the online learner's target)
+    num_forwards: int  # model forwards run so far
 
     def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
-                draw: DraftDraw) -> Proposal: ...
+                draw: DraftDraw) -> Proposal:
+        """Up to γ drafts for each of the live rows (rows.tokens[:, :seq_len] is each row's text)."""
+        ...
 
-    def keep(self, live: slice, seq_len: torch.Tensor, accepted_len: torch.Tensor, gamma: int) -> None: ...
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor) -> None:
+        """After a step: `rows` holds the kept tokens; `seq_len` [n] the lengths before the step and
+        `accepted_len` [n] the drafts of this drafter's proposal that were kept (0 where it proposed none)."""
+        ...
 
-    def prefill(self, slots: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> None: ...
+    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
+        """New requests in `slots` [k] (their prompts in `rows`); `count` [k] prompt tokens to feed now."""
+        ...
 
     def move_row(self, src: int, dst: int) -> None: ...
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
 
+    def cost_key(self) -> str:
+        """What the drafts' cost depends on (model shape, layout, ...), for the calibration cache."""
+        ...
+
+    def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
+        """Seconds of one draft per batch size at query lengths [1, 2] (a draft after a catch-up of up
+        to two tokens costs the second column, each further draft the first)."""
+        ...
+
 
 class ModelDrafter:
     """An independent small LM sharing the target's vocabulary (checked by the engine)."""
+
+    names = ("model",)
+    trainable = True
 
     def __init__(self, model: PreTrainedModel, slots: int, length: int, dtype: torch.dtype, device: torch.device,
                  target_vocab_size: int, lean: bool = True):
@@ -70,9 +100,10 @@ class ModelDrafter:
     def num_forwards(self) -> int:
         return self.runner.num_forwards
 
-    def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
+    def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
                 draw: DraftDraw) -> Proposal:
-        n, device = live.stop, self.runner.device
+        """`live` may also be an index tensor of slots (a subset of the live rows)."""
+        n, device = rows.seq_len[live].shape[0], self.runner.device
         drafts = torch.empty(n, gamma, dtype=torch.long, device=device)  # [n, γ]
         q = torch.empty(n, gamma, self.target_vocab_size, device=device)  # [n, γ, V]
         if gamma == 0:
@@ -86,22 +117,33 @@ class ModelDrafter:
                 logits = self.runner.feed(live, drafts[:, i : i + 1])[:, 0]
         return Proposal(drafts, q)
 
-    def keep(self, live: slice, seq_len: torch.Tensor, accepted_len: torch.Tensor, gamma: int) -> None:
-        """Roll back to the kept prefix: the row's old tokens plus the accepted drafts it has fed."""
-        if gamma:
-            kept = seq_len + accepted_len.clamp_max(gamma - 1)
-            self.runner.cache.lens[live] = torch.minimum(self.runner.cache.lens[live], kept)
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor) -> None:
+        """Roll back to the kept prefix: the row's old tokens plus the accepted drafts it has fed (the
+        cache never holds the last draft, so `min` also covers a full acceptance and rows not drafted)."""
+        self.runner.rollback(live, torch.minimum(self.runner.cache.lens[live], seq_len + accepted_len))
 
-    def prefill(self, slots: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> None:
+    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
         self.runner.cache.reset_rows(slots)
         if int(count.max()) > 0:
-            self.runner.extend(slots, tokens, count)
+            self.runner.extend(slots, rows.tokens[slots], count)
 
     def move_row(self, src: int, dst: int) -> None:
         self.runner.cache.move_row(src, dst)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         copy_into(self.runner.model, state_dict, "drafter")
+
+    def cost_key(self) -> str:
+        return model_cost_key(self.runner)
+
+    def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
+        # A draft costs its forward plus turning the logits into a sampled token (T = 1, the dearer
+        # mode): for small drafters, and on GPUs where small kernels are launch-bound, that is no
+        # rounding error.
+        def sample(logits: torch.Tensor) -> torch.Tensor:
+            return gumbel_max(process_logits(logits[:, -1], DRAFT_PARAMS), draft_noise(logits))
+
+        return time_forwards(self.runner, batch_sizes, [1, 2], deadline, then=sample)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Drafter logits over the target's ids: extra drafter rows dropped, missing ones at -inf."""
@@ -111,3 +153,21 @@ class ModelDrafter:
         if extra > 0:
             return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
         return logits
+
+
+def time_host_drafts(propose_rows: Callable[[int], object], batch_sizes: list[int], deadline: float,
+                     repeats: int = 5) -> ForwardTimes:
+    """`time_drafts` for a drafter that proposes all γ drafts in one host call (`propose_rows(batch)`):
+    the call's time in the catch-up column, ~nothing per further draft."""
+    times = []
+    for batch in batch_sizes:
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            propose_rows(batch)
+            samples.append(time.perf_counter() - started)
+            if time.perf_counter() > deadline:
+                break
+        best = min(samples)
+        times.append([1e-7, max(best, 1e-7)])
+    return ForwardTimes(list(batch_sizes), [1, 2], times)

@@ -5,11 +5,12 @@ Usage::
     engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=16, gamma=4))
     rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=256, temperature=1.0), n=8)
 
-Each step drafts γ tokens per live row with the drafter, verifies them with one target forward of
-γ + 1 tokens per row, and keeps a different number of tokens per row (`Sampler.verify`). The
-target cache always holds every token of a row but the last; the drafter cache lags by one or two
-(more after plain steps), and catches up with one ragged forward before it drafts. With no drafter
-or γ = 0 the same loop is plain batched decoding — the fair baseline.
+Each step asks the drafter (any `drafter.Drafter`: the drafter LM, the suffix drafter, or a per-row
+choice between them, as `EngineConfig.drafters` says) for up to γ tokens per live row, verifies them
+with one target forward of γ + 1 tokens per row, and keeps a different number of tokens per row
+(`Sampler.verify`); `append.append_kept` appends them, then both caches roll back to what was kept
+(`ModelRunner.rollback`, `Drafter.keep`). The target cache always holds every token of a row but the
+last. With no drafter or γ = 0 the same loop is plain batched decoding — the fair baseline.
 
 Randomness is per request and position (`randomness`): sample j of prompt i is keyed by the call's
 seed and (prompt_indices[i], j), and every number it draws by its sequence position and purpose —
@@ -32,16 +33,18 @@ from collections.abc import Generator, Mapping, Sequence
 import torch
 from transformers import PreTrainedModel
 
+from .append import VerifiedStep, append_kept
 from .architectures import check_architecture
 from .batch import RowBuffers
 from .config import EngineConfig, SamplingParams
 from .cost_model import CALIBRATION_CONTEXT
-from .drafter import ModelDrafter
-from .gamma import AutoGamma, GammaPolicy, StepOutcome, StepShape, acceptance_counts, make_gamma_policy
+from .drafter import Drafter, Proposal
+from .gamma import AutoGamma, GammaPolicy, StepOutcome, StepShape, make_gamma_policy
+from .multi_drafter import make_drafter
 from .randomness import draw_seed
 from .request import Request, Rollout, make_requests
 from .runner import ModelRunner
-from .sampling import SAMPLERS, Sampler, StepNoise, Verdict, process_logits
+from .sampling import SAMPLERS, Sampler, StepNoise, process_logits
 from .scheduler import Scheduler
 from .stats import EngineStats
 from .validate import validate_generate_args
@@ -55,29 +58,26 @@ class SpecEngine:
     def __init__(
         self,
         target: PreTrainedModel,
-        drafter: PreTrainedModel | None = None,
+        drafter: PreTrainedModel | Drafter | None = None,
         config: EngineConfig | None = None,
         target_tokenizer=None,
         drafter_tokenizer=None,
     ):
+        """`drafter`: a drafter LM (wrapped as `config.drafters` says: by default one `ModelDrafter`), any
+        object implementing `Drafter` (used as given), or None (with `config.drafters` None: plain decoding)."""
         self.config = config = config or EngineConfig()
         check_architecture(target, "target", config.allow_unverified_architectures)
-        if drafter is not None:
+        if isinstance(drafter, PreTrainedModel):
             check_architecture(drafter, "drafter", config.allow_unverified_architectures)
             check_vocab_compatible(target, drafter, target_tokenizer, drafter_tokenizer)
         self.device = torch.device(config.device)
         slots, length = config.max_batch_size, config.cache_len
         self.target = ModelRunner(target, slots, length, config.dtype, self.device, config.lean_forward)
         self.vocab_size = self.target.vocab_size
-        self.drafter: ModelDrafter | None = None
-        if drafter is not None:
-            self.drafter = ModelDrafter(drafter, slots, length, config.dtype, self.device, self.vocab_size,
-                                        config.lean_forward)
+        self.drafter: Drafter | None = make_drafter(drafter, config, self.device, self.vocab_size)
         self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None)
         self.stats = EngineStats(trace_steps=config.stats_trace_steps)
-        self.gamma_policy: GammaPolicy = make_gamma_policy(
-            config, self.target, self.drafter.runner if self.drafter else None
-        )
+        self.gamma_policy: GammaPolicy = make_gamma_policy(config, self.target, self.drafter)
         self.sampler: Sampler = SAMPLERS[config.sampler]()
         self.policy_version = 0
         self.drafter_version = 0
@@ -189,8 +189,9 @@ class SpecEngine:
 
     def update_drafter(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new drafter weights between `generate` calls; caches are kept, not reallocated."""
-        if self.drafter is None:
-            raise ValueError("update_drafter called on an engine built without a drafter")
+        if self.drafter is None or not self.drafter.trainable:
+            raise ValueError("update_drafter called on an engine without a drafter that has weights "
+                             f"(drafters: {self.drafter.names if self.drafter else None})")
         self.drafter.load_weights(state_dict)
         self.drafter_version = version
 
@@ -200,90 +201,48 @@ class SpecEngine:
         n = shape.rows
         live = slice(0, n)
         started = time.perf_counter()
-        # A copy, not a view: `_emit` overwrites rows.seq_len, and the drafter rolls back to the old length.
+        # A copy, not a view: `append_kept` moves rows.seq_len, and the drafter rolls back to the old length.
         seq_len = self.rows.seq_len[live].clone()  # [n]
         noise = StepNoise(self.rows.keys[live], seq_len, gamma + 1, self.vocab_size, params.greedy)
-        if gamma:
-            proposal = self.drafter.propose(live, self.rows, gamma, params, noise.draw_draft)
-            drafts, q = proposal.drafts, proposal.q  # [n, γ], [n, γ, V]
-            if self.gamma_policy.adaptive and drafts.is_cuda:
-                torch.cuda.synchronize(drafts.device)  # the policy times the draft part on its own
-        else:
-            drafts = torch.empty(n, 0, dtype=torch.long, device=self.device)
-            q = torch.empty(n, 0, self.vocab_size, device=self.device)
-        draft_ok = q.sum(-1).isfinite().all(1)  # [n]: a row with any non-finite q takes a plain step
+        proposal = self._propose(live, gamma, params, noise)
         drafted = time.perf_counter()
+        usable = self._usable(proposal, gamma)  # [n, γ]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
-        logits = self.target.feed(live, torch.cat([last_token, drafts], dim=1)).float()  # [n, γ+1, V]
+        logits = self.target.feed(live, torch.cat([last_token, proposal.drafts], dim=1)).float()  # [n, γ+1, V]
         p = process_logits(logits, params)  # [n, γ+1, V]
-        verdict = self.sampler.verify(drafts, q, p, noise, draft_ok)
-        finished, emitted, stopped, counts = self._emit(live, seq_len, drafts, verdict, logits, p, params, stop_ids,
-                                                        draft_ok)
-        if self.gamma_policy.adaptive:
-            outcome = StepOutcome(gamma, n, counts, emitted, stopped, time.perf_counter() - started,
-                                  drafted - started)
-            self.gamma_policy.observe(shape, outcome, params.greedy)
-        return finished
-
-    def _emit(self, live: slice, seq_len: torch.Tensor, drafts: torch.Tensor, verdict: Verdict,
-              logits: torch.Tensor, p: torch.Tensor, params: SamplingParams, stop_ids: torch.Tensor,
-              draft_ok: torch.Tensor) -> tuple[list[int], int, int, list[list[int]] | None]:
-        """Append each row's kept tokens and roll caches back to them. Returns the finished slots,
-        the tokens emitted, the rows that emitted a stop token and, for an adaptive γ policy's
-        speculative step, the drafts' `acceptance_counts`."""
-        rows, (n, width) = self.rows, verdict.tokens.shape
-        gamma = width - 1
-        offsets = torch.arange(width, device=self.device)  # [γ+1]
-        room = rows.max_len[live] - seq_len  # [n]
-        # A row whose next token was drawn from no distribution keeps its verified drafts and ends there.
-        failed = verdict.no_distribution & (verdict.accepted_len < room)  # [n]
-        num_emit = torch.minimum(verdict.accepted_len + 1, room) - failed.long()  # [n]
-        stopped = torch.zeros(n, dtype=torch.bool, device=self.device)
-        if stop_ids.numel():
-            is_stop = torch.isin(verdict.tokens, stop_ids) & (offsets < num_emit[:, None])  # [n, γ+1]
-            stopped = is_stop.any(1)
-            first_stop = torch.where(stopped, is_stop.int().argmax(1), width)
-            num_emit = torch.minimum(num_emit, first_stop + 1)
-            failed &= ~stopped  # a stop token among the kept drafts ends the row before the fault
-        positions = (seq_len[:, None] + offsets).clamp_max(rows.tokens.shape[1] - 1)  # [n, γ+1]
-        rows.tokens[live] = rows.tokens[live].scatter(1, positions, verdict.tokens)
-        # Greedy's processed distribution is one-hot: report the raw model's log-probs instead.
-        dist = logits.log_softmax(-1) if params.greedy else p.log()  # [n, γ+1, V]
-        token_logprobs = dist.gather(-1, verdict.tokens[..., None]).squeeze(-1)  # [n, γ+1]
-        rows.logprobs[live] = rows.logprobs[live].scatter(1, positions, token_logprobs)
-        if rows.signal_top_k:
-            rows.record_signals(live, positions, drafts, verdict.accepted, dist)
-        new_len = seq_len + num_emit
-        rows.seq_len[live] = new_len
-        rows.stopped[live] |= stopped
-        rows.num_drafted[live] += gamma
-        rows.num_accepted[live] += verdict.accepted_len
-        counted = bool(gamma) and self.gamma_policy.adaptive
-        if counted:  # what the policy learns from: each row's verdict, reach and start state
-            evidence = [verdict.accepted_len, num_emit, rows.rejected[live].long()]
-            # A plain step says nothing about where the drafter stands: only speculative ones move this.
-            rows.rejected[live] = verdict.accepted_len < gamma
-        self.target.cache.lens[live] = new_len - 1
+        verdict = self.sampler.verify(proposal.drafts, proposal.q, p, noise, usable)
+        step = VerifiedStep(seq_len, proposal, usable, verdict, logits, p)
+        summary = append_kept(self.rows, live, step, params, stop_ids, self.drafter.names if self.drafter else (),
+                              count_evidence=bool(gamma) and self.gamma_policy.adaptive)
+        self.target.rollback(live, self.rows.seq_len[live] - 1)
         if self.drafter:
-            self.drafter.keep(live, seq_len, verdict.accepted_len, gamma)
-        finished = rows.stopped[live] | (new_len >= rows.max_len[live]) | failed  # [n]
-        # One device→host copy for everything the host needs from this step.
-        head = torch.stack([num_emit.sum(), stopped.sum(), failed.sum(), (~draft_ok).sum()])
-        parts = [head, verdict.accepted.sum(0), finished.long(), new_len]
-        summary = torch.cat([*parts, *evidence] if counted else parts).tolist()
-        emitted, num_stopped, num_failed, num_dropped = summary[:4]
-        kept = summary[4 : 4 + gamma]
-        per_row = [summary[i : i + n] for i in range(4 + gamma, len(summary), n)]
-        done, rows.host_seq_len[:n] = per_row[0], per_row[1]
-        if num_failed:
-            rows.record_failures(live, failed, verdict.accepted_len, logits)
-        step_counts = None
-        if counted:
-            # Drafts past a row's stop token or length limit were verified but never used: they are no
-            # evidence about acceptance (counting them as kept would reward drafting across the end).
-            step_counts = acceptance_counts(per_row[2], per_row[3], per_row[4], gamma)
-        self.stats.record_step(gamma, n, emitted, kept, num_dropped)
-        return [slot for slot, end in enumerate(done) if end], emitted, num_stopped, step_counts
+            self.drafter.keep(live, self.rows, seq_len, verdict.accepted_len)
+        self.stats.record_step(gamma, n, summary, context=max(self.rows.host_seq_len[:n]))
+        if self.gamma_policy.adaptive:
+            self.gamma_policy.observe(shape, StepOutcome(
+                gamma=gamma, rows=n, counts=summary.counts, emitted=summary.emitted, stopped=summary.stopped,
+                seconds=time.perf_counter() - started, draft_seconds=drafted - started,
+            ), params.greedy)
+        return summary.finished
+
+    def _propose(self, live: slice, gamma: int, params: SamplingParams, noise: StepNoise) -> Proposal:
+        n = live.stop
+        if not gamma:
+            return Proposal(torch.empty(n, 0, dtype=torch.long, device=self.device),
+                            torch.empty(n, 0, self.vocab_size, device=self.device))
+        proposal = self.drafter.propose(live, self.rows, gamma, params, noise.draw_draft)  # [n, γ], [n, γ, V]
+        if self.gamma_policy.adaptive and proposal.drafts.is_cuda:
+            torch.cuda.synchronize(proposal.drafts.device)  # the policy times the draft part on its own
+        return proposal
+
+    def _usable(self, proposal: Proposal, gamma: int) -> torch.Tensor:
+        """[n, γ] bool: the drafts verification may keep — each row's proposed ones, none of a row whose
+        q is non-finite anywhere (it takes a plain step)."""
+        n = proposal.drafts.shape[0]
+        usable = proposal.q.sum(-1).isfinite().all(1, keepdim=True).expand(n, gamma)  # [n, γ]
+        if proposal.lengths is not None:
+            usable = usable & (torch.arange(gamma, device=self.device) < proposal.lengths[:, None])
+        return usable
 
     # ------------------------------------------------------------------ batch bookkeeping
 
@@ -300,7 +259,7 @@ class SpecEngine:
         if int(count.max()) > 0:
             self.target.extend(slots, tokens, count)
         if self.drafter:  # an engine that never drafts lets the drafter catch up lazily, if ever
-            self.drafter.prefill(slots, tokens, count if self.config.gamma != 0 else torch.zeros_like(count))
+            self.drafter.prefill(slots, self.rows, count if self.config.gamma != 0 else torch.zeros_like(count))
 
     def _finish(self, scheduler: Scheduler, finished: list[int]) -> None:
         if not finished:

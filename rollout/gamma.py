@@ -23,7 +23,7 @@ batch threshold.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -31,6 +31,9 @@ from .break_even import break_even_acceptance
 from .config import EngineConfig
 from .cost_model import CALIBRATION_CONTEXT, CostModel, calibrate
 from .runner import ModelRunner
+
+if TYPE_CHECKING:
+    from .drafter import Drafter
 
 PRIOR_ACCEPTANCE = 0.6  # α before any observation
 PRIOR_ROWS = 2  # ... worth this many rows of evidence
@@ -327,12 +330,9 @@ class AutoGamma:
         self.cost.observe(shape.rows, outcome.gamma, outcome.seconds, shape.context, outcome.draft_seconds,
                           (verify[outcome.gamma], draft[outcome.gamma]))
 
-    @property
-    def acceptance(self) -> dict[str, list[float]]:
-        return {"greedy": list(self.estimates[True].alpha), "sampled": list(self.estimates[False].alpha)}
 
 
-def make_gamma_policy(config: EngineConfig, target: ModelRunner, drafter: ModelRunner | None) -> GammaPolicy:
+def make_gamma_policy(config: EngineConfig, target: ModelRunner, drafter: Drafter | None) -> GammaPolicy:
     if config.gamma != "auto":
         return FixedGamma(config.gamma)
     if drafter is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -13,12 +12,6 @@ from .randomness import request_keys
 
 if TYPE_CHECKING:
     from .batch import FinishedRow
-
-
-class Status(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
 
 
 @dataclass
@@ -76,8 +69,8 @@ class Rollout:
 
 @dataclass
 class Request:
-    """One (prompt, sample index) pair while it waits, runs in a slot, or has finished. `key` is its
-    random-stream key (`randomness.request_keys`)."""
+    """One (prompt, sample index) pair while it waits, runs in a slot (`slot` ≥ 0), or has finished
+    (`rollout` set). `key` is its random-stream key (`randomness.request_keys`)."""
 
     prompt_index: int
     sample_index: int
@@ -85,7 +78,6 @@ class Request:
     key: int
     prompt_ids: list[int]
     max_new_tokens: int
-    status: Status = Status.WAITING
     slot: int = -1
     rollout: Rollout | None = field(default=None, repr=False)
 

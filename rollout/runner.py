@@ -73,7 +73,7 @@ class ModelRunner:
         With `logits_at` [n] only each row's logits at that query index are returned, [n, V] (the
         lean forward then skips the LM head elsewhere — most of a prefill's cost at a large vocab).
 
-        Does not move `cache.lens`: the caller sets it to what it keeps (rollback is a length).
+        Does not move `cache.lens`: the caller keeps what it keeps (`rollback`, or `feed`/`extend`).
         """
         query_len = input_ids.shape[1]
         position_ids = self.cache.plan_write(rows, start, query_len)  # [n, Q]
@@ -110,7 +110,7 @@ class ModelRunner:
         """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V]."""
         start = self.cache.lens[rows]  # [n]
         logits = self.forward(rows, input_ids, start)
-        self.cache.lens[rows] = start + input_ids.shape[1]
+        self.cache.set_lens(rows, start + input_ids.shape[1])
         return logits
 
     def extend(self, rows: slice | torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -125,5 +125,9 @@ class ModelRunner:
         idx = (start[:, None] + torch.arange(query_len, device=self.device)).clamp_max(tokens.shape[1] - 1)
         last = (count - 1).clamp_min(0)  # [n]
         logits = self.forward(rows, tokens.gather(1, idx), start, logits_at=last)  # [n, V]
-        self.cache.lens[rows] = start + count
+        self.cache.set_lens(rows, start + count)
         return logits
+
+    def rollback(self, rows: slice | torch.Tensor, lens: torch.Tensor) -> None:
+        """Keep only the first `lens` [n] tokens of each row (rejected drafts are dropped by length alone)."""
+        self.cache.set_lens(rows, lens)

@@ -65,17 +65,6 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return logits.softmax(-1)
 
 
-def logprob_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Log-probabilities the rollout reports: the processed distribution's, or for greedy the T = 1 one.
-
-    A greedy distribution is one-hot (log-probs 0 / -inf), useless to a trainer, so greedy rollouts
-    report the raw model's log-softmax.
-    """
-    if params.greedy:
-        return logits.float().log_softmax(-1)
-    return process_logits(logits, params).log()
-
-
 def draw(probs: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
     """Gumbel-max: one token per distribution, argmax(log probs + noise), `probs` [..., V] → ids [...].
 
@@ -142,11 +131,13 @@ class Sampler(Protocol):
 
     def verify(self, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, noise: StepNoise,
                draft_ok: torch.Tensor) -> Verdict:
-        """drafts [n, γ] (drawn by `StepNoise.draw_draft`), q [n, γ, V] (the drafter's processed probs
-        they were drawn from), p [n, γ+1, V] (the target's at the same positions plus the bonus one);
-        `draft_ok` [n] marks the rows whose drafts may be kept (the others take a plain step). A draft is
-        never kept where p is NaN, so the first NaN position of a row, if it reaches one, is where
-        next_token is drawn: `no_distribution` flags that row."""
+        """drafts [n, γ] (drawn by `StepNoise.draw_draft`, or proposed with a point-mass q), q [n, γ, V]
+        (the drafter's processed probs they were drawn from), p [n, γ+1, V] (the target's at the same
+        positions plus the bonus one); `draft_ok` [n, γ] bool, prefix-closed, marks the drafts that may be
+        kept (a row's proposal may be shorter than γ, or dropped: then the row takes a plain step). After
+        a row's last usable draft its next token is the target's own draw. A draft is never kept where p
+        is NaN, so the first NaN position of a row, if it reaches one, is where next_token is drawn:
+        `no_distribution` flags that row."""
         ...
 
 
@@ -174,25 +165,26 @@ class RejectionSampler:
         q_d = q.gather(-1, idx).squeeze(-1)  # [n, γ]
         u = noise.uniform(gamma, Purpose.ACCEPT)  # [n, γ]
         # u < p/q written without the division; q_d > 0 because d was drawn from q. False where p is NaN.
-        accepted, accepted_len = _kept_prefix((u * q_d < p_d) & draft_ok[:, None])
+        accepted, accepted_len = _kept_prefix((u * q_d < p_d) & draft_ok)
+        # A usable draft was rejected: the next token comes from the residual. Otherwise (every usable
+        # draft kept: the bonus token, a short proposal's next token, a plain step) it is p's own draw.
+        rejected = accepted_len < draft_ok.sum(1)  # [n]
 
         rows = torch.arange(n, device=p.device)
         p_next = p[rows, accepted_len]  # [n, V]: target distribution at the first non-accepted slot
         residual = p_next
         if self.resample_residual and gamma > 0:
             q_next = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows, accepted_len]  # [n, V]
-            q_next = torch.where(draft_ok[:, None], q_next, 0.0)  # a dropped row's q (maybe NaN) plays no part
-            residual = (p_next - q_next).clamp_min(0)  # bonus slot: q_next = 0 → residual = p
+            q_next = torch.where(rejected[:, None], q_next, 0.0)  # an unused or dropped q (maybe NaN) plays no part
+            residual = (p_next - q_next).clamp_min(0)  # q_next = 0 → residual = p
             mass = residual.sum(-1, keepdim=True)
             # Rounding can leave no mass when p ≈ q; then p itself is the right law to sample.
             residual = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), p_next)
-        # Past the kept drafts: a residual draw after a rejection; the target's own draw after none (the
-        # bonus token) and in a plain step (γ = 0, or the row's drafts dropped).
         token, next_noise = noise.token(), None  # greedy draws no noise
         if token is not None:
             own_draw = token[rows, accepted_len]  # [n, V]
             next_noise = own_draw if gamma == 0 else torch.where(
-                ((accepted_len == gamma) | ~draft_ok)[:, None], own_draw, noise.residual(accepted_len))
+                rejected[:, None], noise.residual(accepted_len), own_draw)
         next_token = draw(residual, next_noise)  # [n]
         tokens = torch.cat([drafts, drafts.new_zeros(n, 1)], dim=1)  # [n, γ+1]
         tokens.scatter_(1, accepted_len.unsqueeze(1), next_token.unsqueeze(1))
@@ -210,7 +202,7 @@ class InvariantSampler:
         tokens = draw(p, noise.token())  # [n, γ+1]: the target's token at every position of the step
         has_p = p.sum(-1).isfinite()  # [n, γ+1]
         # A kept draft equals the target's token, so `tokens` is already the row's kept drafts + next token.
-        accepted, accepted_len = _kept_prefix((drafts == tokens[:, :gamma]) & has_p[:, :gamma] & draft_ok[:, None])
+        accepted, accepted_len = _kept_prefix((drafts == tokens[:, :gamma]) & has_p[:, :gamma] & draft_ok)
         rows = torch.arange(n, device=p.device)
         return Verdict(accepted_len=accepted_len, accepted=accepted, next_token=tokens[rows, accepted_len],
                        tokens=tokens, no_distribution=~has_p[rows, accepted_len])

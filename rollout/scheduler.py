@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .request import Request, Status
+from .request import Request
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Scheduler:
         """Free the finished slots; refill them from the queue, then pack the live rows."""
         for slot in finished_slots:
             req = self.running[slot]
-            req.status, req.slot = Status.FINISHED, -1
+            req.slot = -1
             self.running[slot] = None
         holes = sorted(finished_slots)
         admitted = []
@@ -69,5 +69,5 @@ class Scheduler:
         return Reschedule(moves=moves, admitted=admitted)
 
     def _place(self, req: Request, slot: int) -> None:
-        req.status, req.slot = Status.RUNNING, slot
+        req.slot = slot
         self.running[slot] = req

@@ -4,7 +4,9 @@ BatchStats: what one call (or several engines' calls together) did, `EngineStats
 Totals are plain numbers; the per-step traces (`gamma_per_step`, `live_rows_per_step`) keep only the
 last `trace_steps` steps, so a long-lived worker's stats stay bounded. Anything that spans more steps
 than the trace (per-call means, `mean_accepted_len`) is computed from the totals. The rates are
-defined once, in `StatRates`, for both (docs/metrics.md is their table).
+defined once, in `StatRates`, for both (docs/metrics.md is their table). `by_drafter` splits the
+speculative work by drafter kind ("model", "suffix"): with several drafters each row of a step is
+served by one of them (`multi_drafter`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,59 @@ from dataclasses import dataclass, field, fields
 TRACE_STEPS = 4096
 COUNTERS = ("target_forwards", "drafter_forwards", "generated_tokens", "drafted", "accepted", "steps",
             "wall_time_s", "gamma_sum", "row_steps", "spec_row_steps", "drafter_nonfinite_rows")
+
+
+@dataclass
+class StepSummary:
+    """What one engine step did, as host numbers (the engine's one device→host copy of the step)."""
+
+    finished: list[int]  # slots whose row ended this step
+    emitted: int  # tokens appended, all rows
+    stopped: int  # rows that emitted a stop token
+    dropped_rows: int  # rows whose drafts were dropped (non-finite q)
+    kept_per_position: list[int]  # [γ] rows whose draft i was kept
+    drafted_per_position: list[int]  # [γ] rows that proposed a draft i
+    by_drafter: dict[str, list[int]]  # kind → [rows it proposed for, drafts proposed, drafts kept]
+    counts: list[list[int]] | None = None  # `gamma.acceptance_counts`, for an adaptive γ policy
+
+
+@dataclass(frozen=True)
+class DrafterStats:
+    """One drafter kind's share: `proposals` row-steps it drafted for, `drafted` drafts, `accepted` kept."""
+
+    proposals: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def __add__(self, other: DrafterStats) -> DrafterStats:
+        return DrafterStats(self.proposals + other.proposals, self.drafted + other.drafted,
+                            self.accepted + other.accepted)
+
+    def __sub__(self, other: DrafterStats) -> DrafterStats:
+        return DrafterStats(self.proposals - other.proposals, self.drafted - other.drafted,
+                            self.accepted - other.accepted)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Its kept drafts / its drafts."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        """Tokens per row-step it served: its kept drafts + the target's token (as `StatRates`')."""
+        return 1.0 + self.accepted / self.proposals if self.proposals else 1.0
+
+    def to_dict(self) -> dict:
+        return {"proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance_rate": self.acceptance_rate, "mean_accepted_len": self.mean_accepted_len}
+
+
+def _merge(a: dict[str, DrafterStats], b: dict[str, DrafterStats], sign: int) -> dict[str, DrafterStats]:
+    out = dict(a)
+    for name, share in b.items():
+        base = out.get(name, DrafterStats())
+        out[name] = base + share if sign > 0 else base - share
+    return out
 
 
 class StatRates:
@@ -68,9 +123,11 @@ class BatchStats(StatRates):
     row_steps: int = 0
     spec_row_steps: int = 0
     drafter_nonfinite_rows: int = 0
+    by_drafter: dict[str, DrafterStats] = field(default_factory=dict)
 
     def __add__(self, other: BatchStats) -> BatchStats:
-        return BatchStats(**{name: getattr(self, name) + getattr(other, name) for name in COUNTERS})
+        return BatchStats(**{name: getattr(self, name) + getattr(other, name) for name in COUNTERS},
+                          by_drafter=_merge(self.by_drafter, other.by_drafter, +1))
 
 
 @dataclass
@@ -91,12 +148,15 @@ class EngineStats(StatRates):
     trace_steps: int = TRACE_STEPS  # how many of the latest steps the two traces below keep
     gamma_per_step: deque[int] = field(default_factory=deque)
     live_rows_per_step: deque[int] = field(default_factory=deque)
+    context_per_step: deque[int] = field(default_factory=deque)  # the longest row after the step
+    by_drafter: dict[str, DrafterStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.trace_steps, int) or self.trace_steps < 1:
             raise ValueError(f"trace_steps={self.trace_steps!r} is invalid: an int >= 1")
         self.gamma_per_step = deque(self.gamma_per_step, maxlen=self.trace_steps)
         self.live_rows_per_step = deque(self.live_rows_per_step, maxlen=self.trace_steps)
+        self.context_per_step = deque(self.context_per_step, maxlen=self.trace_steps)
 
     @property
     def acceptance_per_position(self) -> list[float]:
@@ -104,30 +164,34 @@ class EngineStats(StatRates):
 
     def since(self, before: BatchStats) -> BatchStats:
         """What happened since `before` (`self.totals()` taken earlier): one call's stats."""
-        return BatchStats(**{name: getattr(self, name) - getattr(before, name) for name in COUNTERS})
+        return BatchStats(**{name: getattr(self, name) - getattr(before, name) for name in COUNTERS},
+                          by_drafter=_merge(self.by_drafter, before.by_drafter, -1))
 
     def totals(self) -> BatchStats:
         """The counters so far, as a `BatchStats` (the `before` of `since`)."""
-        return BatchStats(**{name: getattr(self, name) for name in COUNTERS})
+        return BatchStats(**{name: getattr(self, name) for name in COUNTERS}, by_drafter=dict(self.by_drafter))
 
-    def record_step(self, gamma: int, live_rows: int, emitted: int, accepted: list[int], dropped_rows: int) -> None:
-        """Count one engine step: its γ, live rows, tokens emitted, drafts kept per position
-        (`accepted`, γ entries) and rows whose drafts were dropped."""
+    def record_step(self, gamma: int, live_rows: int, step: StepSummary, context: int = 0) -> None:
+        """Count one engine step of `live_rows` rows with up to γ drafts each (`step` says what it did)."""
         self.steps += 1
-        self.generated_tokens += emitted
-        self.drafted += live_rows * gamma
-        self.accepted += sum(accepted)
+        self.generated_tokens += step.emitted
+        self.drafted += sum(step.drafted_per_position)
+        self.accepted += sum(step.kept_per_position)
         self.gamma_sum += gamma
         self.row_steps += live_rows
         self.spec_row_steps += live_rows if gamma else 0
-        self.drafter_nonfinite_rows += dropped_rows
+        self.drafter_nonfinite_rows += step.dropped_rows
         width = max(gamma, len(self.drafted_per_position))
-        for counts, new in ((self.drafted_per_position, [live_rows] * gamma), (self.accepted_per_position, accepted)):
+        for counts, new in ((self.drafted_per_position, step.drafted_per_position),
+                            (self.accepted_per_position, step.kept_per_position)):
             counts.extend([0] * (width - len(counts)))
             for i, v in enumerate(new):
                 counts[i] += v
+        for name, counts in step.by_drafter.items():
+            self.by_drafter[name] = self.by_drafter.get(name, DrafterStats()) + DrafterStats(*counts)
         self.gamma_per_step.append(gamma)
         self.live_rows_per_step.append(live_rows)
+        self.context_per_step.append(context)
 
     def reset(self) -> None:
         fresh = EngineStats(trace_steps=self.trace_steps)
@@ -136,8 +200,10 @@ class EngineStats(StatRates):
     def to_dict(self) -> dict:
         """Every field (traces as lists) and the derived rates: plain data, safe to keep or serialise."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("drafted_per_position", "accepted_per_position", "gamma_per_step", "live_rows_per_step"):
+        for name in ("drafted_per_position", "accepted_per_position", "gamma_per_step", "live_rows_per_step",
+                     "context_per_step"):
             out[name] = list(out[name])
+        out["by_drafter"] = {name: share.to_dict() for name, share in self.by_drafter.items()}
         out.update(
             acceptance_rate=self.acceptance_rate,
             acceptance_per_position=self.acceptance_per_position,

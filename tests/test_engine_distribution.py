@@ -80,15 +80,21 @@ def conditional_chi2_pvalue(probs: torch.Tensor, tokens: torch.Tensor) -> float:
 
 
 def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,
-                    wrong_sampler: RejectionSampler | None = None) -> float:
+                    wrong_sampler: RejectionSampler | None = None, drafters: tuple[str, ...] | None = None,
+                    pin_choice: bool = False) -> float:
     target, drafter = models()
     # Half as many slots as rows: finished rows are refilled, so continuous batching is under test too.
-    config = EngineConfig(max_batch_size=ROWS // 2, max_seq_len=6 + NEW_TOKENS, gamma=gamma, sampler=sampler)
+    config = EngineConfig(max_batch_size=ROWS // 2, max_seq_len=6 + NEW_TOKENS, gamma=gamma, sampler=sampler,
+                          drafters=drafters)
     engine = SpecEngine(target, drafter, config)
     if wrong_sampler is not None:
         engine.sampler = wrong_sampler
+    if pin_choice:  # the per-row choice alternates: even slots take the model's drafts, odd ones the suffix's
+        engine.drafter.choose = lambda found, gamma: [b % 2 == 0 for b in range(len(found.drafts))]
     rollouts = engine.generate(PROMPTS, params)
     assert 0.02 < engine.stats.acceptance_rate < 0.8  # rejections are frequent, acceptances too (≥ 4k)
+    for share in engine.stats.by_drafter.values():  # every configured drafter served rows
+        assert share.accepted > 1000 and share.drafted - share.accepted > 1000
     probs, tokens = reference_probs(target, rollouts, params)
     assert tokens.numel() == ROWS * NEW_TOKENS
     # Tokens outside the processed support (top-k / top-p) are never emitted.
@@ -107,6 +113,21 @@ SETTINGS = [  # each temperature once; top-k and top-p each folded into one of t
 @pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
 def test_emitted_tokens_follow_target_distribution(params, sampler):
     assert sample_and_test(params, sampler) > ALPHA
+
+
+# The suffix drafter's q is a point mass (rejection: keep with probability p(d), else resample p without
+# d), and the per-row choice mixes point masses with the model's q in one verification. These random
+# models share little text (the suffix's drafts are rarely kept and the choice would take the model),
+# so the choice is pinned to serve many rows with each.
+@pytest.mark.parametrize(("drafters", "sampler"), [(("suffix",), "rejection"), (("suffix", "model"), "rejection"),
+                                                   (("suffix", "model"), "invariant")])
+def test_suffix_and_combined_drafts_follow_target_distribution(drafters, sampler):
+    assert sample_and_test(SETTINGS[1], sampler, gamma=4, drafters=drafters, pin_choice=len(drafters) > 1) > ALPHA
+
+
+def test_same_test_rejects_point_mass_drafts_without_residual():
+    wrong = RejectionSampler(resample_residual=False)
+    assert sample_and_test(SETTINGS[1], "rejection", gamma=4, wrong_sampler=wrong, drafters=("suffix",)) < ALPHA
 
 
 def test_same_test_rejects_sampler_without_residual():

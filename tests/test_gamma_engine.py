@@ -14,8 +14,8 @@ from specroll.rollout.gamma import acceptance_counts
 
 
 def test_calibration_is_cached_per_model_shape(tmp_path):
-    target = SpecEngine(tiny_lm("llama"), None, EngineConfig(max_batch_size=4, max_seq_len=64, gamma=0)).target
-    drafter = SpecEngine(tiny_lm("llama", layers=1), None, EngineConfig(max_batch_size=4, max_seq_len=64)).target
+    engine = SpecEngine(tiny_lm("llama"), tiny_lm("llama", layers=1), EngineConfig(max_batch_size=4, max_seq_len=64))
+    target, drafter = engine.target, engine.drafter
     first = calibrate(target, drafter, max_batch=4, max_gamma=3, budget_s=2.0, cache_dir=str(tmp_path))
     files = list(tmp_path.iterdir())
     assert len(files) == 1

@@ -74,7 +74,7 @@ def test_lean_sees_in_place_weight_updates_and_rebinds():
     model.to(torch.float64).to(torch.float32)
     with torch.no_grad():
         model.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
-    runner.cache.lens[:] = 0
+    runner.rollback(slice(None), torch.zeros_like(runner.cache.lens))
     got = runner.extend(slice(0, 1), tokens, torch.tensor([9]))
     torch.testing.assert_close(got[0], hf_logits(model, [tokens[0].tolist()])[0][-1], atol=ATOL, rtol=0)
 

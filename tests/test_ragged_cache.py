@@ -55,7 +55,7 @@ def test_ragged_forward_and_rollback_match_row_alone(arch, attn):
 
     # Roll back a different number of tokens per row by setting lens, then feed other tokens.
     keep_back = torch.tensor([2, 0, 3])
-    runner.cache.lens[live] -= keep_back
+    runner.rollback(live, runner.cache.lens[live] - keep_back)
     rows = [r[: len(r) - int(k)] for r, k in zip(rows, keep_back)]
     new = random_tokens(gen, len(rows), 2)
     logits = runner.feed(live, new)

@@ -1,0 +1,162 @@
+"""MultiDrafter: the suffix drafter and a model drafter serving one batch, chosen per row and step.
+
+Each step the suffix drafter looks up every live row (host work, no model). A row takes the suffix
+proposal when its expected kept drafts — from the match length and that length's running acceptance
+(`SuffixDrafter.expected_accepted`) — reach the model drafter's (its running per-position acceptance
+α_j: Σ_k Π_{j≤k} α_j); otherwise the model's. The model drafter runs only for the rows that take it
+(an index-tensor forward over those rows of its cache; none at all when every row takes the suffix),
+so its cost follows its share. Rows it skipped fall behind in its cache and catch up in its next
+forward. All rows are still verified in one target forward of γ + 1 tokens: a suffix proposal
+shorter than γ is padding past its `lengths` (verified, never kept — the price of one forward).
+
+`make_drafter` builds what `EngineConfig.drafters` asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from transformers import PreTrainedModel
+
+from .batch import RowBuffers
+from .config import EngineConfig, SamplingParams
+from .cost_model import ForwardTimes
+from .drafter import DraftDraw, Drafter, ModelDrafter, Proposal
+from .suffix import Lookup, SuffixDrafter
+
+PRIOR_ACCEPTANCE = 0.6  # the model's α_j before any is measured ...
+PRIOR_DRAFTS = 4  # ... worth this many drafts
+DECAY = 0.98  # per step (memory ~50 steps)
+
+
+class MultiDrafter:
+    """`suffix` and `model` (any drafter that proposes γ drafts for the rows it is given, `live` a slice or
+    an index tensor of slots) behind one `Drafter`; stats under "suffix" and the model's name."""
+
+    trainable = True
+
+    def __init__(self, suffix: SuffixDrafter, model: Drafter, vocab_size: int):
+        self.suffix, self.model = suffix, model
+        self.names = (*suffix.names, *model.names)
+        self.vocab_size = vocab_size
+        self.kept: list[float] = []  # model-served rows, per draft position (decayed counts)
+        self.reached: list[float] = []
+        self._model_rows: list[bool] = []  # which rows the last proposal gave the model
+
+    @property
+    def num_forwards(self) -> int:
+        return self.model.num_forwards
+
+    def model_expected(self, gamma: int) -> float:
+        """Expected drafts kept of a model proposal of γ drafts: Σ_k Π_{j≤k} α_j."""
+        total, survive = 0.0, 1.0
+        for j in range(gamma):
+            kept, reached = (self.kept[j], self.reached[j]) if j < len(self.kept) else (0.0, 0.0)
+            survive *= (kept + PRIOR_DRAFTS * PRIOR_ACCEPTANCE) / (reached + PRIOR_DRAFTS)
+            total += survive
+        return total
+
+    def choose(self, found: Lookup, gamma: int) -> list[bool]:
+        """Per row: True where the model's proposal is expected to keep more drafts than the suffix's."""
+        bar = self.model_expected(gamma)
+        return [self.suffix.expected_accepted(m, len(d)) < bar for m, d in zip(found.match, found.drafts)]
+
+    def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
+                draw: DraftDraw) -> Proposal:
+        n = live.stop
+        if len(self.kept) < gamma:
+            self.kept += [0.0] * (gamma - len(self.kept))
+            self.reached += [0.0] * (gamma - len(self.reached))
+        found = self.suffix.lookup(n, gamma)
+        use_model = self._model_rows = self.choose(found, gamma)
+        padded = [[0] * gamma if m else d + [0] * (gamma - len(d)) for d, m in zip(found.drafts, use_model)]
+        drafts = torch.tensor(padded, dtype=torch.long, device=rows.tokens.device).reshape(n, gamma)  # [n, γ]
+        lengths = torch.tensor([gamma if m else len(d) for d, m in zip(found.drafts, use_model)],
+                               dtype=torch.long, device=drafts.device)  # [n]
+        source = torch.tensor(use_model, dtype=torch.long, device=drafts.device)  # [n] 0 suffix, 1 model
+        q = torch.nn.functional.one_hot(drafts, self.vocab_size).float()  # [n, γ, V]: point masses
+        served = [b for b, m in enumerate(use_model) if m]
+        if served:
+            if len(served) == n:
+                part = self.model.propose(live, rows, gamma, params, draw)
+                drafts, q = part.drafts, part.q
+            else:
+                idx = torch.tensor(served, dtype=torch.long, device=drafts.device)  # [k]
+                part = self.model.propose(idx, rows, gamma, params, _subset_draw(draw, idx, n))
+                drafts[idx], q[idx] = part.drafts, part.q
+        return Proposal(drafts, q, lengths, source)
+
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor) -> None:
+        step = self.suffix.fetch(live, rows, accepted_len)
+        self.suffix.ingest(step)
+        if any(self._model_rows):
+            self._count_model(step.accepted)
+        model_rows = torch.tensor(self._model_rows, dtype=torch.bool, device=accepted_len.device)
+        self.model.keep(live, rows, seq_len, torch.where(model_rows, accepted_len, 0))
+
+    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
+        self.suffix.prefill(slots, rows, count)
+        self.model.prefill(slots, rows, count)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.suffix.move_row(src, dst)
+        self.model.move_row(src, dst)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.model.load_weights(state_dict)
+
+    def cost_key(self) -> str:
+        return f"{self.suffix.cost_key()}+{self.model.cost_key()}"
+
+    def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
+        """The model's drafts plus the lookups: the step's cost when any row takes the model."""
+        model = self.model.time_drafts(batch_sizes, deadline)
+        lookups = self.suffix.time_drafts(batch_sizes, deadline)
+        return ForwardTimes(model.batch_sizes, model.query_lens,
+                            [[a + b for a, b in zip(m, s)] for m, s in zip(model.times, lookups.times)])
+
+    def _count_model(self, accepted: list[int]) -> None:
+        """Fold in the model-served rows' outcomes: draft j was reached if drafts < j were kept."""
+        self.kept = [DECAY * k for k in self.kept]
+        self.reached = [DECAY * r for r in self.reached]
+        width = len(self.kept)
+        for kept, model in zip(accepted, self._model_rows):
+            if model:
+                for j in range(min(kept + 1, width)):
+                    self.reached[j] += 1
+                    self.kept[j] += j < kept
+
+
+def _subset_draw(draw: DraftDraw, idx: torch.Tensor, n: int) -> DraftDraw:
+    """`draw` for rows `idx` of the n live rows: each keeps the noise of its own row and position."""
+
+    def subset(q: torch.Tensor, i: int) -> torch.Tensor:
+        full = q.new_full((n, q.shape[-1]), 1.0 / q.shape[-1])  # [n, V]; other rows' draws are discarded
+        full[idx] = q
+        return draw(full, i)[idx]
+
+    return subset
+
+
+def make_drafter(drafter: PreTrainedModel | Drafter | None, config: EngineConfig, device: torch.device,
+                 vocab_size: int) -> Drafter | None:
+    """The engine's drafter: a `Drafter` object as given; else what `config.drafters` lists, built from
+    the drafter LM (None: the LM as a `ModelDrafter` if given, else no drafter)."""
+    if drafter is not None and not isinstance(drafter, PreTrainedModel):
+        if config.drafters is not None:
+            raise ValueError(f"drafters={config.drafters!r} is invalid with a Drafter object passed to "
+                             "SpecEngine (it is used as given): leave drafters None")
+        return drafter
+    kinds = config.drafters if config.drafters is not None else (("model",) if drafter is not None else ())
+    if "model" in kinds and drafter is None:
+        raise ValueError(f"drafters={kinds!r} is invalid: 'model' needs a drafter LM passed to SpecEngine")
+    model = suffix = None
+    if "model" in kinds:
+        model = ModelDrafter(drafter, config.max_batch_size, config.cache_len, config.dtype, device, vocab_size,
+                             config.lean_forward)
+    if "suffix" in kinds:
+        suffix = SuffixDrafter(config.max_batch_size, vocab_size, device, config.suffix)
+    if model is not None and suffix is not None:
+        return MultiDrafter(suffix, model, vocab_size)
+    return model or suffix
