@@ -25,7 +25,7 @@ from specroll.integrations.model_source import ModelPaths
 from specroll.integrations.ray_backend.broadcast_sync import TorchBroadcastTransport
 from specroll.integrations.ray_backend.cluster import connect_ray
 from specroll.integrations.ray_backend.controller import RolloutController
-from specroll.integrations.ray_backend.settings import ActorResources, RayRunConfig, SyncConfig, TopologyConfig
+from specroll.integrations.ray_backend.settings import ActorResources, ControllerConfig, SyncConfig, TopologyConfig
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 
@@ -45,8 +45,8 @@ def llama(hidden: int, layers: int, vocab: int, seed: int) -> LlamaForCausalLM:
 
 
 def controller_for(paths: ModelPaths, workers: int, engine: EngineConfig) -> RolloutController:
-    return RolloutController(RayRunConfig(
-        models=paths, engine=engine, online_learning=False, sync=SyncConfig(bucket_mb=64, timeout_s=120),
+    return RolloutController(ControllerConfig(
+        models=paths, engine=engine, sync=SyncConfig(bucket_mb=64, timeout_s=120),
         topology=TopologyConfig(num_workers=workers, worker=ActorResources(num_cpus=1), placement_strategy=None)))
 
 

@@ -7,29 +7,25 @@ No weights can be downloaded where specroll runs its demo and tests, so it build
 - `reward`: `arithmetic_reward` / `make_reward(RewardConfig)`, TRL's reward-function shape; pays
   for exact correctness and brevity, so GRPO moves the policy toward the compact style.
 - `tokenizer`: `build_tokenizer()`, a character-level `PreTrainedTokenizerFast` with a chat template.
-- `models`: `load_or_build_demo_models(recipe, cache_dir)` → `DemoModels` (target, drafter,
+- `model_cache`: `load_or_build_demo_models(recipe, cache_dir)` → `DemoModels` (target, drafter,
   tokenizer), cached under `$SPECROLL_CACHE` by recipe hash; `DemoRecipe.tiny()` for tests.
 """
 
-from .model_cache import DemoModels, build_demo_models, load_or_build_demo_models
-from .recipe import DemoRecipe
-from .reward import RewardConfig, arithmetic_reward, make_reward
-from .task import Problem, Style, make_problems, make_prompts, solution, to_messages
-from .tokenizer import build_tokenizer
+import importlib
 
-__all__ = [
-    "DemoModels",
-    "DemoRecipe",
-    "Problem",
-    "RewardConfig",
-    "Style",
-    "arithmetic_reward",
-    "build_demo_models",
-    "build_tokenizer",
-    "load_or_build_demo_models",
-    "make_problems",
-    "make_prompts",
-    "make_reward",
-    "solution",
-    "to_messages",
-]
+# name -> submodule; imported on first use, so `specroll build-demo-models --help` answers before torch loads
+_EXPORTS = {
+    "DemoModels": "model_cache", "build_demo_models": "model_cache", "load_or_build_demo_models": "model_cache",
+    "DemoRecipe": "recipe",
+    "RewardConfig": "reward", "arithmetic_reward": "reward", "make_reward": "reward",
+    "Problem": "task", "Style": "task", "make_problems": "task", "make_prompts": "task", "solution": "task",
+    "to_messages": "task",
+    "build_tokenizer": "tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -53,6 +53,11 @@ def models_dir(recipe: DemoRecipe | None = None, cache_dir: str | Path | None = 
     return Path(cache_dir or default_cache_dir()).expanduser() / f"demo-{recipe.hash}"
 
 
+def is_cached(recipe: DemoRecipe | None = None, cache_dir: str | Path | None = None) -> bool:
+    """Whether `recipe`'s finished build is in the cache (loading it takes seconds, building it minutes)."""
+    return (models_dir(recipe, cache_dir) / MANIFEST).is_file()
+
+
 def load_or_build_demo_models(recipe: DemoRecipe | None = None, cache_dir: str | Path | None = None,
                               progress: bool = True) -> DemoModels:
     """Load `recipe`'s cached models, building them first if the cache lacks them."""
@@ -66,7 +71,7 @@ def build_demo_models(recipe: DemoRecipe | None = None, cache_dir: str | Path | 
     if not isinstance(recipe, DemoRecipe):
         raise ValueError(f"recipe={recipe!r} is invalid: a DemoRecipe (or None for the full recipe) is required")
     path = models_dir(recipe, cache_dir)
-    if force or not (path / MANIFEST).is_file():
+    if force or not is_cached(recipe, cache_dir):
         _build_into(recipe, path, progress)
     return load_demo_models(path, recipe)
 

@@ -1,4 +1,4 @@
-"""Measure the demo models: what issue 4 asks to report, from one run.
+"""Measure the demo models from one run: build, size, speed, accuracy, styles and drafter agreement.
 
     python examples/demo_model_report.py [--tiny] [--cache-dir DIR] [--samples 256] [--threads 1]
 

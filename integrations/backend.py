@@ -4,6 +4,10 @@ Two implementations stand behind it: an in-process one (one `SpecEngine` plus an
 `DraftLearner` in the trainer's process) and a Ray one (a controller over `RolloutWorker` actors and
 a `DraftLearner` actor). Callers never know which they hold.
 
+Both report what a `generate` call did the same way: `batch_stats()` is its `BatchStats` (the
+engine's counters over the call, summed over Ray workers) and `rollout_metrics` names them, so one set
+of rollouts gives one set of numbers whichever backend made it (docs/metrics.md is the table).
+
 Both refuse a rollout whose target logits were non-finite (`finish_reason="error"`) the same way:
 `generate` raises `RolloutError` once every rollout of the call is in, and the error carries them all.
 
@@ -22,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from specroll.rollout import Rollout, SamplingParams
+from specroll.rollout.stats import BatchStats
 
 
 class RolloutBackend(Protocol):
@@ -31,6 +36,11 @@ class RolloutBackend(Protocol):
         All n samples of one prompt (a GRPO group) are generated on the same engine. Raises
         `RolloutError` (see `raise_for_errors`) when any rollout ended with `finish_reason="error"`.
         """
+        ...
+
+    def batch_stats(self) -> BatchStats:
+        """What the last `generate` call did: the engines' counters over it, `wall_time_s` the call's
+        wall-clock seconds (see `rollout_metrics`)."""
         ...
 
     def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
@@ -52,11 +62,25 @@ class RolloutBackend(Protocol):
         ...
 
     def metrics(self) -> dict[str, float]:
-        """Latest rollout/drafter numbers (tokens/s, acceptance, mean accepted length, γ, versions)."""
+        """The service's state: `rollout/policy_version`, `drafter/version`, `sync/policy_s` and
+        `sync/drafter_s` once synced (and what only one backend has, e.g. Ray's `rollout/resends`)."""
         ...
 
     def shutdown(self) -> None:
         ...
+
+
+def rollout_metrics(stats: BatchStats) -> dict[str, float]:
+    """The logged `rollout/*` numbers of a `BatchStats` — the only place they are named."""
+    return {
+        "rollout/tokens": float(stats.generated_tokens),
+        "rollout/seconds": stats.wall_time_s,
+        "rollout/tokens_per_s": stats.tokens_per_s,
+        "rollout/acceptance_rate": stats.acceptance_rate,
+        "rollout/mean_accepted_len": stats.mean_accepted_len,
+        "rollout/gamma": stats.mean_gamma,
+        "rollout/live_rows": stats.mean_live_rows,
+    }
 
 
 @dataclass

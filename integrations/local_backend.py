@@ -15,7 +15,6 @@ first: the probe generates on the same engine.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
 import time
@@ -25,7 +24,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specroll.rollout import EngineConfig, EngineStats, Rollout, SamplingParams, SpecEngine
+from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
+from specroll.rollout.stats import BatchStats
 
 from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 
@@ -34,10 +34,13 @@ class LocalBackend:
     """Runs rollouts on an engine in this process; implements `RolloutBackend`."""
 
     def __init__(self, engine: SpecEngine, learner: Any | None = None):
+        if learner is not None and not engine.config.record_signals:
+            raise ValueError("a LocalBackend with a learner needs an engine with record_signals=True (the learner "
+                             "trains on what verification records); LocalBackend.from_models sets it")
         self.engine = engine
         self.learner = learner
-        self.last_stats = EngineStats()
-        self.last_sync_s = 0.0
+        self.last_batch = BatchStats()
+        self.last_sync_s: float | None = None
         self._round: threading.Thread | None = None
         self._round_result: dict[str, Any] | None = None  # the last round's, until finish_learner_round
 
@@ -69,13 +72,17 @@ class LocalBackend:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
         self._join_round()
-        self.engine.stats.reset()
+        before, started = self.engine.stats.totals(), time.perf_counter()
         rollouts = self.engine.generate(prompts, params, n)
-        self.last_stats = copy.deepcopy(self.engine.stats)
+        self.last_batch = dataclasses.replace(self.engine.stats.since(before),
+                                              wall_time_s=time.perf_counter() - started)
         if self.learner is not None:
             self.learner.add_rollouts(rollouts)
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
         return rollouts
+
+    def batch_stats(self) -> BatchStats:
+        return self.last_batch
 
     def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
         self._join_round()
@@ -124,24 +131,11 @@ class LocalBackend:
             self._round = None
 
     def metrics(self) -> dict[str, float]:
-        """Numbers of the last `generate` call, under the names the TRL hook logs."""
-        return engine_metrics(self.last_stats) | {
-            "policy_version": float(self.engine.policy_version),
-            "drafter_version": float(self.engine.drafter_version),
-        }
+        synced = {} if self.last_sync_s is None else {"sync/policy_s": self.last_sync_s}
+        return {"rollout/policy_version": float(self.engine.policy_version),
+                "drafter/version": float(self.engine.drafter_version), **synced}
 
     def shutdown(self) -> None:
         self._join_round()
         self.learner = None
 
-
-def engine_metrics(stats: EngineStats) -> dict[str, float]:
-    """The `rollout/*` numbers of one rollout batch from an engine's stats."""
-    return {
-        "rollout/tokens_per_s": stats.tokens_per_s,
-        "rollout/acceptance_rate": stats.acceptance_rate,
-        "rollout/mean_accepted_len": stats.mean_accepted_len,
-        "rollout/gamma": stats.mean_gamma,
-        "rollout/live_rows": stats.mean_live_rows,
-        "rollout/generated_tokens": float(stats.generated_tokens),
-    }

@@ -92,3 +92,14 @@ def make_prompts(count: int, min_len: int, max_len: int, vocab: int = VOCAB, see
     gen = torch.Generator().manual_seed(seed)
     lengths = [min_len + i % (max_len - min_len + 1) for i in range(count)]
     return [torch.randint(vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def tiny_demo_cache(tmp_path_factory):
+    """A cache folder (`SPECROLL_CACHE`) holding the tiny demo recipe's models, built once per test run."""
+    from specroll.demo.model_cache import load_or_build_demo_models
+    from specroll.demo.recipe import DemoRecipe
+
+    cache = tmp_path_factory.mktemp("demo_cache")
+    load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=cache, progress=False)
+    return cache

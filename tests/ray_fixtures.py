@@ -2,12 +2,15 @@
 
 `ray.init` costs seconds, so all Ray tests share a session-scoped `ray.cluster_utils.Cluster` (a head
 node and a second node on this machine, both on 127.0.0.1), which also serves the multi-node
-placement test. Import the fixtures from a test module: `from ray_fixtures import ray_cluster, ...`.
+placement test. Import the fixtures from a test module: `from ray_fixtures import ray_cluster, ...`;
+the Ray tests' shared helpers (prompts, a killed worker, a restarted one's versions) live here too.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 # Ray rewrites 127.0.0.1 to the host's routable IP unless it believes it runs on a laptop; this keeps
 # every node, and the driver's GCS address, on loopback.
@@ -18,12 +21,14 @@ import ray
 import torch
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster
+from ray.exceptions import ActorUnavailableError
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specroll.integrations.model_source import ModelPaths
 from specroll.integrations.ray_backend.controller import RolloutController
-from specroll.integrations.ray_backend.settings import ActorResources, RayRunConfig, SyncConfig, TopologyConfig
-from specroll.rollout import EngineConfig
+from specroll.integrations.ray_backend.settings import ActorResources, ControllerConfig, SyncConfig, TopologyConfig
+from specroll.online_drafter import LearnerConfig
+from specroll.rollout import EngineConfig, SamplingParams
 
 CPUS_PER_NODE = 3  # logical CPUs: tests place 2 workers + a learner per node on 2 physical cores
 VOCAB = 64
@@ -66,16 +71,17 @@ def ray_cluster():
 
 
 def make_config(paths: dict[str, str], num_workers: int = 2, strategy: str | None = "PACK",
-                max_restarts: int = 2, online_learning: bool = False) -> RayRunConfig:
-    """Two 1-CPU workers on tiny models, greedy-friendly engine settings, fixed γ = 2."""
-    return RayRunConfig(
+                max_restarts: int = 2, online_learning: bool = False) -> ControllerConfig:
+    """Two 1-CPU workers on tiny models, greedy-friendly engine settings, fixed γ = 2 (the controller turns
+    `record_signals` on itself when it has a learner)."""
+    return ControllerConfig(
         models=ModelPaths(paths["target"], paths["drafter"]),
         topology=TopologyConfig(num_workers=num_workers, worker=ActorResources(num_cpus=1),
                                 learner=ActorResources(num_cpus=1), placement_strategy=strategy,
                                 max_restarts=max_restarts),
-        engine=EngineConfig(max_batch_size=8, max_seq_len=128, gamma=2, record_signals=online_learning),
+        engine=EngineConfig(max_batch_size=8, max_seq_len=128, gamma=2),
         sync=SyncConfig(timeout_s=30.0),
-        online_learning=online_learning,
+        learner=LearnerConfig() if online_learning else None,
     )
 
 
@@ -85,3 +91,37 @@ def controller(ray_cluster, tiny_model_paths):
     ctl = RolloutController(make_config(tiny_model_paths))
     yield ctl
     ctl.shutdown()
+
+
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
+
+
+def prompts_for(num: int) -> list[list[int]]:
+    return [[(7 * i + j) % VOCAB for j in range(3 + i % 4)] for i in range(num)]
+
+
+def generate_killing_a_worker(controller, victim, prompts: list[list[int]], n: int) -> list:
+    """`controller.generate` (sampled, long completions) with `victim` killed once it has started; Ray
+    restarts it."""
+    params = SamplingParams(max_new_tokens=120, temperature=1.0, seed=3)
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(rollouts=controller.generate(prompts, params, n=n)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    start_tokens = ray.get(victim.progress.remote())
+    while ray.get(victim.progress.remote()) == start_tokens and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ray.kill(victim, no_restart=False)
+    thread.join(timeout=120)
+    return out["rollouts"]
+
+
+def versions_once_alive(worker, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(worker.versions.remote())
+        except ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

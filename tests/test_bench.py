@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from specroll.benchmarks.contenders import hf_generate, specroll
-from specroll.benchmarks.engine_bench import auto_vs_best, paired_ratio, race
+from specroll.benchmarks.engine_race import auto_vs_best, paired_ratio, race
 from specroll.benchmarks.models import load_bench_models
 from specroll.rollout import SamplingParams
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,34 @@ def test_a_bad_command_line_is_one_line_and_exit_code_2(argv, capsys):
 def test_debug_shows_the_traceback(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config"):
         main(["train", "--debug", "--config", str(tmp_path / "nonexistent.yaml")])
+
+
+HEAVY = ("torch", "transformers", "ray", "trl")
+PROBE = """
+import runpy, sys
+try:
+    {call}
+except SystemExit as done:
+    assert done.code == 0, done.code
+print("HEAVY", sorted(m for m in {heavy!r} if m in sys.modules))
+"""
+
+
+def heavy_imports_of(call: str, cwd) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", PROBE.format(call=call, heavy=HEAVY)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
+    return [line for line in done.stdout.splitlines() if line.startswith("HEAVY")]
+
+
+@pytest.mark.parametrize("command", ["train", "bench", "build-demo-models"])
+def test_help_answers_before_anything_heavy_is_imported(command, tmp_path):
+    assert heavy_imports_of(f"from specroll.cli import main; main([{command!r}, '--help'])", tmp_path) == ["HEAVY []"]
+
+
+def test_the_trl_example_parses_help_and_exits_writing_nothing(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "examples" / "trl_grpo.py"
+    call = f"sys.argv = [{str(script)!r}, '--help']; runpy.run_path({str(script)!r}, run_name='__main__')"
+    assert heavy_imports_of(call, tmp_path) == ["HEAVY []"]
+    assert list(tmp_path.iterdir()) == []

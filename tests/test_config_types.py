@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from specroll.integrations.ray_backend.settings import RayRunConfig
-from specroll.integrations.yaml_config import ConfigError, load_config
+from specroll.integrations.yaml_config import ConfigError, from_dict
 from specroll.jobs.train_config import load_train_config
 from specroll.online_drafter import LearnerConfig
+from specroll.rollout import SamplingParams
 
 
 def write(tmp_path, text: str):
@@ -92,15 +92,13 @@ def test_range_checks_name_their_section(tmp_path):
         load_train(tmp_path, {"learner": {"lr": -1.0}})
 
 
-def test_ray_run_config_is_typed_the_same_way(tmp_path):
-    path = write(tmp_path, "models: {target: t}\nsync: {bucket_mb: 3e1}\nlearner: {lr: 2e-5}\n"
-                           "sampling: {max_new_tokens: 4, stop_token_ids: [2, 3]}\n")
-    config = load_config(path, RayRunConfig)
-    assert config.sync.bucket_mb == 30.0 and config.learner == LearnerConfig(lr=2e-5)
-    assert config.sampling.stop_token_ids == (2, 3)
-    with pytest.raises(ConfigError, match=r"^sampling\.stop_token_ids\[1\]='eos' is invalid: an int"):
-        load_config(write(tmp_path, "models: {target: t}\nsampling: {max_new_tokens: 4, stop_token_ids: [2, eos]}\n"),
-                    RayRunConfig)
+def test_lists_and_tuples_are_typed_item_by_item(tmp_path):
+    config = load_train(tmp_path, {"grpo": {"extra": {"top_k": 5}}, "backend": {"sync": {"bucket_mb": "3e1"}}})
+    assert config.backend.sync.bucket_mb == 30.0 and config.grpo.extra == {"top_k": 5}
+    sampling = from_dict(SamplingParams, {"max_new_tokens": 4, "stop_token_ids": [2, 3]})
+    assert sampling.stop_token_ids == (2, 3)
+    with pytest.raises(ConfigError, match=r"^stop_token_ids\[1\]='eos' is invalid: an int"):
+        from_dict(SamplingParams, {"max_new_tokens": 4, "stop_token_ids": [2, "eos"]})
 
 
 def test_a_missing_or_unparsable_file_is_one_line_naming_it(tmp_path):

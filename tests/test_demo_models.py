@@ -18,9 +18,9 @@ from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    return load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=cache, progress=False), cache
+def tiny(tiny_demo_cache):
+    """The session's tiny build (conftest), loaded from its cache."""
+    return load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tiny_demo_cache, progress=False), tiny_demo_cache
 
 
 def test_growth_preserves_the_core_function():
@@ -120,3 +120,20 @@ def test_recipe_validation_names_the_field():
 def test_build_demo_models_rejects_a_non_recipe(tmp_path):
     with pytest.raises(ValueError, match="recipe"):
         build_demo_models("tiny", cache_dir=tmp_path)
+
+
+def test_a_first_run_says_it_builds_the_demo_models_where_and_about_how_long(tiny, monkeypatch, tmp_path, capsys):
+    from specroll.jobs.backends import resolve_models
+    from specroll.jobs.train_config import ModelsConfig, TrainConfig
+
+    demo, cache = tiny
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))  # an empty cache: a first run
+    monkeypatch.setattr(model_cache, "load_or_build_demo_models", lambda recipe: demo)  # the session's build
+    sources = resolve_models(TrainConfig(models=ModelsConfig(recipe="tiny")))
+    out = capsys.readouterr().out
+    assert "building the demo models (tiny recipe, first run only: about 1 min" in out
+    assert str(models_dir(DemoRecipe.tiny(), tmp_path)) in out
+    assert sources.build_s > 0 and sources.paths.target == str(demo.path / "target")
+    monkeypatch.setenv("SPECROLL_CACHE", str(cache))  # cached: silent, and no build time
+    assert resolve_models(TrainConfig(models=ModelsConfig(recipe="tiny"))).build_s == 0
+    assert "building" not in capsys.readouterr().out

@@ -16,7 +16,6 @@ import pytest
 import torch
 from conftest import make_prompts, noisy_copy, tiny_lm
 
-from specroll.integrations.ray_backend.metrics import BatchMetrics
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 BAD = 13  # a token id the clean prompts below never produce (greedy or T = 1)
@@ -139,9 +138,9 @@ def test_batch_metrics_outlive_a_full_trace_window():
     batches = []
     for e in (small, large):
         e.generate(CLEAN, GREEDY)
-        before = e.stats.to_dict()
+        before = e.stats.totals()
         e.generate(CLEAN[:5], GREEDY)
-        batches.append(BatchMetrics.between(before, e.stats))
+        batches.append(e.stats.since(before))
     assert batches[0].mean_gamma == batches[1].mean_gamma == 3
-    assert batches[0].mean_live_batch == batches[1].mean_live_batch
+    assert batches[0].mean_live_rows == batches[1].mean_live_rows
     assert batches[0].mean_accepted_len == batches[1].mean_accepted_len

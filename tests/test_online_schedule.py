@@ -33,8 +33,8 @@ LEARNER = LearnerConfig(lr=1e-3, max_steps=4, batch_size=4, holdout_fraction=0.5
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    return load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tmp_path_factory.mktemp("cache"), progress=False)
+def demo(tiny_demo_cache):
+    return load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tiny_demo_cache, progress=False)
 
 
 def backend_for(demo) -> LocalBackend:

@@ -1,30 +1,32 @@
-"""The YAML loader and the Ray run config: unknown fields and bad values fail at load, by name."""
+"""The Ray part of a run config: one YAML means the same to `specroll train` and the Ray job (both load
+a `TrainConfig`); unknown fields and bad values fail at load, by name."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from specroll.integrations.ray_backend.settings import RayRunConfig, SyncConfig, TopologyConfig
-from specroll.integrations.yaml_config import from_dict, load_config
+from specroll.integrations.ray_backend.settings import SyncConfig, TopologyConfig
+from specroll.integrations.yaml_config import ConfigError
+from specroll.jobs.train_config import load_train_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def test_loader_builds_nested_dataclasses(tmp_path):
+def test_the_ray_job_preset_is_a_run_config():
+    config = load_train_config(CONFIGS / "ray_local.yaml")
+    assert config.backend.kind == "ray" and config.models.source == "pretrained"
+    assert config.backend.topology.num_workers == 2 and config.backend.topology.worker.num_cpus == 0.5
+    assert config.engine.gamma == 2 and not config.engine.record_signals  # the backend turns it on for its learner
+    assert config.grpo.prompts_per_step * config.grpo.num_generations == 8
+
+
+def test_loader_names_unknown_fields(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text(
-        "models: {target: /m/t, drafter: /m/d}\n"
-        "topology: {num_workers: 2, worker: {num_cpus: 0.5}}\n"
-        "engine: {max_batch_size: 4, gamma: 2, dtype: float32}\n"
-        "sampling: {max_new_tokens: 8, temperature: 0.0, stop_token_ids: [1]}\n"
-    )
-    config = load_config(path, RayRunConfig)
-    assert config.topology.num_workers == 2 and config.topology.worker.num_cpus == 0.5
-    assert config.engine.gamma == 2 and config.sampling.stop_token_ids == (1,)
-    assert config.sync.transport == "object_store"
-
-
-def test_loader_names_unknown_fields():
-    with pytest.raises(ValueError, match=r"topology has unknown fields \['num_wrokers'\]"):
-        from_dict(RayRunConfig, {"models": {"target": "t"}, "topology": {"num_wrokers": 2}})
+    path.write_text("backend: {topology: {num_wrokers: 2}}\n")
+    with pytest.raises(ConfigError, match=r"backend\.topology has unknown fields \['num_wrokers'\]"):
+        load_train_config(path)
 
 
 def test_config_values_are_validated():

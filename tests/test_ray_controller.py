@@ -3,25 +3,14 @@ multi-node placement, a failed rollout. Shares the session cluster and one contr
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 import ray
 import torch
-from ray.exceptions import ActorUnavailableError
-from ray_fixtures import VOCAB, make_config, tiny_llama
+from ray_fixtures import GREEDY, generate_killing_a_worker, make_config, prompts_for, tiny_llama, versions_once_alive
 
 from specroll.integrations.backend import RolloutError
 from specroll.integrations.ray_backend.controller import RolloutController, _split_groups
-from specroll.rollout import EngineConfig, SamplingParams
-
-GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
-
-
-
-def prompts_for(num: int) -> list[list[int]]:
-    return [[(7 * i + j) % VOCAB for j in range(3 + i % 4)] for i in range(num)]
+from specroll.rollout import EngineConfig
 
 
 def test_split_groups_is_contiguous_and_balanced():
@@ -51,22 +40,6 @@ def test_ray_path_matches_the_engine_run_directly(controller, tiny_model_paths):
     assert [r.completion_ids for r in via_ray] == [r.completion_ids for r in direct]
 
 
-def generate_killing_a_worker(controller, victim, prompts: list[list[int]], n: int) -> list:
-    """`controller.generate` (sampled, long completions) with `victim` killed once it has started; Ray
-    restarts it."""
-    params = SamplingParams(max_new_tokens=120, temperature=1.0, seed=3)
-    out: dict = {}
-    thread = threading.Thread(target=lambda: out.update(rollouts=controller.generate(prompts, params, n=n)))
-    thread.start()
-    deadline = time.monotonic() + 60
-    start_tokens = ray.get(victim.progress.remote())
-    while ray.get(victim.progress.remote()) == start_tokens and time.monotonic() < deadline:
-        time.sleep(0.05)
-    ray.kill(victim, no_restart=False)
-    thread.join(timeout=120)
-    return out["rollouts"]
-
-
 def test_worker_killed_mid_batch_loses_and_duplicates_nothing(controller):
     target = tiny_llama(32, 2, seed=5)
     controller.sync_policy(target.state_dict(), version=7)
@@ -79,22 +52,12 @@ def test_worker_killed_mid_batch_loses_and_duplicates_nothing(controller):
     assert versions_once_alive(victim)["policy"] == 7  # the restarted worker reloaded the current policy
 
 
-def versions_once_alive(worker, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return ray.get(worker.versions.remote())
-        except ActorUnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def test_strict_spread_places_workers_on_two_nodes(ray_cluster, tiny_model_paths):
     config = make_config(tiny_model_paths, strategy="STRICT_SPREAD")
     ctl = RolloutController(config)
     try:
-        nodes = {ray.get(w.describe.remote())["node_id"] for w in ctl.workers}
+        nodes = {ray.get(w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
+                 for w in ctl.workers}
         assert len(nodes) == 2
         rollouts = ctl.generate(prompts_for(4), GREEDY, n=2)
         assert len(rollouts) == 8

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 from listening import is_loopback, listening_sockets
 
-from specroll.integrations.model_source import ModelPaths
 from specroll.jobs.ray_job import make_tiny_models
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,7 +134,7 @@ def test_ray_job_submit_with_token_auth_joins_the_cluster(ray_head):
 
 @pytest.mark.slow
 def test_ray_job_submit_runs_rounds_with_online_learning(ray_head, tmp_path):
-    make_tiny_models(ModelPaths(str(tmp_path / "target"), str(tmp_path / "drafter")))
+    make_tiny_models(str(tmp_path / "target"), str(tmp_path / "drafter"))
     config = tmp_path / "ray_job.yaml"
     config.write_text((REPO / "configs" / "ray_local.yaml").read_text().replace(".cache/specroll/ray_local",
                                                                                  str(tmp_path)))
@@ -153,7 +152,7 @@ def test_ray_job_submit_runs_specroll_train_on_the_submitted_cluster(ray_head, t
     log = submit(ray_head, ["specroll", "train", "--config", str(REPO / "configs" / "demo_tiny.yaml"),
                             "--out-dir", str(out)],
                  {"SPECROLL_CACHE": str(tmp_path / "cache")}, timeout_s=600)
-    assert f"specroll train: joined the Ray cluster at {ray_head.gcs_address}" in log
+    assert f"specroll: joined the Ray cluster at {ray_head.gcs_address}" in log
     assert "embedded Ray cluster" not in log
     for name in ("report.html", "metrics.jsonl", "config.yaml", "summary.json"):
         assert (out / name).is_file(), name

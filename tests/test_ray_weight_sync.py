@@ -9,8 +9,7 @@ import time
 import pytest
 import ray
 import torch
-from ray_fixtures import tiny_llama
-from test_ray_controller import GREEDY, prompts_for
+from ray_fixtures import GREEDY, prompts_for, tiny_llama
 
 from specroll.integrations.ray_backend.broadcast_sync import BroadcastRoute, TorchBroadcastTransport
 from specroll.integrations.ray_backend.weight_sync import WeightSyncError, pack_buckets, unpack_buckets

@@ -29,14 +29,14 @@ class TinyRun:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> TinyRun:
+def tiny_run(tmp_path_factory, tiny_demo_cache) -> TinyRun:
     """`specroll train` run as a user runs it: no Ray variables of the test session's (loopback mode, auth)
     reach it, so what it listens on is what the product does. Its sockets are sampled while it runs."""
     pytest.importorskip("trl")
     pytest.importorskip("ray")
     out = tmp_path_factory.mktemp("report")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["SPECROLL_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    env["SPECROLL_CACHE"] = str(tiny_demo_cache)
     logs = tmp_path_factory.mktemp("logs")
     with open(logs / "stdout", "w+") as stdout, open(logs / "stderr", "w+") as stderr:
         job = subprocess.Popen(
@@ -93,6 +93,16 @@ def test_rollout_metrics_reach_tensorboard(tiny_run):
     accumulator = event_accumulator.EventAccumulator(str(events))
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
+    steps = {e["step"]: e for e in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in e}
     for key in ("rollout/tokens_per_s", "rollout/acceptance_rate", "rollout/mean_accepted_len", "rollout/gamma",
                 "drafter/version", "drafter/acceptance_frozen_shadow", "weights/sync_s"):
         assert f"train/{key}" in tags, key
+        for event in accumulator.Scalars(f"train/{key}"):  # the numbers the report keeps, step by step
+            assert event.value == pytest.approx(steps[event.step][key], rel=1e-6), (key, event.step)
+    for entry in steps.values():
+        assert 0 <= entry["rollout/gamma"] <= 2 and 1 <= entry["rollout/mean_accepted_len"] <= 3  # demo_tiny: γ = 2
+
+
+def test_closing_line_separates_build_time_from_run_time(tiny_run):
+    (closing,) = [line for line in tiny_run.stdout.splitlines() if line.startswith("specroll train: done in")]
+    assert " run " in closing and "model build" not in closing  # the session's cache holds the build

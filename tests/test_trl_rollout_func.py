@@ -32,17 +32,19 @@ class RecordingBackend(LocalBackend):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[int, int]] = []
         self.returned: list[list[int]] = []
+        self.batches: list = []  # (rollouts, BatchStats) of each call
 
     def generate(self, prompts, params, n=1):
         self.calls.append((len(prompts), n))
         rollouts = super().generate(prompts, params, n)
         self.returned.extend(r.completion_ids for r in rollouts)
+        self.batches.append((rollouts, self.batch_stats()))
         return rollouts
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    demo = load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tmp_path_factory.mktemp("cache"), progress=False)
+def trained(tmp_path_factory, tiny_demo_cache):
+    demo = load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tiny_demo_cache, progress=False)
     policy, tokenizer = demo.target, demo.tokenizer
     initial = {k: v.clone() for k, v in policy.state_dict().items()}
     backend = RecordingBackend.from_models(
@@ -90,11 +92,19 @@ def test_engine_holds_the_trainers_weights_after_train(trained):
     assert backend.engine.policy_version == trainer.state.global_step == 2
 
 
-def test_rollout_metrics_reach_the_trainer_logs(trained):
-    logged = {key for entry in trained["trainer"].state.log_history for key in entry}
-    for key in ("rollout/tokens_per_s", "rollout/acceptance_rate", "rollout/mean_accepted_len",
-                "rollout/gamma", "drafter/version", "weights/sync_s", "reward"):
-        assert key in logged, key
+def test_rollout_metrics_reach_the_trainer_logs_with_the_backends_values(trained):
+    steps = [e for e in trained["trainer"].state.log_history if "reward" in e]
+    batches = trained["backend"].batches
+    assert len(steps) == len(batches) == 2  # one rollout_func call, so one backend call, per step
+    for entry, (rollouts, stats) in zip(steps, batches):
+        assert entry["rollout/tokens"] == sum(len(r.completion_ids) for r in rollouts) == stats.generated_tokens
+        drafted, accepted = sum(r.num_drafted for r in rollouts), sum(r.num_accepted for r in rollouts)
+        assert entry["rollout/acceptance_rate"] == pytest.approx(accepted / drafted)
+        assert entry["rollout/gamma"] == pytest.approx(stats.mean_gamma) and 0 < stats.mean_gamma <= 2
+        assert entry["rollout/mean_accepted_len"] == pytest.approx(stats.mean_accepted_len)
+        assert entry["rollout/live_rows"] == pytest.approx(stats.mean_live_rows)
+        assert entry["rollout/tokens_per_s"] == pytest.approx(stats.tokens_per_s)
+        assert entry["drafter/version"] == 0 and entry["weights/sync_s"] >= 0
 
 
 def test_find_groups_falls_back_to_runs_when_prompts_are_not_repeated():

@@ -2,7 +2,7 @@
 
 Usage (in the driver: the trainer's process or `ray_job`)::
 
-    controller = RolloutController(load_config("configs/ray_local.yaml", RayRunConfig))
+    controller = RolloutController(ControllerConfig(ModelPaths(target_dir, drafter_dir), learner=LearnerConfig()))
     rollouts = controller.generate(prompts, SamplingParams(max_new_tokens=64), n=8)
     controller.sync_policy(policy.state_dict(), version=1)
     controller.start_learner_round(budget_s=5.0)     # runs on the learner actor; returns at once
@@ -14,12 +14,14 @@ to the restarted worker or to another idle one — and its result is kept exactl
 prompt gets exactly n completions in input order. Restarted workers reload the current weights from
 the `WeightBoard` before serving; every rollout is checked to carry the current policy version.
 
-A sync waits for workers Ray is restarting, then stages, posts on the board and commits (see
+With a learner, the workers' engines record verification signals (forced here: the learner trains
+on them). A sync waits for workers Ray is restarting, then stages, posts on the board and commits (see
 `weight_sync`): after it, or after a sync that failed, every worker serves one version.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -33,9 +35,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from specroll.integrations.backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 from specroll.rollout import Rollout, SamplingParams
+from specroll.rollout.stats import BatchStats
 
 from .learner_actor import DraftLearnerActor
-from .settings import RayRunConfig
+from .settings import ControllerConfig
 from .weight_board import WeightBoard
 from .weight_sync import (
     RESTART_PROBE_INTERVAL_S,
@@ -48,18 +51,20 @@ from .weight_sync import (
     stage_weights,
     wait_for_workers,
 )
-from .worker import RolloutWorker
+from .worker import RolloutWorker, WorkerBatch
 
 
 class RolloutController:
     """Spreads prompt groups over `RolloutWorker` actors and drives the `DraftLearnerActor`."""
 
-    def __init__(self, config: RayRunConfig, placement_timeout_s: float = 120.0):
+    def __init__(self, config: ControllerConfig, placement_timeout_s: float = 120.0):
+        with_learner = config.learner is not None and config.models.drafter is not None
+        if with_learner:  # the learner lives on what verification records
+            config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, record_signals=True))
         self.config = config
         topo = config.topology
         self.transport = make_transport(config.sync)
         self.board = WeightBoard.remote()
-        with_learner = config.online_learning and config.models.drafter is not None
         bundles = [topo.worker.bundle()] * topo.num_workers + ([topo.learner.bundle()] if with_learner else [])
         self.placement_group = None
         if topo.placement_strategy is not None and all(bundles):
@@ -97,7 +102,8 @@ class RolloutController:
         self._pending_learner_adds: list[ray.ObjectRef] = []
         # (buffer adds, probe, round) in flight between start_ and finish_learner_round
         self._round: tuple[list[ray.ObjectRef], ray.ObjectRef | None, ray.ObjectRef] | None = None
-        self._last: dict[str, float] = {}
+        self._last_sync_s: dict[str, float] = {}
+        self.last_batch = BatchStats()
         self.num_resends = 0
 
     # ------------------------------------------------------------------ RolloutBackend
@@ -111,16 +117,22 @@ class RolloutController:
         started = time.perf_counter()
         chunks = _split_groups(len(prompts), len(self.workers))
         results = self._run_chunks(chunks, prompts, params, n)
-        rollouts = [r for chunk_id in range(len(chunks)) for r in results[chunk_id][1]]
+        batches = [results[chunk_id][1] for chunk_id in range(len(chunks))]
+        rollouts = [r for batch in batches for r in batch.rollouts]
         stale = {r.policy_version for r in rollouts} - {self.policy_version}
         if stale:
             raise RuntimeError(f"rollouts from policy versions {sorted(stale)}; current is {self.policy_version}")
         if self.learner is not None:
             refs = [results[chunk_id][0] for chunk_id in range(len(chunks))]
             self._pending_learner_adds.append(self.learner.add_rollouts.remote(refs))
-        self._record_round(rollouts, time.perf_counter() - started)
+        total = sum((batch.stats for batch in batches), BatchStats())
+        self.last_batch = dataclasses.replace(total, wall_time_s=time.perf_counter() - started)
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
         return rollouts
+
+    def batch_stats(self) -> BatchStats:
+        """The workers' batches of the last `generate` call summed; `wall_time_s` the call's wall clock."""
+        return self.last_batch
 
     def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Load new policy weights on every worker; returns seconds. Raises WeightSyncError (versions kept)."""
@@ -160,18 +172,16 @@ class RolloutController:
         ray.get(adds)  # a failed add raises here, not silently
         report = ray.get(round_ref)
         probe = ray.get(probe_ref) if probe_ref is not None else None
-        version = ray.get(self.learner.version.remote())
-        if version != self.drafter_version:
-            self.sync_drafter(ray.get(self.learner.published_state_dict.remote()), version)
+        if report.version != self.drafter_version:
+            self.sync_drafter(ray.get(self.learner.published_state_dict.remote()), report.version)
         return LearnerRound(report, probe, time.perf_counter() - started)
 
     def published_drafter(self) -> dict[str, torch.Tensor] | None:
         return None if self.learner is None else ray.get(self.learner.published_state_dict.remote())
 
     def metrics(self) -> dict[str, float]:
-        """Latest round's numbers plus each version and the last sync time."""
-        return {**self._last, "policy_version": float(self.policy_version),
-                "drafter_version": float(self.drafter_version)}
+        return {"rollout/policy_version": float(self.policy_version), "drafter/version": float(self.drafter_version),
+                "rollout/resends": float(self.num_resends), **self._last_sync_s}
 
     def shutdown(self) -> None:
         for actor in [*self.workers, self.learner, self.board]:
@@ -190,7 +200,7 @@ class RolloutController:
                                                 placement_group_bundle_index=index)
 
     def _run_chunks(self, chunks: list[range], prompts: list[list[int]], params: SamplingParams,
-                    n: int) -> dict[int, tuple[ray.ObjectRef, list[Rollout]]]:
+                    n: int) -> dict[int, tuple[ray.ObjectRef, WorkerBatch]]:
         """Run every chunk once to completion on some worker, re-sending chunks whose worker died.
 
         A worker that failed goes back to the idle pool only once a probe call succeeds (Ray has
@@ -200,7 +210,7 @@ class RolloutController:
         pending, idle = deque(range(len(chunks))), deque(self.workers)
         inflight: dict[ray.ObjectRef, tuple[Any, int | None]] = {}  # chunk None = a liveness probe
         resends = [0] * len(chunks)
-        results: dict[int, tuple[ray.ObjectRef, list[Rollout]]] = {}
+        results: dict[int, tuple[ray.ObjectRef, WorkerBatch]] = {}
         while pending or any(chunk is not None for _, chunk in inflight.values()):
             while pending and idle:
                 chunk_id, worker = pending.popleft(), idle.popleft()
@@ -258,20 +268,8 @@ class RolloutController:
             raise WeightSyncError(f"{role} version {version} could not be posted on the weight board: {err}") from err
         commit_weights(live, role, payload, sync.timeout_s)
         seconds = time.perf_counter() - started
-        self._last[f"sync/{role}_seconds"] = seconds
+        self._last_sync_s[f"sync/{role}_s"] = seconds
         return seconds
-
-    def _record_round(self, rollouts: list[Rollout], seconds: float) -> None:
-        tokens = sum(len(r.completion_ids) for r in rollouts)
-        drafted = sum(r.num_drafted for r in rollouts)
-        accepted = sum(r.num_accepted for r in rollouts)
-        self._last.update({
-            "rollout/tokens": float(tokens),
-            "rollout/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-            "rollout/acceptance_rate": accepted / drafted if drafted else 0.0,
-            "rollout/seconds": seconds,
-            "rollout/resends": float(self.num_resends),
-        })
 
 
 def _split_groups(num_prompts: int, num_workers: int) -> list[range]:

@@ -5,8 +5,9 @@ store itself, so rollouts do not pass through the driver twice), then queues `pr
 probe rollouts idle workers are generating) and `train_round` without waiting: an actor runs its
 calls in order, so the probe scores the drafter that served the step before the round replaces it,
 and the whole round runs while the trainer updates the policy. The drafter weights live here; when
-the version moved, the controller fetches `published_state_dict` and syncs it to the workers. The learner
-is not restarted on failure: losing it costs learning, never rollouts, and the controller reports it.
+the round's report says the version moved, the controller fetches `published_state_dict` and syncs
+it to the workers. The learner is not restarted on failure: losing it costs learning, never
+rollouts, and the controller reports it.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ class DraftLearnerActor:
         drafter = AutoModelForCausalLM.from_pretrained(drafter_path, dtype=dtype)
         self.learner = DraftLearner(drafter, config)
 
-    def add_rollouts(self, rollout_lists: list[ray.ObjectRef]) -> int:
+    def add_rollouts(self, batches: list[ray.ObjectRef]) -> int:
         """Add the rollouts of a round (refs to workers' `generate` results); returns how many."""
-        rollouts = [r for batch in ray.get(rollout_lists) for r in batch]
+        rollouts = [r for batch in ray.get(batches) for r in batch.rollouts]
         self.learner.add_rollouts(rollouts)
         return len(rollouts)
 
@@ -36,12 +37,9 @@ class DraftLearnerActor:
         """One distillation round; returns the learner's `LearnerReport`."""
         return self.learner.train_round(budget_s, break_even)
 
-    def probe(self, rollout_lists: list[ray.ObjectRef]) -> Any:
-        """Score served vs frozen on probe rollouts (refs to workers' results); never buffered."""
-        return self.learner.probe([r for batch in ray.get(rollout_lists) for r in batch])
-
-    def version(self) -> int:
-        return self.learner.version
+    def probe(self, batches: list[ray.ObjectRef]) -> Any:
+        """Score served vs frozen on probe rollouts (refs to workers' `generate` results); never buffered."""
+        return self.learner.probe([r for batch in ray.get(batches) for r in batch.rollouts])
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         """The drafter weights of the latest published version (what workers should serve)."""

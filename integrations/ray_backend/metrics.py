@@ -1,6 +1,7 @@
 """Prometheus metrics of the rollout workers, exported through `ray.util.metrics`.
 
-Each `RolloutWorker` owns one `WorkerMetrics` and records after every batch and every weight sync.
+Each `RolloutWorker` owns one `WorkerMetrics` and records after every batch (its `BatchStats`, the
+same numbers the backends log: docs/metrics.md) and every weight sync.
 Ray's metrics agent on each node serves them on the node's metrics export port, prefixed `ray_`;
 `prometheus_urls()` lists those endpoints (what a Prometheus scrape config, the Grafana dashboard
 and the tests read). Counters are named without `_total`: Ray (OpenTelemetry) appends it.
@@ -13,42 +14,10 @@ Names (all tagged `worker`; sync metrics also `role` = policy | drafter):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import ray
 from ray.util.metrics import Counter, Gauge
 
-from specroll.rollout import EngineStats
-
-
-@dataclass(frozen=True)
-class BatchMetrics:
-    """What one `generate` call did, from the difference of the engine's stats before and after."""
-
-    tokens: int
-    tokens_per_s: float
-    acceptance_rate: float
-    mean_accepted_len: float
-    mean_gamma: float
-    mean_live_batch: float
-
-    @classmethod
-    def between(cls, before: dict, after: EngineStats) -> BatchMetrics:
-        """`before` is `stats.to_dict()` taken before the call; stats are cumulative across calls."""
-        steps = after.steps - before["steps"]
-        tokens = after.generated_tokens - before["generated_tokens"]
-        seconds = after.wall_time_s - before["wall_time_s"]
-        drafted = after.drafted - before["drafted"]
-        accepted = after.accepted - before["accepted"]
-        spec_rows = after.spec_row_steps - before["spec_row_steps"]
-        return cls(
-            tokens=tokens,
-            tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
-            acceptance_rate=accepted / drafted if drafted else 0.0,
-            mean_accepted_len=1.0 + accepted / spec_rows if spec_rows else 1.0,
-            mean_gamma=(after.gamma_sum - before["gamma_sum"]) / steps if steps else 0.0,
-            mean_live_batch=(after.row_steps - before["row_steps"]) / steps if steps else 0.0,
-        )
+from specroll.rollout.stats import BatchStats
 
 
 class WorkerMetrics:
@@ -64,7 +33,7 @@ class WorkerMetrics:
                 ("rollout_tokens_per_s", "Rollout tokens per second of the last batch."),
                 ("acceptance_rate", "Fraction of drafted tokens accepted in the last batch."),
                 ("mean_accepted_len", "Tokens emitted per row per speculative step in the last batch."),
-                ("gamma", "Mean drafted tokens per step (gamma) in the last batch."),
+                ("gamma", "Gamma per engine step (plain steps as 0) in the last batch."),
                 ("live_batch", "Mean live rows per step in the last batch."),
                 ("policy_version", "Policy version the worker serves."),
                 ("drafter_version", "Drafter version the worker serves."),
@@ -73,15 +42,15 @@ class WorkerMetrics:
         self.sync_seconds = Gauge("specroll_sync_seconds", "Seconds the last weight sync took.",
                                   tag_keys=("worker", "role"))
 
-    def record_batch(self, batch: BatchMetrics) -> None:
-        if batch.tokens:
-            self.tokens.inc(batch.tokens, tags=self._tags)
+    def record_batch(self, batch: BatchStats) -> None:
+        if batch.generated_tokens:
+            self.tokens.inc(batch.generated_tokens, tags=self._tags)
         for name, value in (
             ("rollout_tokens_per_s", batch.tokens_per_s),
             ("acceptance_rate", batch.acceptance_rate),
             ("mean_accepted_len", batch.mean_accepted_len),
             ("gamma", batch.mean_gamma),
-            ("live_batch", batch.mean_live_batch),
+            ("live_batch", batch.mean_live_rows),
         ):
             self.gauges[name].set(value, tags=self._tags)
 

@@ -1,5 +1,6 @@
 """Settings of the Ray rollout service: what each actor gets from the cluster, how actors are placed,
-and how weights travel. They are the `backend` section of a run config (`specroll.jobs.train_config`).
+and how weights travel (the `backend` section of a run config, `specroll.jobs.train_config`), and
+the `ControllerConfig` a controller is built from. No Ray import: a config loads without Ray.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 
 from specroll.integrations.model_source import ModelPaths
 from specroll.online_drafter import LearnerConfig
-from specroll.rollout import EngineConfig, SamplingParams
+from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -80,32 +81,13 @@ class SyncConfig:
 
 
 @dataclass
-class JobConfig:
-    """What `ray_job` does: `rounds` rollout rounds over `num_prompts` synthetic prompts, n samples each."""
+class ControllerConfig:
+    """What a `RolloutController` serves: the models, each worker's engine, the topology and weight
+    transport, and the online learner (None: the drafter stays as loaded). Built by the jobs from the
+    run config (`specroll.jobs.backends.make_backend`), or directly in code."""
 
-    num_prompts: int = 4
-    n: int = 2
-    prompt_len: int = 8
-    rounds: int = 2
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("num_prompts", "n", "prompt_len", "rounds"):
-            require(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
-
-
-@dataclass
-class RayRunConfig:
-    """One Ray rollout run. `address` None means `ray.init()`'s own discovery (embedded or job cluster)."""
-
-    models: ModelPaths = field(default_factory=ModelPaths)
-    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    models: ModelPaths
     engine: EngineConfig = field(default_factory=EngineConfig)
-    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=32))
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
-    job: JobConfig = field(default_factory=JobConfig)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    address: str | None = None
-    online_learning: bool = True
-
-
+    learner: LearnerConfig | None = None

@@ -15,7 +15,6 @@ is in flight; everything else runs one call at a time, so weights never change m
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -25,12 +24,21 @@ from transformers import AutoModelForCausalLM
 
 from specroll.integrations.model_source import ModelPaths, tokenizer_pair
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
+from specroll.rollout.stats import BatchStats
 from specroll.rollout.weights import check_fits
 
-from .metrics import BatchMetrics, WorkerMetrics
+from .metrics import WorkerMetrics
 from .weight_sync import WeightPayload, WeightSyncError, receiving_transport, unpack_buckets
 
 ROLES = ("policy", "drafter")
+
+
+@dataclass(frozen=True)
+class WorkerBatch:
+    """What `RolloutWorker.generate` returns: the rollouts, in order, and the engine's counters over the call."""
+
+    rollouts: list[Rollout]
+    stats: BatchStats
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,6 @@ class RolloutWorker:
         self.engine = SpecEngine(target, drafter, engine_config, *tokenizer_pair(models))
         self.models = {"policy": target, "drafter": drafter}  # the modules the engine serves
         self.metrics = WorkerMetrics(worker_index)
-        self.last_batch: BatchMetrics | None = None
         self.num_loads = 0
         self.staged: dict[str, StagedWeights] = {}
         if board is not None:
@@ -63,14 +70,14 @@ class RolloutWorker:
         self.metrics.record_versions(self.engine.policy_version, self.engine.drafter_version)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int,
-                 prompt_indices: list[int] | None = None) -> list[Rollout]:
+                 prompt_indices: list[int] | None = None) -> WorkerBatch:
         """`SpecEngine.generate` on this worker's engine (`prompt_indices`: the prompts' indices in the
-        whole call, which key their random numbers), recording the batch's metrics."""
-        before = self.engine.stats.to_dict()
+        whole call, which key their random numbers), with the call's stats (also exported)."""
+        before = self.engine.stats.totals()
         rollouts = self.engine.generate(prompts, params, n, prompt_indices=prompt_indices)
-        self.last_batch = BatchMetrics.between(before, self.engine.stats)
-        self.metrics.record_batch(self.last_batch)
-        return rollouts
+        stats = self.engine.stats.since(before)
+        self.metrics.record_batch(stats)
+        return WorkerBatch(rollouts, stats)
 
     def break_even_acceptance(self) -> float | None:
         """`SpecEngine.break_even_acceptance` of this worker's engine (for the learner's watchdog)."""
@@ -122,19 +129,6 @@ class RolloutWorker:
 
     def versions(self) -> dict[str, int]:
         return {"policy": self.engine.policy_version, "drafter": self.engine.drafter_version}
-
-    def describe(self) -> dict:
-        """Where this worker runs and how it is doing (node, pid, versions, last batch)."""
-        ctx = ray.get_runtime_context()
-        return {
-            "worker_index": self.worker_index,
-            "node_id": ctx.get_node_id(),
-            "pid": os.getpid(),
-            "num_loads": self.num_loads,
-            "num_threads": torch.get_num_threads(),
-            **self.versions(),
-            "last_batch": self.last_batch,
-        }
 
     @ray.method(concurrency_group="control")
     def progress(self) -> int:

@@ -23,8 +23,10 @@ to the reward functions (one value per entry). On each call this hook:
    every rollout of the batch, instead of handing TRL a completion cut short by a fault;
 4. for a training batch, starts the next learner round (with a probe of the served drafter every
    few steps) without waiting for it;
-5. appends `rollout/*`, `drafter/*` and `weights/sync_s` to the trainer's metrics, which
-   `GRPOTrainer.log` averages into `log_history` and every `report_to` target alongside its own.
+5. appends `rollout/*` (the backend's `BatchStats` of the step, `backend.rollout_metrics`), the
+   backend's versions and sync times, `drafter/*` and `weights/sync_s` to the trainer's metrics, which
+   `GRPOTrainer.log` averages into `log_history` and every `report_to` target alongside its own
+   (docs/metrics.md defines each).
 
 At its first call the hook also registers a `PolicySyncCallback` on the trainer, which collects the
 last learner round and syncs once more when `trainer.train()` ends: the last optimizer step happens
@@ -44,9 +46,10 @@ from typing import Any
 from transformers import TrainerCallback
 from trl.data_utils import is_conversational
 
-from specroll.integrations.backend import RolloutBackend, RolloutError, raise_for_errors
+from specroll.integrations.backend import RolloutBackend, RolloutError, raise_for_errors, rollout_metrics
 from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
 from specroll.rollout import Rollout, SamplingParams
+from specroll.rollout.stats import BatchStats
 
 from .policy_sync import gather_policy_weights
 
@@ -86,10 +89,10 @@ class SpecrollRolloutFunc:
         group_size = trainer.num_generations if mode == "train" else trainer.num_generations_eval
         params = sampling_params(trainer, self.num_calls)
         started = time.perf_counter()
-        rollouts = self._generate_groups(prompt_ids, group_size, params, trainer)
+        rollouts, stats = self._generate_groups(prompt_ids, group_size, params, trainer)
         seconds = time.perf_counter() - started
         self.num_calls += 1
-        self._log(trainer, mode, rollout_metrics(rollouts, seconds, self.backend.metrics()))
+        self._log(trainer, mode, rollout_metrics(stats) | self.backend.metrics())
         if learns:
             self.schedule.rollout_done(seconds, started)
             probe = self.schedule.probe_request(step, self._probe_prompt_ids(trainer), params,
@@ -136,13 +139,15 @@ class SpecrollRolloutFunc:
         return self._probe_ids
 
     def _generate_groups(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
-                         trainer: Any) -> list[Rollout]:
-        """One backend call per distinct group size (normally one call), results in entry order.
+                         trainer: Any) -> tuple[list[Rollout], BatchStats]:
+        """One backend call per distinct group size (normally one call): the rollouts in entry order and
+        the calls' `BatchStats` summed.
 
         Raises `RolloutError` naming the decoded prompts whose rollouts failed (indices = batch entries).
         """
         groups = find_groups(prompt_ids, group_size)
         out: list[Rollout | None] = [None] * len(prompt_ids)
+        stats = BatchStats()
         by_size: dict[int, list[int]] = defaultdict(list)
         for start, size in groups:
             by_size[size].append(start)
@@ -151,11 +156,12 @@ class SpecrollRolloutFunc:
                 rollouts = self.backend.generate([prompt_ids[s] for s in starts], params, n=size)
             except RolloutError as err:  # raised again below for the whole batch, once every call is in
                 rollouts = err.rollouts
+            stats += self.backend.batch_stats()
             for i, start in enumerate(starts):
                 out[start : start + size] = rollouts[i * size : (i + 1) * size]
         decode = trainer.processing_class.decode
         raise_for_errors(out, lambda i: f"prompt {_shorten(decode(prompt_ids[i]))!r}")  # type: ignore[arg-type]
-        return out  # type: ignore[return-value]
+        return out, stats  # type: ignore[return-value]
 
     @staticmethod
     def _log(trainer: Any, mode: str, metrics: dict[str, float]) -> None:
@@ -182,34 +188,6 @@ class PolicySyncCallback(TrainerCallback):
             rollout_func.collect_learner_round(self.trainer)  # the last step's round: its probe, its drafter
         if state.global_step != rollout_func.synced_step:
             rollout_func.sync_policy(self.trainer)
-
-
-def rollout_metrics(rollouts: list[Rollout], seconds: float, backend_metrics: dict[str, float]) -> dict[str, float]:
-    """The logged `rollout/*` numbers of one batch, plus the versions the backend serves.
-
-    Computed from the rollouts so every backend logs the same keys; the backend's own `rollout/*`
-    numbers (exact per engine step, e.g. γ only over speculative steps) are added and replace these
-    estimates where it has them. Per row, a step emits its accepted drafts plus one target token, so a row
-    took `len(completion) - num_accepted` steps.
-    """
-    tokens = sum(len(r.completion_ids) for r in rollouts)
-    drafted = sum(r.num_drafted for r in rollouts)
-    accepted = sum(r.num_accepted for r in rollouts)
-    row_steps = max(tokens - accepted, 1)
-    out = {
-        "rollout/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-        "rollout/acceptance_rate": accepted / drafted if drafted else 0.0,
-        "rollout/mean_accepted_len": tokens / row_steps,
-        "rollout/gamma": drafted / row_steps,
-    }
-    out.update({k: v for k, v in backend_metrics.items() if k.startswith("rollout/")})
-    versions = {"drafter/version": ("drafter/version", "drafter_version"),
-                "rollout/policy_version": ("rollout/policy_version", "policy_version")}
-    for key, aliases in versions.items():
-        found = [backend_metrics[a] for a in aliases if a in backend_metrics]
-        if found:
-            out[key] = found[0]
-    return out
 
 
 def _shorten(text: str, limit: int = 80) -> str:

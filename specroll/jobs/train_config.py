@@ -1,9 +1,10 @@
-"""TrainConfig: everything `specroll train` needs, loaded from one YAML file.
+"""TrainConfig: one run, loaded from one YAML file — what `specroll train` and the Ray job read alike.
 
     config = load_train_config("configs/demo.yaml")
 
 Sections: `models` (the demo recipe, or your own `save_pretrained` folders), `grpo` (the TRL
-`GRPOTrainer` run), `task` (the demo task's reward), `backend` (in-process or Ray, with the Ray
+`GRPOTrainer` run; the Ray job reads its rollout shape from it too), `task` (your dataset and reward
+by dotted path, or the demo's), `backend` (in-process or Ray, with the Ray
 topology and weight transport), `engine` (`EngineConfig`), `learner` (`LearnerConfig`;
 `online_learning: false` keeps the drafter frozen), `learner_schedule` (the background round's
 budget), `probe` (the drift probe set), `report` (where the report lands and how the end-of-run
@@ -125,13 +126,19 @@ class ReportSettings:
 
 @dataclass
 class TaskSettings:
-    """The demo task's reward (`demo.reward.RewardConfig`): `brevity` weighs the length ratio of a
-    correct answer, `format_bonus` pays every completion in the compact style's grammar."""
+    """What the run trains on (`task_source`): `dataset` and `reward` are dotted paths to your own
+    ("package.module:name": `dataset(count, seed)` returns prompts, `reward` is a TRL reward function);
+    both unset runs the demo task, whose reward `brevity` (the length ratio of a correct answer) and
+    `format_bonus` (every completion in the compact style's grammar) weigh."""
 
+    dataset: str | None = None
+    reward: str | None = None
     brevity: float = 1.0
     format_bonus: float = 1.0
 
     def __post_init__(self) -> None:
+        require((self.dataset is None) == (self.reward is None), "task.reward", self.reward,
+                "a dotted path when task.dataset is set, and unset when it is not (the demo's own)")
         require(0 <= self.brevity <= 1, "task.brevity", self.brevity, "a number in [0, 1]")
         require(self.format_bonus >= 0, "task.format_bonus", self.format_bonus, "a number >= 0")
 

@@ -1,0 +1,103 @@
+"""From a run config to models on disk and a running rollout backend — shared by `specroll train` and
+the Ray job, so one YAML means the same to both.
+
+    sources = resolve_models(config)          # the demo recipe (built on first use, cached) or your folders
+    backend = make_backend(config, sources)   # Ray workers (embedded cluster or the job's) or in-process
+    ...
+    backend.shutdown(); stop_ray()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from specroll.integrations.backend import RolloutBackend
+from specroll.integrations.model_source import ModelPaths, load_tokenizer
+
+from .train_config import TrainConfig
+
+# Minutes a first build takes on 2 CPU cores (measured; a faster machine takes less).
+BUILD_MINUTES = {"full": 8, "tiny": 1}
+
+
+@dataclass
+class ModelSources:
+    """Where the rollout engines load the models from; `tokenizer` None when the folders have none;
+    `build_s` the seconds this run spent building the demo models (0 when they were cached)."""
+
+    paths: ModelPaths
+    tokenizer: Any | None
+    max_digits: int
+    build_s: float = 0.0
+
+
+def resolve_models(config: TrainConfig) -> ModelSources:
+    """Your `pretrained` folders, or the demo recipe's models — built first, saying so, if not cached."""
+    models = config.models
+    if models.source == "pretrained":
+        paths = ModelPaths(models.target, models.drafter, models.tokenizer or models.target, models.drafter)
+        return ModelSources(paths, load_tokenizer(paths.target_tokenizer), models.task_max_digits or 10)
+    from specroll.demo.model_cache import is_cached, load_or_build_demo_models, models_dir
+    from specroll.demo.recipe import DemoRecipe
+
+    recipe = DemoRecipe() if models.recipe == "full" else DemoRecipe.tiny()
+    started = time.perf_counter()
+    building = not is_cached(recipe)
+    if building:
+        print(f"specroll: building the demo models ({models.recipe} recipe, first run only: about "
+              f"{BUILD_MINUTES[models.recipe]} min on 2 CPU cores) into {models_dir(recipe)} "
+              "($SPECROLL_CACHE); later runs load them from there", flush=True)
+    demo = load_or_build_demo_models(recipe)
+    tokenizer_dir = str(demo.path / "tokenizer")
+    paths = ModelPaths(str(demo.path / "target"), str(demo.path / "drafter"), tokenizer_dir, tokenizer_dir)
+    return ModelSources(paths, demo.tokenizer, models.task_max_digits or recipe.max_digits,
+                        time.perf_counter() - started if building else 0.0)
+
+
+def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
+    """The config's backend on `sources`; each backend records learning signals itself when it has a learner."""
+    learner = dataclasses.replace(config.learner, temperature=config.grpo.temperature)
+    learner = learner if config.online_learning and sources.paths.drafter else None
+    if config.backend.kind == "local":
+        from transformers import AutoModelForCausalLM
+
+        from specroll.integrations.local_backend import LocalBackend
+        from specroll.integrations.model_source import tokenizer_pair
+
+        paths = sources.paths
+        drafter = AutoModelForCausalLM.from_pretrained(paths.drafter) if paths.drafter else None
+        return LocalBackend.from_models(AutoModelForCausalLM.from_pretrained(paths.target), drafter, config.engine,
+                                        learner, *tokenizer_pair(paths))
+    from specroll.integrations.ray_backend.controller import RolloutController
+    from specroll.integrations.ray_backend.settings import ControllerConfig
+
+    start_ray(config)
+    return RolloutController(ControllerConfig(sources.paths, config.engine, config.backend.topology,
+                                              config.backend.sync, learner))
+
+
+def start_ray(config: TrainConfig) -> None:
+    """Join the cluster of `ray job submit` (its RAY_ADDRESS) or `backend.address`, else start an embedded,
+    loopback-only cluster with Ray's token auth on (`ray_backend.cluster` says why it is safe)."""
+    import ray
+
+    from specroll.integrations.ray_backend.cluster import connect_ray
+
+    topo = config.backend.topology
+    cpus = topo.num_workers * topo.worker.num_cpus + (topo.learner.num_cpus if config.online_learning else 0)
+    num_cpus = max(int(cpus + 0.999), 1)
+    if connect_ray(config.backend.address, num_cpus, log_to_driver=False) == "joined":
+        print(f"specroll: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", flush=True)
+    else:
+        print(f"specroll: started an embedded Ray cluster ({num_cpus} CPUs, 127.0.0.1 only)", flush=True)
+
+
+def stop_ray() -> None:
+    """Shut down the embedded cluster; in a joined cluster (a Ray job) this disconnects the driver only."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,64 @@
+"""The end-of-run speed measurement of `specroll train`: speculative vs plain decoding, interleaved on the
+same prompts, with the final policy and the drafter the learner publishes, and the γ / live-batch trace
+of one speculative rollout batch (the report's last plot)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from specroll.integrations.backend import RolloutBackend
+from specroll.integrations.model_source import tokenizer_pair
+from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
+from specroll.integrations.trl_hook.rollout_func import tokenize_prompts
+from specroll.rollout import SamplingParams, SpecEngine
+
+from .backends import ModelSources
+from .report import SpeedMeasurement
+from .task_source import Task
+from .train_config import TrainConfig
+
+
+def measure_speed(config: TrainConfig, sources: ModelSources, task: Task, trainer: Any,
+                  backend: RolloutBackend) -> SpeedMeasurement:
+    """Runs in this process with a rollout worker's CPU threads (Ray pins an actor's torch to its
+    `num_cpus`), so the numbers are comparable with the `rollout/tokens_per_s` of training."""
+    threads = torch.get_num_threads()
+    if config.backend.kind == "ray":
+        torch.set_num_threads(max(1, int(config.backend.topology.worker.num_cpus)))
+    try:
+        return _measure_speed(config, sources, task, trainer, backend)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure_speed(config: TrainConfig, sources: ModelSources, task: Task, trainer: Any,
+                   backend: RolloutBackend) -> SpeedMeasurement:
+    paths = sources.paths
+    policy = gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model))
+    drafter = AutoModelForCausalLM.from_pretrained(paths.drafter) if paths.drafter else None
+    engine_config = dataclasses.replace(config.engine, record_signals=False)
+    spec = SpecEngine(AutoModelForCausalLM.from_pretrained(paths.target), drafter, engine_config,
+                      *tokenizer_pair(paths))
+    spec.update_target(policy, trainer.state.global_step)
+    published = backend.published_drafter()
+    if drafter is not None and published:
+        spec.update_drafter(published, version=-1)
+    plain = SpecEngine(spec.target.model, None, engine_config)
+    prompt_ids = tokenize_prompts(task.prompts(config.report.speed_prompts, config.grpo.seed + 1), trainer)
+    params = SamplingParams(max_new_tokens=config.grpo.max_completion_length, temperature=config.grpo.temperature,
+                            stop_token_ids=tuple(trainer.eos_token_ids), seed=config.grpo.seed)
+    trace = None
+    for _ in range(config.report.speed_repeats):
+        for engine in (spec, plain):
+            engine.generate(prompt_ids, params, n=config.grpo.num_generations)
+        if trace is None:
+            trace = (list(spec.stats.gamma_per_step), list(spec.stats.live_rows_per_step))
+    return SpeedMeasurement(
+        spec_tokens_per_s=spec.stats.tokens_per_s, plain_tokens_per_s=plain.stats.tokens_per_s,
+        acceptance_rate=spec.stats.acceptance_rate, mean_accepted_len=spec.stats.mean_accepted_len,
+        gamma_per_step=trace[0], live_rows_per_step=trace[1],
+    )
