@@ -24,6 +24,8 @@ Decisions are paired comparisons on the same positions with a group-clustered in
   set clears `gate_z` standard errors (plus `min_improvement`). A rejected candidate keeps its weights
   and optimizer, so small gains accumulate over rounds; one that falls more than `reset_margin`
   below the published drafter beyond the interval is reset to it (a diverging run does not dig deeper).
+  A round gates only once the candidate has trained at least as long as the gate's scoring costs;
+  until then it only trains (its report has `gated` False and nan scores).
 - **Watchdog.** If the served (published) drafter scores below the frozen step-0 drafter beyond the
   interval — on the held-out set each round, or on a probe — or below the break-even acceptance the
   engine's γ policy computes, the learner publishes the best drafter it knows (frozen, served or
@@ -81,7 +83,7 @@ class DraftLearner:
         # entries of the held-out set: only entries added since are scored again (frozen never changes,
         # published only when a round publishes, and then the candidate's scores are at hand).
         self._entry_scores: dict[str, torch.Tensor] = {}
-        self._candidate_scoring_s = 0.0  # the last candidate scoring pass, per held-out entry
+        self._scoring_s_per_entry = 0.0  # the last gate's scoring, per entry scored
         self._trained_since_gate_s = 0.0  # candidate training since it was last scored
         self._candidate_changed = False  # trained since it was last scored
 
@@ -111,51 +113,55 @@ class DraftLearner:
         started = time.perf_counter()
         budgets = [b for b in (budget_s, self.config.time_budget_s) if b is not None]
         budget = min(budgets) if budgets else None
-        published, frozen = self._cached("published"), self._cached("frozen")
-        eval_cost = 1.2 * self._candidate_scoring_s * len(self.holdout)  # the closing scoring, with margin
-        # Gate only once the candidate has trained at least as long as a gate costs: on short budgets
-        # scoring every round would leave no time to train (the reserve below is only taken then).
+        # A gate scores the candidate on every held-out entry and the published and frozen drafters on
+        # the entries they have not seen; it is reserved (with a margin) from the round's budget, and
+        # taken only once the candidate has trained at least as long as a gate costs: on short budgets
+        # scoring every round would leave no time to train. A round that does not gate only trains.
+        unscored = sum(len(self.holdout) - len(self._entry_scores.get(n, ())) for n in ("published", "frozen"))
+        eval_cost = 1.2 * self._scoring_s_per_entry * (len(self.holdout) + unscored)
         gate = budget is None or self._trained_since_gate_s + max(0.0, budget - eval_cost) >= eval_cost
         deadline = None if budget is None else started + budget - (eval_cost if gate else 0.0)
         losses, num_positions, train_time = self._train_steps(deadline)
         self._trained_since_gate_s += train_time
-        gate = gate and self._trained_since_gate_s > 0 and bool(losses or self._candidate_changed)
         self._candidate_changed = self._candidate_changed or bool(losses)
+        gate = gate and self._candidate_changed
+        report = dict(published=False, version=self.version, loss=sum(losses) / len(losses) if losses else math.nan,
+                      train_time_s=train_time, budget_s=budget, num_positions=num_positions, num_steps=len(losses),
+                      policy_version=self.newest_policy_version, gated=gate)
+        if not gate:
+            nan = math.nan
+            return LearnerReport(acceptance_before=nan, acceptance_after=nan, acceptance_frozen_shadow=nan, gain=nan,
+                                 gain_se=nan, eval_time_s=0.0, round_time_s=time.perf_counter() - started,
+                                 num_holdout_positions=sum(e.num_positions for e in self.holdout.entries),
+                                 num_holdout_groups=len(set(self.holdout.keys)), **report)
         scored = time.perf_counter()
-        candidate_entries = self.scorer.score_entries(self.model, self.holdout.entries) if gate else None
-        if gate:  # kept from the last round that scored, for the next round's reserve
-            self._candidate_scoring_s = (time.perf_counter() - scored) / len(self.holdout)
-            self._trained_since_gate_s, self._candidate_changed = 0.0, False
-        candidate = published if candidate_entries is None else self._group(candidate_entries)
-        gain = paired_gain(candidate, published) if gate else None
+        published, frozen = self._cached("published"), self._cached("frozen")
+        candidate_entries = self.scorer.score_entries(self.model, self.holdout.entries)
+        self._scoring_s_per_entry = (time.perf_counter() - scored) / (len(self.holdout) + unscored)
+        self._trained_since_gate_s, self._candidate_changed = 0.0, False
+        candidate = self._group(candidate_entries)
+        gain = paired_gain(candidate, published)
         z, event = self.config.gate_z, None
-        publish = gate and gain.above(z, self.config.min_improvement)
+        publish = gain.above(z, self.config.min_improvement)
         if publish:
             self._publish(self._snapshot(), candidate_entries)
-        elif gate and gain.below(z, self.config.reset_margin):
+        elif gain.below(z, self.config.reset_margin):
             self._load_candidate(self._published)
             event = f"candidate reset to version {self.version}: it scored {gain.mean:+.4f} ± {gain.se:.4f} below it"
         watchdog = self._watchdog(self._cached("published"), frozen, candidate, candidate_entries, break_even)
+        report.update(published=publish or watchdog is not None, version=self.version)
         return LearnerReport(
-            published=publish or watchdog is not None,
-            version=self.version,
             acceptance_before=published.mean,
-            acceptance_after=candidate.mean if gate else math.nan,
+            acceptance_after=candidate.mean,
             acceptance_frozen_shadow=frozen.mean,
-            gain=gain.mean if gate else math.nan,
-            gain_se=gain.se if gate else math.nan,
-            gated=gate,
-            loss=sum(losses) / len(losses) if losses else math.nan,
-            train_time_s=train_time,
-            eval_time_s=(scored - started - train_time) + (time.perf_counter() - scored),
+            gain=gain.mean,
+            gain_se=gain.se,
+            eval_time_s=time.perf_counter() - scored,
             round_time_s=time.perf_counter() - started,
-            budget_s=budget,
-            num_positions=num_positions,
-            num_steps=len(losses),
             num_holdout_positions=published.num_positions,
             num_holdout_groups=int(published.counts.shape[0]),
-            policy_version=self.newest_policy_version,
             event=watchdog or event,
+            **report,
         )
 
     @torch.inference_mode()
