@@ -50,6 +50,9 @@ class Proposal:
     lengths: torch.Tensor | None = None
     # [n] which of the drafter's `names` proposed each row (for per-drafter stats). None: all names[0].
     source: torch.Tensor | None = None
+    # Host, [γ+1]: the drafts expected kept, all rows together, if only the first w columns are verified
+    # (w = 0..γ). Given, an adaptive γ policy may verify fewer columns (`GammaPolicy.narrow`).
+    expected_kept: list[float] | None = None
 
 
 class Drafter(Protocol):
@@ -59,12 +62,16 @@ class Drafter(Protocol):
 
     def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
                 draw: DraftDraw) -> Proposal:
-        """Up to γ drafts for each of the live rows (rows.tokens[:, :seq_len] is each row's text)."""
+        """Up to γ drafts for each of the live rows (rows.tokens[:, :seq_len] is each row's text). The
+        proposal may be narrower than γ (no row's drafts past its width were worth verifying): the step
+        then verifies that width."""
         ...
 
-    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor) -> None:
-        """After a step: `rows` holds the kept tokens; `seq_len` [n] the lengths before the step and
-        `accepted_len` [n] the drafts of this drafter's proposal that were kept (0 where it proposed none)."""
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
+             drafted_len: torch.Tensor) -> None:
+        """After a step: `rows` holds the kept tokens; `seq_len` [n] the lengths before the step,
+        `drafted_len` [n] the drafts of this drafter's proposal that were verified and `accepted_len` [n]
+        those kept (0 where it proposed none)."""
         ...
 
     def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
@@ -117,7 +124,8 @@ class ModelDrafter:
                 logits = self.runner.feed(live, drafts[:, i : i + 1])[:, 0]
         return Proposal(drafts, q)
 
-    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor) -> None:
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
+             drafted_len: torch.Tensor) -> None:
         """Roll back to the kept prefix: the row's old tokens plus the accepted drafts it has fed (the
         cache never holds the last draft, so `min` also covers a full acceptance and rows not drafted)."""
         self.runner.rollback(live, torch.minimum(self.runner.cache.lens[live], seq_len + accepted_len))

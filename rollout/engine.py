@@ -204,7 +204,10 @@ class SpecEngine:
         # A copy, not a view: `append_kept` moves rows.seq_len, and the drafter rolls back to the old length.
         seq_len = self.rows.seq_len[live].clone()  # [n]
         noise = StepNoise(self.rows.keys[live], seq_len, gamma + 1, self.vocab_size, params.greedy)
-        proposal = self._propose(live, gamma, params, noise)
+        proposal = self._narrow(shape, self._propose(live, gamma, params, noise))
+        if proposal.drafts.shape[1] < gamma:  # the last columns are not worth verifying
+            gamma = proposal.drafts.shape[1]
+            noise = noise.narrow(gamma + 1)
         drafted = time.perf_counter()
         usable = self._usable(proposal, gamma)  # [n, γ]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
@@ -216,7 +219,7 @@ class SpecEngine:
                               count_evidence=bool(gamma) and self.gamma_policy.adaptive)
         self.target.rollback(live, self.rows.seq_len[live] - 1)
         if self.drafter:
-            self.drafter.keep(live, self.rows, seq_len, verdict.accepted_len)
+            self.drafter.keep(live, self.rows, seq_len, verdict.accepted_len, usable.sum(1))
         self.stats.record_step(gamma, n, summary, context=max(self.rows.host_seq_len[:n]))
         if self.gamma_policy.adaptive:
             self.gamma_policy.observe(shape, StepOutcome(
@@ -234,6 +237,17 @@ class SpecEngine:
         if self.gamma_policy.adaptive and proposal.drafts.is_cuda:
             torch.cuda.synchronize(proposal.drafts.device)  # the policy times the draft part on its own
         return proposal
+
+    def _narrow(self, shape: StepShape, proposal: Proposal) -> Proposal:
+        """The proposal cut to the width the γ policy finds worth verifying, if the drafter said what
+        each width is expected to keep."""
+        if proposal.expected_kept is None or not self.gamma_policy.adaptive:
+            return proposal
+        width = self.gamma_policy.narrow(shape, proposal.expected_kept)
+        if width >= proposal.drafts.shape[1]:
+            return proposal
+        lengths = None if proposal.lengths is None else proposal.lengths.clamp_max(width)
+        return Proposal(proposal.drafts[:, :width], proposal.q[:, :width], lengths, proposal.source)
 
     def _usable(self, proposal: Proposal, gamma: int) -> torch.Tensor:
         """[n, γ] bool: the drafts verification may keep — each row's proposed ones, none of a row whose

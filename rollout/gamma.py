@@ -99,6 +99,11 @@ class GammaPolicy(Protocol):
 
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None: ...
 
+    def narrow(self, shape: StepShape, expected_kept: list[float]) -> int:
+        """How many of a proposal's columns to verify, given the drafts expected kept over all rows if
+        the first w are (`expected_kept[w]`, w = 0..width): the width whose step pays best."""
+        ...
+
 
 class FixedGamma:
     """Always the configured γ (0 = plain decoding)."""
@@ -113,6 +118,9 @@ class FixedGamma:
 
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
         return None
+
+    def narrow(self, shape: StepShape, expected_kept: list[float]) -> int:
+        return len(expected_kept) - 1  # no cost model to weigh a column against
 
 
 class AcceptanceEstimate:
@@ -290,6 +298,14 @@ class AutoGamma:
         """Expected tokens per second of the step for every γ = 0..max_gamma."""
         tokens = self.estimates[greedy].batch_tokens(shape.rows, shape.room)
         return [t / s for t, s in zip(tokens, self.step_times(shape.rows, shape.context))]
+
+    def narrow(self, shape: StepShape, expected_kept: list[float]) -> int:
+        """The drafts are made (their cost is spent): weigh each width's expected tokens against the
+        predicted time of verifying it."""
+        verify, _ = self._raw_step_times(shape.rows, shape.context)
+        times = self.cost.corrected(shape.rows, verify, [0.0] * len(verify))
+        rates = [(shape.rows + kept) / times[min(w, len(times) - 1)] for w, kept in enumerate(expected_kept)]
+        return max(range(len(rates)), key=rates.__getitem__)
 
     def choose(self, shape: StepShape, greedy: bool) -> int:
         if not self.estimates[greedy].any_seen:

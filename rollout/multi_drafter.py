@@ -50,12 +50,16 @@ class MultiDrafter:
 
     def model_expected(self, gamma: int) -> float:
         """Expected drafts kept of a model proposal of γ drafts: Σ_k Π_{j≤k} α_j."""
-        total, survive = 0.0, 1.0
+        return self._model_survival(gamma)[-1]
+
+    def _model_survival(self, gamma: int) -> list[float]:
+        """[γ+1]: a model proposal's drafts expected kept if w of them are verified, w = 0..γ."""
+        out, survive = [0.0], 1.0
         for j in range(gamma):
             kept, reached = (self.kept[j], self.reached[j]) if j < len(self.kept) else (0.0, 0.0)
             survive *= (kept + PRIOR_DRAFTS * PRIOR_ACCEPTANCE) / (reached + PRIOR_DRAFTS)
-            total += survive
-        return total
+            out.append(out[-1] + survive)
+        return out
 
     def choose(self, found: Lookup, gamma: int) -> list[bool]:
         """Per row: True where the model's proposal is expected to keep more drafts than the suffix's."""
@@ -70,6 +74,8 @@ class MultiDrafter:
             self.reached += [0.0] * (gamma - len(self.reached))
         found = self.suffix.lookup(n, gamma)
         use_model = self._model_rows = self.choose(found, gamma)
+        if not any(use_model):  # no model forward at all; as wide as the longest suffix proposal
+            return self.suffix.to_proposal(found, gamma)
         padded = [[0] * gamma if m else d + [0] * (gamma - len(d)) for d, m in zip(found.drafts, use_model)]
         drafts = torch.tensor(padded, dtype=torch.long, device=rows.tokens.device).reshape(n, gamma)  # [n, γ]
         lengths = torch.tensor([gamma if m else len(d) for d, m in zip(found.drafts, use_model)],
@@ -77,23 +83,27 @@ class MultiDrafter:
         source = torch.tensor(use_model, dtype=torch.long, device=drafts.device)  # [n] 0 suffix, 1 model
         q = torch.nn.functional.one_hot(drafts, self.vocab_size).float()  # [n, γ, V]: point masses
         served = [b for b, m in enumerate(use_model) if m]
-        if served:
-            if len(served) == n:
-                part = self.model.propose(live, rows, gamma, params, draw)
-                drafts, q = part.drafts, part.q
-            else:
-                idx = torch.tensor(served, dtype=torch.long, device=drafts.device)  # [k]
-                part = self.model.propose(idx, rows, gamma, params, _subset_draw(draw, idx, n))
-                drafts[idx], q[idx] = part.drafts, part.q
-        return Proposal(drafts, q, lengths, source)
+        if len(served) == n:
+            part = self.model.propose(live, rows, gamma, params, draw)
+            drafts, q = part.drafts, part.q
+        else:
+            idx = torch.tensor(served, dtype=torch.long, device=drafts.device)  # [k]
+            part = self.model.propose(idx, rows, gamma, params, _subset_draw(draw, idx, n))
+            drafts[idx], q[idx] = part.drafts, part.q
+        model = self._model_survival(gamma)
+        suffix = self.suffix.expected_by_width(found, gamma, [not m for m in use_model])
+        expected = [s + len(served) * m for s, m in zip(suffix, model)]
+        return Proposal(drafts, q, lengths, source, expected)
 
-    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor) -> None:
-        step = self.suffix.fetch(live, rows, accepted_len)
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
+             drafted_len: torch.Tensor) -> None:
+        step = self.suffix.fetch(live, rows, accepted_len, drafted_len)
         self.suffix.ingest(step)
         if any(self._model_rows):
-            self._count_model(step.accepted)
+            self._count_model(step.accepted, step.drafted)
         model_rows = torch.tensor(self._model_rows, dtype=torch.bool, device=accepted_len.device)
-        self.model.keep(live, rows, seq_len, torch.where(model_rows, accepted_len, 0))
+        self.model.keep(live, rows, seq_len, torch.where(model_rows, accepted_len, 0),
+                        torch.where(model_rows, drafted_len, 0))
 
     def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
         self.suffix.prefill(slots, rows, count)
@@ -116,14 +126,13 @@ class MultiDrafter:
         return ForwardTimes(model.batch_sizes, model.query_lens,
                             [[a + b for a, b in zip(m, s)] for m, s in zip(model.times, lookups.times)])
 
-    def _count_model(self, accepted: list[int]) -> None:
+    def _count_model(self, accepted: list[int], drafted: list[int]) -> None:
         """Fold in the model-served rows' outcomes: draft j was reached if drafts < j were kept."""
         self.kept = [DECAY * k for k in self.kept]
         self.reached = [DECAY * r for r in self.reached]
-        width = len(self.kept)
-        for kept, model in zip(accepted, self._model_rows):
+        for kept, verified, model in zip(accepted, drafted, self._model_rows):
             if model:
-                for j in range(min(kept + 1, width)):
+                for j in range(min(kept + 1, verified)):
                     self.reached[j] += 1
                     self.kept[j] += j < kept
 

@@ -89,6 +89,11 @@ class StepNoise:
     greedy: bool
     _token: torch.Tensor | None = None
 
+    def narrow(self, width: int) -> StepNoise:
+        """The same step's noise for its first `width` positions (a proposal narrower than asked)."""
+        token = None if self._token is None else self._token[:, :width]
+        return StepNoise(self.keys, self.start, width, self.vocab_size, self.greedy, token)
+
     def token(self) -> torch.Tensor | None:
         """The token noise of every position of the step [n, γ+1, V] (`Purpose.TOKEN`), computed once."""
         if self.greedy:

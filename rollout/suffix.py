@@ -38,10 +38,11 @@ from .cost_model import ForwardTimes
 from .drafter import DraftDraw, Proposal, time_host_drafts
 
 KEY_LENS = (16, 8, 4, 2, 1)  # n-gram lengths indexed, longest tried first
-# Per-draft acceptance by match length before any is measured (demo task, T = 1, DESIGN.md), and
-# the match lengths where each bucket starts.
-BUCKET_STARTS = (1, 2, 4, 8, 12)
-PRIOR_ACCEPTANCE = (0.2, 0.27, 0.72, 0.81, 0.93)
+# Per-draft acceptance by match length before any is measured, and the match lengths where each
+# bucket starts. Measured on the demo task at T = 1 (first draft = the sampled token): 0.15 after a
+# match of 1-2 tokens, ~0.3-0.5 after 3, ~0.5 after 4-7, ~0.9 after 8 or more.
+BUCKET_STARTS = (1, 3, 4, 8, 12)
+PRIOR_ACCEPTANCE = (0.15, 0.35, 0.5, 0.9, 0.93)
 PRIOR_DRAFTS = 8  # ... worth this many drafts of evidence
 DECAY = 0.999  # per step: the counts follow the policy as it moves (memory ~1000 steps)
 
@@ -66,10 +67,12 @@ class _Row:
 
 @dataclass
 class StepTokens:
-    """Host copies after a step: `appended[b]` the tokens row b kept, `accepted[b]` its drafts kept."""
+    """Host copies after a step: `appended[b]` the tokens row b kept, `drafted[b]` its drafts verified,
+    `accepted[b]` those kept."""
 
     appended: list[list[int]]
     accepted: list[int]
+    drafted: list[int]
 
 
 @dataclass
@@ -103,12 +106,14 @@ class SuffixDrafter:
                 draw: DraftDraw) -> Proposal:
         return self.to_proposal(self.lookup(live.stop, gamma), gamma)
 
-    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor) -> None:
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
+             drafted_len: torch.Tensor) -> None:
         """Index the tokens each row kept this step, and count how this drafter's last proposal fared."""
-        self.ingest(self.fetch(live, rows, accepted_len))
+        self.ingest(self.fetch(live, rows, accepted_len, drafted_len))
 
-    def fetch(self, live: slice, rows: RowBuffers, accepted_len: torch.Tensor) -> StepTokens:
-        """The tokens each live row appended since it was last indexed and `accepted_len`, in one copy."""
+    def fetch(self, live: slice, rows: RowBuffers, accepted_len: torch.Tensor, drafted_len: torch.Tensor) -> StepTokens:
+        """The tokens each live row appended since it was last indexed, `accepted_len` and `drafted_len`,
+        in one device→host copy."""
         n = live.stop
         old = [self.rows[b].length for b in range(n)]
         new = rows.host_seq_len[:n]
@@ -116,8 +121,9 @@ class SuffixDrafter:
         device = rows.tokens.device
         idx = (torch.tensor(old, device=device)[:, None] + torch.arange(width, device=device))  # [n, W]
         host = torch.cat([rows.tokens[live].gather(1, idx.clamp_max(rows.tokens.shape[1] - 1)),
-                          accepted_len[:, None]], 1).tolist()
-        return StepTokens([h[: b - a] for h, a, b in zip(host, old, new)], [h[-1] for h in host])
+                          accepted_len[:, None], drafted_len[:, None]], 1).tolist()
+        return StepTokens([h[: b - a] for h, a, b in zip(host, old, new)], [h[-2] for h in host],
+                          [h[-1] for h in host])
 
     def ingest(self, step: StepTokens) -> None:
         if self._last is not None:
@@ -178,23 +184,53 @@ class SuffixDrafter:
             tokens, length = self._lookup(self.rows[b], gamma)
             drafts.append(tokens)
             match.append(length)
-        self._last = list(zip(match, drafts))
-        return Lookup(drafts, match)
+        self._last = list(zip(match, drafts))  # scored in full: a cut draft is measured all the same
+        return Lookup([d[: self.worth(m, len(d))] for d, m in zip(drafts, match)], match)
+
+    def worth(self, match: int, drafts: int) -> int:
+        """How many of `drafts` drafts after a match of `match` tokens are worth proposing (`min_survival`)."""
+        if not match:
+            return 0
+        alpha, floor, k = self.acceptance(match), self.config.min_survival, 0
+        survive = alpha
+        while k < drafts and survive >= floor:
+            k += 1
+            survive *= alpha
+        return k
+
+    def acceptance(self, match: int) -> float:
+        """Running per-draft acceptance after a match of `match` tokens (its bucket's, from a prior)."""
+        k = _bucket(match)
+        return (self.kept[k] + PRIOR_DRAFTS * PRIOR_ACCEPTANCE[k]) / (self.reached[k] + PRIOR_DRAFTS)
 
     def to_proposal(self, found: Lookup, gamma: int) -> Proposal:
-        """The proposal tensors of `found`, padded to γ: a point-mass q on each draft."""
+        """The proposal tensors of `found`, as wide as its longest row's drafts: a point-mass q on each."""
+        gamma = max((len(d) for d in found.drafts), default=0)
         padded = [d + [0] * (gamma - len(d)) for d in found.drafts]
         drafts = torch.tensor(padded, dtype=torch.long, device=self.device).reshape(len(padded), gamma)  # [n, γ]
         q = torch.nn.functional.one_hot(drafts, self.vocab_size).float()  # [n, γ, V]
         lengths = torch.tensor([len(d) for d in found.drafts], dtype=torch.long, device=self.device)  # [n]
-        return Proposal(drafts, q, lengths)
+        return Proposal(drafts, q, lengths, expected_kept=self.expected_by_width(found, gamma))
+
+    def expected_by_width(self, found: Lookup, gamma: int, rows: list[bool] | None = None) -> list[float]:
+        """[γ+1]: the suffix drafts expected kept, over its rows (`rows[b]`, default all), if w columns
+        are verified."""
+        out = [0.0] * (gamma + 1)
+        for b, (drafts, match) in enumerate(zip(found.drafts, found.match)):
+            if drafts and (rows is None or rows[b]):
+                alpha, survive = self.acceptance(match), 1.0
+                for k in range(1, len(drafts) + 1):
+                    survive *= alpha
+                    out[k] += survive
+        for w in range(1, gamma + 1):
+            out[w] += out[w - 1]
+        return out
 
     def expected_accepted(self, match: int, drafts: int) -> float:
         """Expected drafts kept of a proposal of `drafts` tokens after a match of `match` tokens."""
         if not drafts or not match:
             return 0.0
-        k = _bucket(match)
-        alpha = (self.kept[k] + PRIOR_DRAFTS * PRIOR_ACCEPTANCE[k]) / (self.reached[k] + PRIOR_DRAFTS)
+        alpha = self.acceptance(match)
         return alpha * (1 - alpha**drafts) / (1 - alpha) if alpha < 1 else float(drafts)
 
     def _lookup(self, row: _Row, gamma: int) -> tuple[list[int], int]:

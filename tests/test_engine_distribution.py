@@ -32,6 +32,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 
 import specroll.rollout.sampling as sampling_module
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.config import SuffixConfig
 from specroll.rollout.randomness import gumbel
 from specroll.rollout.sampling import RejectionSampler
 
@@ -84,8 +85,9 @@ def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,
                     pin_choice: bool = False) -> float:
     target, drafter = models()
     # Half as many slots as rows: finished rows are refilled, so continuous batching is under test too.
+    # The suffix drafter proposes every match it finds (min_survival 0): many drafts, most of them rejected.
     config = EngineConfig(max_batch_size=ROWS // 2, max_seq_len=6 + NEW_TOKENS, gamma=gamma, sampler=sampler,
-                          drafters=drafters)
+                          drafters=drafters, suffix=SuffixConfig(min_survival=0.0))
     engine = SpecEngine(target, drafter, config)
     if wrong_sampler is not None:
         engine.sampler = wrong_sampler
