@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny causal LMs built from configs (no downloads), cheap enough to build per test.
+"""Shared fixtures: tiny causal LMs (`tiny_models.build_lm`, no downloads), cheap enough to build per test.
 
 `tiny_lm` builds a Llama / Qwen2 / Qwen3 model with *peaked* logits (a scaled-up `lm_head`) so that
 greedy decoding has no near-ties: a fp32 batched forward and a row-alone forward differ by ~1e-6,
@@ -19,50 +19,14 @@ import functools
 
 import pytest
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+from tiny_models import VOCAB, build_lm
+from transformers import PreTrainedModel
 
 pytest_plugins = ["ray_fixtures"]  # one session Ray cluster shared by every Ray test module
 
-ARCHS = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-}
-VOCAB = 64
 
 # Tiny models: one intra-op thread is faster than two, and keeps a shared CPU from oversubscribing.
 torch.set_num_threads(1)
-
-
-def build_lm(arch: str = "llama", attn: str = "sdpa", *, vocab: int = VOCAB, hidden: int = 32, layers: int = 2,
-             seed: int = 0, logit_scale: float = 30.0) -> PreTrainedModel:
-    """A fresh tiny fp32 model; `lm_head` is multiplied by `logit_scale` (1 keeps HF's init)."""
-    config_cls, model_cls = ARCHS[arch]
-    config = config_cls(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden // 4,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        attn_implementation=attn,
-    )
-    torch.manual_seed(seed)
-    model = model_cls(config).float().eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(logit_scale)
-    return model
 
 
 @functools.cache

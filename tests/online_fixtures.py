@@ -8,19 +8,15 @@ to. A tiny Llama learns such a chain in ~100 AdamW steps on CPU.
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_models import build_lm
+from transformers import LlamaForCausalLM
 
 VOCAB = 32
 
 
 def tiny_llama(hidden: int, layers: int, seed: int, vocab: int = VOCAB) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-        attn_implementation="eager",
-    )
-    return LlamaForCausalLM(config).eval()
+    return build_lm(attn="eager", vocab=vocab, hidden=hidden, layers=layers, seed=seed, logit_scale=1.0,
+                    num_key_value_heads=4, max_position_embeddings=128)
 
 
 def markov_chain(seed: int, vocab: int = VOCAB, fanout: int = 4) -> torch.Tensor:

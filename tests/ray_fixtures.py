@@ -18,11 +18,11 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest
 import ray
-import torch
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 from ray.exceptions import ActorUnavailableError
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_models import VOCAB, build_lm
+from transformers import LlamaForCausalLM
 
 from specroll.integrations.model_source import ModelPaths
 from specroll.integrations.ray_backend.controller import RolloutController
@@ -31,15 +31,10 @@ from specroll.online_drafter import LearnerConfig
 from specroll.rollout import EngineConfig, SamplingParams
 
 CPUS_PER_NODE = 3  # logical CPUs: tests place 2 workers + a learner per node on 2 physical cores
-VOCAB = 64
 
 
 def tiny_llama(hidden: int, layers: int, seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=False)
-    return LlamaForCausalLM(config).eval()
+    return build_lm(vocab=VOCAB, hidden=hidden, layers=layers, seed=seed, logit_scale=1.0)
 
 
 @pytest.fixture(scope="session")

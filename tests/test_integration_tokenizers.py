@@ -8,8 +8,8 @@ tokenizers the engine refuses the pair.
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_models import build_lm
+from transformers import LlamaForCausalLM
 
 from specroll.demo.tokenizer import build_tokenizer
 from specroll.integrations.local_backend import LocalBackend
@@ -18,9 +18,8 @@ from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 
 def padded_llama(vocab_rows: int, seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab_rows, hidden_size=32, intermediate_size=64,
-                                        num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64))
+    return build_lm(vocab=vocab_rows, hidden=32, layers=1, seed=seed, logit_scale=1.0, num_attention_heads=2,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
 
 
 @pytest.fixture(scope="module")

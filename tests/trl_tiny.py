@@ -5,10 +5,10 @@ Built in seconds from configs (no downloads); the policy is a 2-layer Llama, the
 
 from __future__ import annotations
 
-import torch
 from datasets import Dataset
+from tiny_models import build_lm
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import GRPOConfig
 
 CHARS = list("0123456789+=: abcdefghijklmnopqrstuvwxyz")
@@ -29,13 +29,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2, attn_implementation="eager",
-    )
-    return LlamaForCausalLM(config).eval()
+    return build_lm(attn="eager", vocab=vocab_size, hidden=hidden, layers=layers, seed=seed, logit_scale=1.0,
+                    max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
+                    eos_token_id=2)
 
 
 def grpo_args(tmp_path, **overrides) -> GRPOConfig:
