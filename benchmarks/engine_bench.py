@@ -12,6 +12,8 @@ engines in lockstep (one engine step each, in turn, timed per engine):
 2. A rollout-shaped workload: many requests with long-tailed (lognormal) token budgets through
    `max_batch_size` slots with continuous batching, no stop token (every contender does the same
    work), plain vs fixed γ vs auto.
+3. A GRPO-shaped workload (`grpo_bench`): P prompts × G = 8 samples at T = 1 with the stop token, two
+   epochs, plain vs the model drafter vs the suffix drafter vs both, with each one's ceiling.
 
 Every speculative contender uses `--sampler` (`EngineConfig.sampler`). Prints tokens/s and ratios,
 and writes the JSON file after every finished cell, so an interrupted run keeps what it measured. The
@@ -43,6 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--sampler", default="rejection",
                         help="accept rule of every speculative contender (EngineConfig.sampler; default rejection)")
+    parser.add_argument("--grpo-prompts", type=int, default=16, help="P prompts of the GRPO workload (0 skips it)")
+    parser.add_argument("--grpo-samples", type=int, default=8, help="G samples per prompt")
+    parser.add_argument("--grpo-slots", type=int, default=32, help="batch slots of the GRPO workload")
+    parser.add_argument("--grpo-epochs", type=int, default=2)
+    parser.add_argument("--grpo-repeats", type=int, default=4)
+    parser.add_argument("--grpo-max-new-tokens", type=int, default=128)
+    parser.add_argument("--grpo-gamma", default="auto", help="γ of every speculative GRPO contender: an int or 'auto'")
+    parser.add_argument("--grpo-contenders", default="plain,model,suffix,suffix+model",
+                        help="comma-separated, from plain, model, suffix, suffix+model")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     gammas = [int(g) for g in args.gammas.split(",")]
-    models = load_bench_models(args.models, num_prompts=max(max(int(b) for b in args.batch_sizes.split(",")), 16))
+    num_prompts = max(max(int(b) for b in args.batch_sizes.split(",")), 16, args.grpo_prompts)
+    models = load_bench_models(args.models, num_prompts=num_prompts)
     header = (f"specroll bench — {models.description}; max_new_tokens={args.max_new_tokens}, "
               f"repeats={args.repeats} interleaved, torch threads={torch.get_num_threads()}, fp32 CPU, "
               f"sampler={args.sampler}")
@@ -76,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         grid(models, args, gammas, record("grid"))
     if args.rollout_requests:
         rollout_workload(models, args, gammas, record("rollout_workload"))
+    if args.grpo_prompts:
+        from .grpo_bench import grpo_workload
+
+        report["grpo_workload"] = grpo_workload(models, args)
     write_json(out, report)
     print(f"\nwrote {out}")
     return 0

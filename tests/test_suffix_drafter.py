@@ -127,7 +127,7 @@ def test_model_kind_needs_a_drafter_model():
     with pytest.raises(ValueError, match=r"drafters=.*'model' needs a drafter LM"):
         SpecEngine(tiny_lm("llama"), None, EngineConfig(max_batch_size=2, drafters=("suffix", "model")))
     with pytest.raises(ValueError, match="drafters"):
-        EngineConfig(drafters=("suffix", "eagle"))
+        EngineConfig(drafters=("suffix", "ngram"))
 
 
 def test_multi_drafter_runs_the_model_only_for_rows_that_take_it():
