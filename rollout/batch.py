@@ -15,7 +15,8 @@ from .request import RolloutSignals
 
 
 class RowBuffers:
-    def __init__(self, batch: int, length: int, device: torch.device, signal_top_k: int | None):
+    def __init__(self, batch: int, length: int, device: torch.device, signal_top_k: int | None,
+                 hidden_size: int | None = None, hidden_dtype: torch.dtype = torch.float32):
         def zeros(*shape, dtype=torch.long):
             return torch.zeros(*shape, dtype=dtype, device=device)
 
@@ -40,6 +41,9 @@ class RowBuffers:
             self.topk_probs = zeros(batch, length, signal_top_k, dtype=torch.float32)  # [B, L, k]
             self.draft_ids = zeros(batch, length)  # [B, L], -1 = not drafted
             self.draft_accepted = zeros(batch, length, dtype=torch.bool)  # [B, L]
+        # [B, L, H] the target's final-normed hidden state at each position its verification fed, for a
+        # drafter that reads it (`rollout.hidden`); valid below seq_len - 1. None: no drafter asks.
+        self.hidden = zeros(batch, length, hidden_size, dtype=hidden_dtype) if hidden_size else None
 
     def _fields(self) -> list[torch.Tensor]:
         fields = [
@@ -48,6 +52,8 @@ class RowBuffers:
         ]
         if self.signal_top_k:
             fields += [self.topk_ids, self.topk_probs, self.draft_ids, self.draft_accepted]
+        if self.hidden is not None:
+            fields.append(self.hidden)
         return fields
 
     def load(self, slot: int, prompt: list[int], max_new_tokens: int, key: int) -> None:

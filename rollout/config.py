@@ -70,8 +70,9 @@ class SamplingParams:
 GammaSetting = int | Literal["auto"]
 SamplerName = Literal["rejection", "invariant"]
 SAMPLER_NAMES = ("rejection", "invariant")
-DrafterKind = Literal["model", "suffix"]
-DRAFTER_KINDS = ("model", "suffix")
+DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "medusa"]
+DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "medusa")
+MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "medusa")  # at most one, with or without "suffix"
 
 
 @dataclass
@@ -126,9 +127,13 @@ class EngineConfig:
 
     `drafters` lists the drafter kinds to run: "model" (the drafter LM passed to `SpecEngine`) and
     "suffix" (model-free, over sibling and earlier completions of the same prompt; `suffix` configures
-    it). With several, each row each step takes the proposal expected to keep the most tokens
-    (`multi_drafter`), all rows still verified in one target forward. None: the drafter LM if one is
-    given, else plain decoding.
+    it), "layer_skip" (the target's first `layer_skip_layers` layers; None: half of them), "eagle" (an
+    EAGLE-style head on the target's hidden states) and "medusa" (`medusa_heads` residual heads on
+    them); the two heads take their weights from the `heads.EagleHead` / `heads.MedusaHeads` passed to
+    `SpecEngine` as its drafter, else start fresh. At most one of "model", "layer_skip", "eagle",
+    "medusa", with or without "suffix": with the suffix drafter each row each step takes the proposal
+    expected to keep the most tokens (`multi_drafter`), all rows still verified in one target forward.
+    None: the drafter passed to `SpecEngine` as what it is (an LM: "model"), else plain decoding.
     """
 
     max_batch_size: int = 16
@@ -153,6 +158,8 @@ class EngineConfig:
     allow_unverified_architectures: bool = False
     drafters: tuple[DrafterKind, ...] | None = None
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
+    layer_skip_layers: int | None = None
+    medusa_heads: int = 4
 
     def __post_init__(self) -> None:
         require(
@@ -200,6 +207,13 @@ class EngineConfig:
             require(len(self.drafters) >= 1 and all(k in DRAFTER_KINDS for k in self.drafters)
                     and len(set(self.drafters)) == len(self.drafters), "drafters", self.drafters,
                     f"None or a non-empty list of distinct kinds from {DRAFTER_KINDS}")
+            require(sum(k in MODEL_DRAFTER_KINDS for k in self.drafters) <= 1, "drafters", self.drafters,
+                    f"at most one of {MODEL_DRAFTER_KINDS} (with or without 'suffix')")
+        require(self.layer_skip_layers is None or (isinstance(self.layer_skip_layers, int)
+                and not isinstance(self.layer_skip_layers, bool) and self.layer_skip_layers >= 1),
+                "layer_skip_layers", self.layer_skip_layers, "None (half the target's layers) or an int >= 1")
+        require(isinstance(self.medusa_heads, int) and not isinstance(self.medusa_heads, bool)
+                and self.medusa_heads >= 1, "medusa_heads", self.medusa_heads, "an int >= 1")
         require(isinstance(self.suffix, SuffixConfig), "suffix", self.suffix, "a SuffixConfig")
         require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
         try:

@@ -58,6 +58,8 @@ class Proposal:
 class Drafter(Protocol):
     names: tuple[str, ...]  # the kinds this drafter reports stats under (one, or one per sub-drafter)
     trainable: bool  # has weights `load_weights` can replace (the online learner's target)
+    # reads the target's hidden states from verification (`RowBuffers.hidden`, kept only when asked)
+    wants_hidden: bool
     num_forwards: int  # model forwards run so far
 
     def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
@@ -97,6 +99,7 @@ class ModelDrafter:
 
     names = ("model",)
     trainable = True
+    wants_hidden = False
 
     def __init__(self, model: PreTrainedModel, slots: int, length: int, dtype: torch.dtype, device: torch.device,
                  target_vocab_size: int, lean: bool = True):

@@ -10,7 +10,9 @@ choice between them, as `EngineConfig.drafters` says) for up to γ tokens per li
 with one target forward of γ + 1 tokens per row, and keeps a different number of tokens per row
 (`Sampler.verify`); `append.append_kept` appends them, then both caches roll back to what was kept
 (`ModelRunner.rollback`, `Drafter.keep`). The target cache always holds every token of a row but the
-last. With no drafter or γ = 0 the same loop is plain batched decoding — the fair baseline.
+last. With no drafter or γ = 0 the same loop is plain batched decoding — the fair baseline. For a
+drafter that reads the target's features (`Drafter.wants_hidden`) the prefill and verification
+forwards also write their last hidden states into `RowBuffers.hidden` (`rollout.hidden`).
 
 Randomness is per request and position (`randomness`): sample j of prompt i is keyed by the call's
 seed and (prompt_indices[i], j), and every number it draws by its sequence position and purpose —
@@ -39,8 +41,8 @@ from .batch import RowBuffers
 from .config import EngineConfig, SamplingParams
 from .cost_model import CALIBRATION_CONTEXT
 from .drafter import Drafter, Proposal
+from .drafter_factory import DrafterWeights, make_drafter
 from .gamma import AutoGamma, GammaPolicy, StepOutcome, StepShape, make_gamma_policy
-from .multi_drafter import make_drafter
 from .randomness import draw_seed
 from .request import Request, Rollout, make_requests
 from .runner import ModelRunner
@@ -58,13 +60,14 @@ class SpecEngine:
     def __init__(
         self,
         target: PreTrainedModel,
-        drafter: PreTrainedModel | Drafter | None = None,
+        drafter: DrafterWeights | Drafter | None = None,
         config: EngineConfig | None = None,
         target_tokenizer=None,
         drafter_tokenizer=None,
     ):
-        """`drafter`: a drafter LM (wrapped as `config.drafters` says: by default one `ModelDrafter`), any
-        object implementing `Drafter` (used as given), or None (with `config.drafters` None: plain decoding)."""
+        """`drafter`: a drafter LM or a head (`heads.EagleHead`, `heads.MedusaHeads`), wrapped as
+        `config.drafters` says (by default as what it is: `drafter_factory`), any object implementing
+        `Drafter` (used as given), or None (with `config.drafters` None: plain decoding)."""
         self.config = config = config or EngineConfig()
         check_architecture(target, "target", config.allow_unverified_architectures)
         if isinstance(drafter, PreTrainedModel):
@@ -74,8 +77,11 @@ class SpecEngine:
         slots, length = config.max_batch_size, config.cache_len
         self.target = ModelRunner(target, slots, length, config.dtype, self.device, config.lean_forward)
         self.vocab_size = self.target.vocab_size
-        self.drafter: Drafter | None = make_drafter(drafter, config, self.device, self.vocab_size)
-        self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None)
+        self.drafter: Drafter | None = make_drafter(drafter, config, self.target)
+        wants_hidden = self.drafter is not None and self.drafter.wants_hidden
+        hidden_size = target.config.get_text_config().hidden_size if wants_hidden else None
+        self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None,
+                               hidden_size, config.dtype)
         self.stats = EngineStats(trace_steps=config.stats_trace_steps)
         self.gamma_policy: GammaPolicy = make_gamma_policy(config, self.target, self.drafter)
         self.sampler: Sampler = SAMPLERS[config.sampler]()
@@ -211,7 +217,8 @@ class SpecEngine:
         drafted = time.perf_counter()
         usable = self._usable(proposal, gamma)  # [n, γ]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
-        logits = self.target.feed(live, torch.cat([last_token, proposal.drafts], dim=1)).float()  # [n, γ+1, V]
+        logits = self.target.feed(live, torch.cat([last_token, proposal.drafts], dim=1),
+                                  self.rows.hidden).float()  # [n, γ+1, V]
         p = process_logits(logits, params)  # [n, γ+1, V]
         verdict = self.sampler.verify(proposal.drafts, proposal.q, p, noise, usable)
         step = VerifiedStep(seq_len, proposal, usable, verdict, logits, p)
@@ -271,7 +278,7 @@ class SpecEngine:
         self.target.cache.reset_rows(slots)
         tokens = self.rows.tokens[slots]
         if int(count.max()) > 0:
-            self.target.extend(slots, tokens, count)
+            self.target.extend(slots, tokens, count, self.rows.hidden)
         if self.drafter:  # an engine that never drafts lets the drafter catch up lazily, if ever
             self.drafter.prefill(slots, self.rows, count if self.config.gamma != 0 else torch.zeros_like(count))
 

@@ -17,6 +17,8 @@ architectures, eager attention, sliding windows, non-SiLU MLPs) run through HF's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
@@ -126,8 +128,13 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                 cache: RaggedKVCache, logits_at: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [n, Q, V], or [n, V] at query index `logits_at` [n] of each row when given."""
+                 cache: RaggedKVCache, logits_at: torch.Tensor | None = None, num_layers: int | None = None,
+                 hidden_out: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Logits [n, Q, V], or [n, V] at query index `logits_at` [n] of each row when given.
+
+        `num_layers`: run only the first that many decoder layers, then the final norm and LM head (a
+        layer-skip draft). `hidden_out`, if given, is handed the final-normed hidden state at every query
+        [n, Q, H] — what the LM head reads, and what feature drafters read (`rollout.hidden`)."""
         if not self.layers[0].is_fused():
             self._fuse()
         n, q_len = input_ids.shape
@@ -135,7 +142,7 @@ class LeanDecoder:
         cos, sin = self.rotary(hidden, position_ids)  # [n, Q, D]
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
         groups = self.num_heads // self.num_kv_heads
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self.layers[:num_layers]):
             x = _rms_norm(hidden, layer.input_norm)
             qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)  # [n, Q, (Hq + 2 Hkv) D]
             q, k, v = qkv.split((layer.q_size, layer.kv_size, layer.kv_size), dim=-1)
@@ -152,9 +159,12 @@ class LeanDecoder:
             x = _rms_norm(hidden, layer.post_norm)
             gate, up = F.linear(x, layer.gate_up_weight).split((layer.inter, layer.inter), dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, layer.down_weight)
+        if hidden_out is not None:
+            hidden = _rms_norm(hidden, self.final_norm)  # [n, Q, H]
+            hidden_out(hidden)
         if logits_at is not None:
             hidden = hidden[torch.arange(n, device=hidden.device), logits_at][:, None]  # [n, 1, H]
-        logits = self.lm_head(_rms_norm(hidden, self.final_norm))
+        logits = self.lm_head(hidden if hidden_out is not None else _rms_norm(hidden, self.final_norm))
         return logits[:, 0] if logits_at is not None else logits
 
 

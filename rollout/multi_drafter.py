@@ -9,7 +9,7 @@ so its cost follows its share. Rows it skipped fall behind in its cache and catc
 forward. All rows are still verified in one target forward of γ + 1 tokens: a suffix proposal
 shorter than γ is padding past its `lengths` (verified, never kept — the price of one forward).
 
-`make_drafter` builds what `EngineConfig.drafters` asks for.
+`drafter_factory.make_drafter` builds what `EngineConfig.drafters` asks for.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from transformers import PreTrainedModel
 
 from .batch import RowBuffers
-from .config import EngineConfig, SamplingParams
+from .config import SamplingParams
 from .cost_model import ForwardTimes
-from .drafter import DraftDraw, Drafter, ModelDrafter, Proposal
+from .drafter import DraftDraw, Drafter, Proposal
 from .suffix import Lookup, SuffixDrafter
 
 PRIOR_ACCEPTANCE = 0.6  # the model's α_j before any is measured ...
@@ -34,15 +33,14 @@ class MultiDrafter:
     """`suffix` and `model` (any drafter that proposes γ drafts for the rows it is given, `live` a slice or
     an index tensor of slots) behind one `Drafter`; stats under "suffix" and the model's name."""
 
-    trainable = True
-
     def __init__(self, suffix: SuffixDrafter, model: Drafter, vocab_size: int):
         self.suffix, self.model = suffix, model
+        self.trainable, self.wants_hidden = model.trainable, model.wants_hidden
         self.names = (*suffix.names, *model.names)
         self.vocab_size = vocab_size
         self.kept: list[float] = []  # model-served rows, per draft position (decayed counts)
         self.reached: list[float] = []
-        self._model_rows: list[bool] = []  # which rows the last proposal gave the model
+        self._model_rows: list[bool] = []  # which rows this step's proposal gave the model (until `keep`)
 
     @property
     def num_forwards(self) -> int:
@@ -99,9 +97,11 @@ class MultiDrafter:
              drafted_len: torch.Tensor) -> None:
         step = self.suffix.fetch(live, rows, accepted_len, drafted_len)
         self.suffix.ingest(step)
-        if any(self._model_rows):
-            self._count_model(step.accepted, step.drafted)
-        model_rows = torch.tensor(self._model_rows, dtype=torch.bool, device=accepted_len.device)
+        # A plain step (γ = 0) was proposed nothing: no row took the model (the list is this step's only).
+        served, self._model_rows = self._model_rows or [False] * accepted_len.shape[0], []
+        if any(served):
+            self._count_model(step.accepted, step.drafted, served)
+        model_rows = torch.tensor(served, dtype=torch.bool, device=accepted_len.device)
         self.model.keep(live, rows, seq_len, torch.where(model_rows, accepted_len, 0),
                         torch.where(model_rows, drafted_len, 0))
 
@@ -126,11 +126,11 @@ class MultiDrafter:
         return ForwardTimes(model.batch_sizes, model.query_lens,
                             [[a + b for a, b in zip(m, s)] for m, s in zip(model.times, lookups.times)])
 
-    def _count_model(self, accepted: list[int], drafted: list[int]) -> None:
+    def _count_model(self, accepted: list[int], drafted: list[int], served: list[bool]) -> None:
         """Fold in the model-served rows' outcomes: draft j was reached if drafts < j were kept."""
         self.kept = [DECAY * k for k in self.kept]
         self.reached = [DECAY * r for r in self.reached]
-        for kept, verified, model in zip(accepted, drafted, self._model_rows):
+        for kept, verified, model in zip(accepted, drafted, served):
             if model:
                 for j in range(min(kept + 1, verified)):
                     self.reached[j] += 1
@@ -146,26 +146,3 @@ def _subset_draw(draw: DraftDraw, idx: torch.Tensor, n: int) -> DraftDraw:
         return draw(full, i)[idx]
 
     return subset
-
-
-def make_drafter(drafter: PreTrainedModel | Drafter | None, config: EngineConfig, device: torch.device,
-                 vocab_size: int) -> Drafter | None:
-    """The engine's drafter: a `Drafter` object as given; else what `config.drafters` lists, built from
-    the drafter LM (None: the LM as a `ModelDrafter` if given, else no drafter)."""
-    if drafter is not None and not isinstance(drafter, PreTrainedModel):
-        if config.drafters is not None:
-            raise ValueError(f"drafters={config.drafters!r} is invalid with a Drafter object passed to "
-                             "SpecEngine (it is used as given): leave drafters None")
-        return drafter
-    kinds = config.drafters if config.drafters is not None else (("model",) if drafter is not None else ())
-    if "model" in kinds and drafter is None:
-        raise ValueError(f"drafters={kinds!r} is invalid: 'model' needs a drafter LM passed to SpecEngine")
-    model = suffix = None
-    if "model" in kinds:
-        model = ModelDrafter(drafter, config.max_batch_size, config.cache_len, config.dtype, device, vocab_size,
-                             config.lean_forward)
-    if "suffix" in kinds:
-        suffix = SuffixDrafter(config.max_batch_size, vocab_size, device, config.suffix)
-    if model is not None and suffix is not None:
-        return MultiDrafter(suffix, model, vocab_size)
-    return model or suffix

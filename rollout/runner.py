@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .cache import RaggedKVCache, probe_layer_shapes
-from .lean import lean_decoder
+from .lean import lean_decoder, unsupported_reason
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -67,11 +67,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor,
-                logits_at: torch.Tensor | None = None) -> torch.Tensor:
+                logits_at: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+                num_layers: int | None = None) -> torch.Tensor:
         """Feed `input_ids` [n, Q] to `rows` at slots `start` [n] onward; returns logits [n, Q, V].
 
         With `logits_at` [n] only each row's logits at that query index are returned, [n, V] (the
         lean forward then skips the LM head elsewhere — most of a prefill's cost at a large vocab).
+        `hidden` [B, L, H], if given, receives the final-normed last hidden state of query q of row b at
+        `hidden[rows[b], start[b] + q]` (`rollout.hidden`). `num_layers` runs only the first that many
+        decoder layers (layer-skip drafts; lean forward only).
 
         Does not move `cache.lens`: the caller keeps what it keeps (`rollback`, or `feed`/`extend`).
         """
@@ -81,12 +85,22 @@ class ModelRunner:
         masks = {kind: self._mask(position_ids, kv_len, window) for kind, window in self.windows.items()}
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
         input_ids = input_ids.clamp_max(self.max_input_id)
+        hidden_out = None if hidden is None else _writer(hidden, rows, position_ids.clamp_max(hidden.shape[1] - 1))
         try:
             if self.lean is not None:
-                return self.lean(input_ids, position_ids, mask, self.cache, logits_at)
-            logits = self.model(
-                input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache, use_cache=True
-            ).logits
+                return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out)
+            if num_layers is not None:
+                raise ValueError(f"num_layers={num_layers} needs the lean forward, which does not run "
+                                 f"{self.model.config.model_type!r} here ({unsupported_reason(self.model)})")
+            if hidden_out is not None:
+                base = getattr(self.model, self.model.base_model_prefix)
+                states = base(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
+                              use_cache=True).last_hidden_state  # [n, Q, H], final-normed
+                hidden_out(states)
+                logits = self.model.get_output_embeddings()(states)
+            else:
+                logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                                    cache=self.cache, use_cache=True).logits
             return logits if logits_at is None else logits[torch.arange(logits.shape[0], device=self.device), logits_at]
         finally:
             self.cache.plan = None
@@ -106,28 +120,40 @@ class ModelRunner:
             )
         return mask
 
-    def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V]."""
+    def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, hidden: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V] (`hidden`: see `forward`)."""
         start = self.cache.lens[rows]  # [n]
-        logits = self.forward(rows, input_ids, start)
+        logits = self.forward(rows, input_ids, start, hidden=hidden)
         self.cache.set_lens(rows, start + input_ids.shape[1])
         return logits
 
-    def extend(self, rows: slice | torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    def extend(self, rows: slice | torch.Tensor, tokens: torch.Tensor, count: torch.Tensor,
+               hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Feed each row the `count[b]` tokens of `tokens` [n, L] from its cache length onward.
 
         Returns the logits at each row's last fed token [n, V] and advances `cache.lens` by `count`.
         Rows are padded on the right to the longest count; a row with count 0 is fed padding only
-        and its returned logits are meaningless.
+        and its returned logits are meaningless (`hidden`: see `forward`; padding lands past the row).
         """
         start = self.cache.lens[rows]  # [n]
         query_len = max(int(count.max()), 1)
         idx = (start[:, None] + torch.arange(query_len, device=self.device)).clamp_max(tokens.shape[1] - 1)
         last = (count - 1).clamp_min(0)  # [n]
-        logits = self.forward(rows, tokens.gather(1, idx), start, logits_at=last)  # [n, V]
+        logits = self.forward(rows, tokens.gather(1, idx), start, logits_at=last, hidden=hidden)  # [n, V]
         self.cache.set_lens(rows, start + count)
         return logits
 
     def rollback(self, rows: slice | torch.Tensor, lens: torch.Tensor) -> None:
         """Keep only the first `lens` [n] tokens of each row (rejected drafts are dropped by length alone)."""
         self.cache.set_lens(rows, lens)
+
+
+def _writer(store: torch.Tensor, rows: slice | torch.Tensor, positions: torch.Tensor):
+    """A `hidden_out` that writes hidden states [n, Q, H] into `store` [B, L, H] at `positions` [n, Q]."""
+    row_ids = torch.arange(store.shape[0], device=store.device)[rows]  # [n]
+
+    def write(states: torch.Tensor) -> None:
+        store[row_ids[:, None], positions] = states.to(store.dtype)
+
+    return write

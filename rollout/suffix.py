@@ -86,6 +86,7 @@ class Lookup:
 class SuffixDrafter:
     names = ("suffix",)
     trainable = False
+    wants_hidden = False
     num_forwards = 0
 
     def __init__(self, slots: int, vocab_size: int, device: torch.device, config: SuffixConfig | None = None):
