@@ -71,8 +71,10 @@ class RolloutBackend(Protocol):
 
 
 def rollout_metrics(stats: BatchStats) -> dict[str, float]:
-    """The logged `rollout/*` numbers of a `BatchStats` — the only place they are named."""
-    return {
+    """The logged `rollout/*` numbers of a `BatchStats` — the only place they are named. Each drafter
+    kind that served rows adds `rollout/<kind>/{proposals,tokens,acceptance_rate,mean_accepted_len}`
+    (`DrafterStats`; tokens = its drafts kept)."""
+    metrics = {
         "rollout/tokens": float(stats.generated_tokens),
         "rollout/seconds": stats.wall_time_s,
         "rollout/tokens_per_s": stats.tokens_per_s,
@@ -81,6 +83,14 @@ def rollout_metrics(stats: BatchStats) -> dict[str, float]:
         "rollout/gamma": stats.mean_gamma,
         "rollout/live_rows": stats.mean_live_rows,
     }
+    for kind, share in sorted(stats.by_drafter.items()):
+        metrics.update({
+            f"rollout/{kind}/proposals": float(share.proposals),
+            f"rollout/{kind}/tokens": float(share.accepted),
+            f"rollout/{kind}/acceptance_rate": share.acceptance_rate,
+            f"rollout/{kind}/mean_accepted_len": share.mean_accepted_len,
+        })
+    return metrics
 
 
 @dataclass

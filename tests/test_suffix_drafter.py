@@ -168,3 +168,16 @@ def test_auto_gamma_narrowing_keeps_greedy_output(tmp_path):
     for _ in range(2):
         assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY, n=3)] == reference
     assert widths and engine.stats.by_drafter["suffix"].accepted > 0
+
+
+def test_drafters_and_suffix_settings_load_from_yaml(tmp_path):
+    from specroll.integrations.yaml_config import ConfigError, load_config
+
+    path = tmp_path / "engine.yaml"
+    path.write_text("drafters: [suffix, model]\nsuffix: {min_survival: 0.4, history_tokens: 10000}\n")
+    config = load_config(path, EngineConfig)
+    assert config.drafters == ("suffix", "model")
+    assert config.suffix == SuffixConfig(min_survival=0.4, history_tokens=10000)
+    path.write_text("drafters: [suffix, ngram]\n")
+    with pytest.raises(ConfigError, match="drafters"):
+        load_config(path, EngineConfig)
