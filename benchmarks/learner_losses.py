@@ -21,8 +21,7 @@ import time
 
 import torch
 
-from specroll.demo import load_or_build_demo_models
-from specroll.demo import DemoRecipe
+from specroll.demo import DemoRecipe, load_or_build_demo_models
 from specroll.demo.task import make_problems, max_completion_tokens, to_messages
 from specroll.demo.tokenizer import encode_prompt
 from specroll.online_drafter import DraftLearner, LearnerConfig

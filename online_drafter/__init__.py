@@ -4,10 +4,10 @@ No Ray, no TRL: the learner runs in any process that receives rollouts (`specrol
 with `signals`) and pushes `published_state_dict()` to engines with `update_drafter`.
 """
 
-from .draft_batch import BufferedRollout, DraftBatch
 from .buffer import BufferConfig, DraftBuffer
 from .config import LearnerConfig
 from .divergence import bucketed_kl, bucketed_tv, expected_acceptance
+from .draft_batch import BufferedRollout, DraftBatch
 from .learner import DraftLearner
 from .reports import LearnerReport, ProbeReport
 

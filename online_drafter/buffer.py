@@ -23,9 +23,9 @@ import torch
 
 from specroll.rollout import Rollout
 
-from .draft_batch import BufferedRollout, DraftBatch, collate
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import BufferConfig
+from .draft_batch import BufferedRollout, DraftBatch, collate
 
 
 def to_buffered(rollout: Rollout) -> BufferedRollout:

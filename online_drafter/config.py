@@ -30,17 +30,19 @@ class LearnerConfig:
     """Per-round budget (`max_steps`, optional `time_budget_s` for the whole round, evaluation
     included; a caller may pass a smaller budget per round), AdamW settings, the held-out set and the gate.
 
-    `warmup_steps`: linear lr warmup of a fresh (or reset) candidate's optimizer. `lr` 1e-4: on the demo, 1e-3 on the few hundred new positions a step yields made every candidate
-    worse than the frozen drafter, 1e-4 gained. A held-out group of policy version v weighs
+    `warmup_steps`: linear lr warmup of a fresh (or reset) candidate's optimizer. `lr` 1e-4: the safe
+    default (on the demo, 1e-3 replayed on the few hundred positions of one step made candidates worse
+    than the frozen drafter; with a run's accumulated data 1e-3 recovers most per step and 2e-3 already
+    overshoots: docs/online_learning.md). A held-out group of policy version v weighs
     `holdout_recency_decay ** (newest − v)` in every comparison; groups that would weigh less than
-`holdout_min_weight` leave the held-out set for training (0: keep them, up to `max_holdout_positions`). `gate_z`: standard errors a
-    candidate's paired gain must clear to be published, and the served drafter's loss to the frozen
-    one must exceed, by `watchdog_margin` more, for the watchdog to revert (1.64: one-sided 5%); a
-    candidate more than `reset_margin` below the published drafter (beyond the interval) restarts from it.
-    `temperature` must be the rollouts' sampling temperature
-    (1.0 for greedy rollouts, whose signals are the T = 1 distribution): q is the drafter's softmax at
-    that temperature, as the engine does. `buffer`: the replay store's bounds and weights (YAML
-    `learner.buffer:`).
+    `holdout_min_weight` leave the held-out set for training (0: keep them, up to
+    `max_holdout_positions`). `gate_z`: standard errors a candidate's paired gain must clear to be
+    published, and the served drafter's loss to the frozen one must exceed, by `watchdog_margin` more,
+    for the watchdog to revert (1.64: one-sided 5%); a candidate more than `reset_margin` below the
+    published drafter (beyond the interval) restarts from it. `temperature` must be the rollouts'
+    sampling temperature (1.0 for greedy rollouts, whose signals are the T = 1 distribution): q is the
+    drafter's softmax at that temperature, as the engine does. `buffer`: the replay store's bounds and
+    weights (YAML `learner.buffer:`).
     """
 
     lr: float = 1e-4

@@ -84,6 +84,7 @@ class DraftLearner:
         # published only when a round publishes, and then the candidate's scores are at hand).
         self._entry_scores: dict[str, torch.Tensor] = {}
         self._scoring_s_per_entry = 0.0  # the last gate's scoring, per entry scored
+        self._step_s = 0.0  # the last round's mean optimizer step
         self._trained_since_gate_s = 0.0  # candidate training since it was last scored
         self._candidate_changed = False  # trained since it was last scored
 
@@ -137,7 +138,8 @@ class DraftLearner:
         scored = time.perf_counter()
         published, frozen = self._cached("published"), self._cached("frozen")
         candidate_entries = self.scorer.score_entries(self.model, self.holdout.entries)
-        self._scoring_s_per_entry = (time.perf_counter() - scored) / (len(self.holdout) + unscored)
+        self._scoring_s_per_entry = _smoothed(self._scoring_s_per_entry,
+                                              (time.perf_counter() - scored) / (len(self.holdout) + unscored))
         self._trained_since_gate_s, self._candidate_changed = 0.0, False
         candidate = self._group(candidate_entries)
         gain = paired_gain(candidate, published)
@@ -288,8 +290,9 @@ class DraftLearner:
         loss_fn = LOSSES[cfg.loss]
         for step in range(cfg.max_steps):
             # Stop before a step that would end past the deadline (a step is not short: the LM head's
-            # backward over a batch of full contexts), judged by the mean step so far.
-            per_step = (time.perf_counter() - started) / step if step else 0.0
+            # backward over a batch of full contexts), judged by the mean step so far — or, before this
+            # round's first, by the last round's (a round with too little budget for one step takes none).
+            per_step = (time.perf_counter() - started) / step if step else self._step_s
             if deadline is not None and time.perf_counter() + per_step >= deadline:
                 break
             batch = self.buffer.sample(cfg.batch_size, self._generator).to(self.device)
@@ -303,6 +306,8 @@ class DraftLearner:
             losses.append(float(loss.detach()))
             num_positions += batch.num_positions
         self.model.eval()
+        if losses:
+            self._step_s = _smoothed(self._step_s, (time.perf_counter() - started) / len(losses))
         return losses, num_positions, time.perf_counter() - started
 
     def _oldest_weighed_version(self) -> int | None:
@@ -357,3 +362,9 @@ class DraftLearner:
         scale = min(1.0, (done + 1) / self.config.warmup_steps) if self.config.warmup_steps else 1.0
         for group in self._optimizer.param_groups:
             group["lr"] = self.config.lr * scale
+
+
+def _smoothed(estimate: float, measured: float) -> float:
+    """Geometric mean of the running estimate and a new measurement (the measurement alone at first):
+    one round slowed by a busy machine moves the next round's reserve by √, not by the whole spike."""
+    return measured if estimate <= 0 else math.sqrt(estimate * measured)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .draft_batch import BufferedRollout, DraftBatch, collate
 from .divergence import expected_acceptance
+from .draft_batch import BufferedRollout, DraftBatch, collate
 from .holdout import GroupKey
 from .paired import GroupScores
 
