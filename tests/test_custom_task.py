@@ -56,7 +56,10 @@ def user_task(tmp_path, monkeypatch):
     sys.modules.pop("my_task", None)
 
 
-def test_train_runs_a_custom_dataset_and_reward_by_dotted_path(user_task, tmp_path, capsys):
+def test_train_runs_a_custom_dataset_and_reward_by_dotted_path(user_task, tmp_path, capsys, monkeypatch):
+    # The job sets these for its process with setdefault; this one is the test session's: restore them after.
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "report" / "tensorboard"))
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     assert train.run(argparse.Namespace(config=str(user_task), out_dir=None)) == 0
     assert sys.modules["my_task"].CALLS == [4, 4]  # 2 prompts × G = 2, at each of the 2 steps
     assert "building the demo models" not in capsys.readouterr().out

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         speed = measure_speed(config, sources, task, trainer, backend)
     finally:
         backend.shutdown()
-        stop_ray()
+        if config.backend.kind == "ray":
+            stop_ray()
     history = trainer.state.log_history
     if config.report.save_policy:
         save_policy(trainer, Path(config.report.out_dir))
