@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -136,3 +138,39 @@ def test_a_failed_rollout_stops_training_naming_its_prompt(tmp_path):
     assert raised.value.failed == [i for i, text in enumerate(prompts) if text == bad]
     assert all(r.finish_reason == "length" and len(r.completion_ids) == 6
                for r, text in zip(rollouts, prompts) if text == clean)
+
+
+class MissedSyncBackend(LocalBackend):
+    """A backend whose policy syncs never arrive: what a rank whose engine was not synced looks like."""
+
+    def sync_policy(self, named_tensors, version):
+        return 0.0
+
+
+def test_rollouts_from_a_stale_policy_stop_training(tmp_path):
+    tokenizer = tiny_tokenizer()
+    policy = tiny_model(len(tokenizer), seed=0)
+    backend = MissedSyncBackend.from_models(copy.deepcopy(policy), None, EngineConfig(max_seq_len=32, gamma=0))
+    trainer = GRPOTrainer(
+        model=policy, reward_funcs=length_reward, args=grpo_args(tmp_path, max_steps=2),
+        train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{a}+{a}="}] for a in (1, 2)]}),
+        processing_class=tokenizer, rollout_func=SpecrollRolloutFunc(backend),
+    )
+    stale = r"rank 0: rollouts from policy versions \[0\], but the trainer is at step 1"
+    with pytest.raises(RuntimeError, match=stale):
+        trainer.train()  # step 0 is served by the initial policy, as it should; step 1 is not
+
+
+def test_every_rank_syncs_its_own_backend():
+    tokenizer = tiny_tokenizer()
+    policy = tiny_model(len(tokenizer), seed=0)
+    backend = LocalBackend.from_models(tiny_model(len(tokenizer), seed=1), None, EngineConfig(max_seq_len=32, gamma=0))
+    rank_1 = SimpleNamespace(  # not the main process, under a two-process launch
+        model=policy, state=SimpleNamespace(global_step=3), _metrics=defaultdict(lambda: defaultdict(list)),
+        accelerator=SimpleNamespace(unwrap_model=lambda m: m, is_main_process=False, num_processes=2),
+    )
+    SpecrollRolloutFunc(backend).sync_policy(rank_1)
+    assert backend.engine.policy_version == 3
+    engine_params = dict(backend.engine.target.model.named_parameters())
+    for name, param in policy.named_parameters():
+        assert torch.equal(engine_params[name], param.detach()), name

@@ -20,7 +20,8 @@ to the reward functions (one value per entry). On each call this hook:
 3. generates each group once with n = G — one backend call for all the unique prompts — instead of
    G separate generations, so siblings share the batch (and, on Ray, the worker); a rollout that
    failed (non-finite target logits) raises `RolloutError`, naming its decoded prompt and carrying
-   every rollout of the batch, instead of handing TRL a completion cut short by a fault;
+   every rollout of the batch, instead of handing TRL a completion cut short by a fault; a rollout
+   from any policy version but the current step's raises too (a stale backend never trains silently);
 4. for a training batch, starts the next learner round (with a probe of the served drafter every
    few steps) without waiting for it;
 5. appends `rollout/*` (the backend's `BatchStats` of the step, `backend.rollout_metrics`), the
@@ -32,6 +33,10 @@ At its first call the hook also registers a `PolicySyncCallback` on the trainer,
 last learner round and syncs once more when `trainer.train()` ends: the last optimizer step happens
 after the last rollout, so without it evaluation, saving or a speed measurement after training
 would run the policy one step behind.
+
+Under `accelerate launch` every rank runs its own hook on its own backend: each rank gathers the
+full weights (the ZeRO-3 gather is collective anyway), syncs its own backend and runs its own learner
+rounds. One rollout service shared by all ranks is not built yet (issue 22).
 
 Departure from TRL's vLLM path: sampling knobs the engine does not implement (`min_p`,
 `repetition_penalty`) raise instead of being silently ignored.
@@ -80,7 +85,7 @@ class SpecrollRolloutFunc:
             self._attached_to = trainer
         mode = "train" if trainer.model.training else "eval"
         step = trainer.state.global_step
-        learns = mode == "train" and self.learn and trainer.accelerator.is_main_process
+        learns = mode == "train" and self.learn
         if learns:
             self.collect_learner_round(trainer)  # before the sync: on Ray the probe still uses the workers
         if step != self.synced_step:  # evaluation, too, sees the current policy
@@ -91,6 +96,7 @@ class SpecrollRolloutFunc:
         started = time.perf_counter()
         rollouts, stats = self._generate_groups(prompt_ids, group_size, params, trainer)
         seconds = time.perf_counter() - started
+        check_policy_version(rollouts, step, trainer.accelerator.process_index)
         self.num_calls += 1
         self._log(trainer, mode, rollout_metrics(stats) | self.backend.metrics())
         if learns:
@@ -109,19 +115,15 @@ class SpecrollRolloutFunc:
         }
 
     def sync_policy(self, trainer: Any) -> float:
-        """Send the trainer's current policy to the backend (version = global step); returns seconds.
+        """Send the trainer's current policy to this process's backend (version = global step); returns seconds.
 
-        Every process walks the parameters (ZeRO-3 gathers are collective); only the main process
-        sends, and the others wait for it so that nobody generates with stale weights.
+        Every process walks the parameters (ZeRO-3 gathers are collective) and keeps the full weights:
+        each rank of a multi-process trainer holds its own hook and backend, and each syncs its own
+        (a rollout service shared by all ranks is not built yet).
         """
         started = time.perf_counter()
-        accelerator = trainer.accelerator
-        model = accelerator.unwrap_model(trainer.model)
-        named = gather_policy_weights(model, keep=accelerator.is_main_process)
-        if accelerator.is_main_process:
-            self.backend.sync_policy(named, trainer.state.global_step)
-        if accelerator.num_processes > 1:
-            accelerator.wait_for_everyone()
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        self.backend.sync_policy(gather_policy_weights(model), trainer.state.global_step)
         self.synced_step = trainer.state.global_step
         seconds = time.perf_counter() - started
         self._log(trainer, "train", {"weights/sync_s": seconds})
@@ -184,10 +186,19 @@ class PolicySyncCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         rollout_func = self.rollout_func
-        if rollout_func.learn and self.trainer.accelerator.is_main_process:
+        if rollout_func.learn:
             rollout_func.collect_learner_round(self.trainer)  # the last step's round: its probe, its drafter
         if state.global_step != rollout_func.synced_step:
             rollout_func.sync_policy(self.trainer)
+
+
+def check_policy_version(rollouts: list[Rollout], step: int, rank: int) -> None:
+    """Raise when a rollout does not come from the policy of the trainer's `step`: a stale rank must fail,
+    never train on another policy's samples (TRL applies no importance correction to them)."""
+    stale = sorted({r.policy_version for r in rollouts} - {step})
+    if stale:
+        raise RuntimeError(f"rank {rank}: rollouts from policy versions {stale}, but the trainer is at step {step} "
+                           "(its backend missed a policy sync)")
 
 
 def _shorten(text: str, limit: int = 80) -> str:
