@@ -13,6 +13,8 @@ import torch
 
 from .request import RolloutSignals
 
+SIGNAL_HIDDEN_DTYPE = torch.float16  # recorded hidden states (`RolloutSignals.hidden`): 2·H bytes per position
+
 
 class RowBuffers:
     def __init__(self, batch: int, length: int, device: torch.device, signal_top_k: int | None,
@@ -112,11 +114,13 @@ class RowBuffers:
         tokens, logprobs = self.tokens[idx].cpu(), self.logprobs[idx].cpu()
         if self.signal_top_k:
             signal_rows = [t[idx].cpu() for t in (self.topk_ids, self.topk_probs, self.draft_ids, self.draft_accepted)]
+            hidden = self.hidden[idx].to("cpu", SIGNAL_HIDDEN_DTYPE) if self.hidden is not None else None
         out = []
         for i, (start, end, stopped, drafted, accepted) in enumerate(meta):
             signals = None
             if self.signal_top_k:
-                signals = RolloutSignals(*(t[i, start:end].clone() for t in signal_rows))
+                signals = RolloutSignals(*(t[i, start:end].clone() for t in signal_rows),
+                                         hidden=None if hidden is None else hidden[i, : end - 1].clone())
             out.append(FinishedRow(
                 completion_ids=tokens[i, start:end].tolist(), logprobs=logprobs[i, start:end].tolist(),
                 stopped=bool(stopped), num_drafted=drafted, num_accepted=accepted, signals=signals,

@@ -21,12 +21,16 @@ class RolloutSignals:
     `topk_ids`/`topk_probs` [T, k]: the target's top-k processed probabilities (for greedy runs the
     T = 1 distribution, since the processed one is one-hot). `draft_ids` [T]: the drafted token at
     that position, -1 where none was drafted. `accepted` [T]: whether that draft was kept.
+    `hidden` [P + T - 1, H] float16: the target's final-normed hidden state at every position of prompt
+    and completion but the last (`rollout.hidden`), recorded only for a drafter that reads them —
+    what its heads train on (2·H bytes per position); None otherwise.
     """
 
     topk_ids: torch.Tensor
     topk_probs: torch.Tensor
     draft_ids: torch.Tensor
     accepted: torch.Tensor
+    hidden: torch.Tensor | None = None
 
 
 @dataclass

@@ -1,0 +1,117 @@
+"""The first version of the demo target's feature heads (EAGLE-style, Medusa), trained offline from its own samples.
+
+A fresh head drafts nothing useful, so before it serves it gets a first version: the target samples
+completions of task prompts (T = 1, plain decoding, the hidden states and top-k p recorded exactly as
+the online path records them: `RolloutSignals.hidden`), and `online_drafter.head_learner.HeadLearner`
+trains each head on them for a time budget, gated on held-out groups like every later version. The
+prompts are drawn with their own seed (the benchmarks' prompts are not trained on). The result is cached
+next to the demo models, under `<cache>/heads-<demo dir name>/{eagle,medusa}.pt` with a JSON report;
+`load_or_train_heads` trains only when the cache lacks them (minutes on the 2-core CPU).
+
+    python -m benchmarks.head_training            # train (or load) and print the held-out report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from specroll.online_drafter.head_data import FeatureSequence, from_rollout
+from specroll.online_drafter.head_learner import HeadLearner, HeadLearnerConfig
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.heads import EagleHead, MedusaHeads
+
+TRAIN_PROMPT_SEED = 9001  # not the benchmarks' prompt seed (0)
+MEDUSA_HEADS = 4
+
+
+@dataclass
+class HeadTrainingSettings:
+    prompts: int = 96
+    samples: int = 8
+    max_new_tokens: int = 128
+    budget_s: float = 240.0  # per head
+    rounds: int = 8
+
+
+def sample_features(target: PreTrainedModel, prompts: list[list[int]], samples: int, max_new_tokens: int,
+                    stop_token_ids: tuple[int, ...]) -> list[FeatureSequence]:
+    """The target's own samples with its hidden states and top-k p, recorded by the engine (plain decoding)."""
+    max_seq = max(map(len, prompts)) + max_new_tokens + 1
+    config = EngineConfig(max_batch_size=32, max_seq_len=max_seq, gamma=0, drafters=("medusa",), record_signals=True)
+    engine = SpecEngine(target, None, config)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=stop_token_ids,
+                            seed=TRAIN_PROMPT_SEED)
+    rollouts = engine.generate(prompts, params, n=samples)
+    return [from_rollout(r) for r in rollouts if r.completion_ids]
+
+
+def train_head(head: torch.nn.Module, target: PreTrainedModel, sequences: list[FeatureSequence],
+               settings: HeadTrainingSettings) -> tuple[torch.nn.Module, list[dict]]:
+    learner = HeadLearner(head, target.get_input_embeddings(), target.get_output_embeddings(),
+                          HeadLearnerConfig(lr=1e-3, batch_size=16, max_steps=10_000, gate_z=0.0))
+    learner.add(sequences)
+    reports = []
+    for _ in range(settings.rounds):
+        report = learner.train_round(budget_s=settings.budget_s / settings.rounds)
+        reports.append(asdict(report))
+        print(f"  {type(head).__name__}: {report.steps} steps, loss {report.train_loss:.3f}, held-out acceptance "
+              f"{report.candidate:.3f} (published {report.published_score:.3f}, fresh {report.frozen:.3f}), "
+              f"version {report.version}", flush=True)
+    head.load_state_dict(learner.published_state_dict())
+    return head, reports
+
+
+def heads_dir(models_dir: Path) -> Path:
+    return models_dir.parent / f"heads-{models_dir.name}"
+
+
+def load_or_train_heads(target: PreTrainedModel, prompts: list[list[int]], stop_token_ids: tuple[int, ...],
+                        models_dir: Path, settings: HeadTrainingSettings | None = None) -> dict[str, torch.nn.Module]:
+    """{"eagle": EagleHead, "medusa": MedusaHeads} for `target`, from the cache or trained now."""
+    settings = settings or HeadTrainingSettings()
+    folder = heads_dir(models_dir)
+    heads = {"eagle": EagleHead.for_target(target.config),
+             "medusa": MedusaHeads(target.config.get_text_config().hidden_size, MEDUSA_HEADS)}
+    if all((folder / f"{name}.pt").is_file() for name in heads):
+        for name, head in heads.items():
+            head.load_state_dict(torch.load(folder / f"{name}.pt", weights_only=True))
+        return heads
+    started = time.perf_counter()
+    sequences = sample_features(target, prompts, settings.samples, settings.max_new_tokens, stop_token_ids)
+    print(f"sampled {len(sequences)} sequences ({sum(s.num_positions for s in sequences)} completion positions) "
+          f"in {time.perf_counter() - started:.0f}s", flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    report = {"settings": asdict(settings), "sequences": len(sequences)}
+    for name, head in heads.items():
+        _, report[name] = train_head(head, target, sequences, settings)
+        torch.save(head.state_dict(), folder / f"{name}.pt")
+    (folder / "report.json").write_text(json.dumps(report, indent=1))
+    return heads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from specroll.demo.model_cache import load_or_build_demo_models, models_dir
+    from specroll.demo.task import make_prompts
+    from specroll.demo.tokenizer import encode_prompt
+
+    demo = load_or_build_demo_models()
+    tok = demo.tokenizer
+    settings = HeadTrainingSettings()
+    prompts = [list(map(int, encode_prompt(tok, m))) for m in make_prompts(settings.prompts, seed=TRAIN_PROMPT_SEED)]
+    load_or_train_heads(demo.target, prompts, (tok.eos_token_id,), models_dir(), settings)
+    print((heads_dir(models_dir()) / "report.json").read_text()[:2000])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""What each feature head predicts where, in teacher-forced form: its draft log q at every sequence position.
+
+An objective turns a head and a `FeatureBatch` into log q [B, D, L, V] — at each draft depth d the
+head scores, its distribution for token j — and any auxiliary loss (`HeadOutput`), so the learner's
+losses and scores (`divergence`: the target's recorded top-k p against q) are the same code for every
+head. The alignments follow the drafters (`rollout.eagle`, `rollout.medusa`):
+
+- EAGLE (D = 1): the pair (h_i, x_{i+1}) at position i predicts h_{i+1}, whose logits are q for token
+  i + 2 — the first draft, with the causal context of every real pair before it, as in the engine. Its
+  later drafts feed predicted features: EAGLE's answer is a feature-regression term (smooth L1 of the
+  predicted h_{i+1} to the real one, `feature_weight`), kept here, so the head stays usable on its own
+  output.
+- Medusa (D = K): head k reads h_i and predicts token i + 1 + k.
+
+Positions a head cannot predict (the first tokens) get a uniform q, and count as the poor drafts they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specroll.rollout.heads import EagleHead, MedusaHeads
+
+from .head_data import FeatureBatch
+
+
+@dataclass
+class HeadOutput:
+    log_q: torch.Tensor  # [B, D, L, V]: the head's draft log-probabilities for token j at depth d
+    aux_loss: torch.Tensor  # scalar added to the distillation loss (0 if none)
+
+
+class HeadObjective(Protocol):
+    depths: int  # draft depths scored per position (D)
+
+    def __call__(self, head: nn.Module, batch: FeatureBatch, temperature: float) -> HeadOutput: ...
+
+
+def _shifted(logits: torch.Tensor, shift: int, length: int) -> torch.Tensor:
+    """Logits [B, N, V] at positions i placed at i + shift of a length-`length` axis (zeros before): [B, L, V]."""
+    size, _, vocab = logits.shape
+    pad = logits.new_zeros(size, shift, vocab)
+    return torch.cat([pad, logits], 1)[:, :length]
+
+
+class EagleObjective:
+    depths = 1
+
+    def __init__(self, embed: nn.Module, lm_head: nn.Module, feature_weight: float = 1.0):
+        self.embed, self.lm_head, self.feature_weight = embed, lm_head, feature_weight
+
+    def __call__(self, head: EagleHead, batch: FeatureBatch, temperature: float) -> HeadOutput:
+        length = batch.token_ids.shape[1]
+        positions = torch.arange(length - 1, device=batch.hidden.device)[None].expand(batch.hidden.shape[0], -1)
+        with torch.no_grad():
+            embeds = self.embed(batch.token_ids[:, 1:]).float()  # [B, L-1, H]: x_{i+1}
+        predicted = head(embeds, batch.hidden, positions)  # [B, L-1, H]: h_{i+1}
+        logits = self.lm_head(predicted)  # [B, L-1, V]: q for token i + 2
+        log_q = (_shifted(logits, 2, length).float() / temperature).log_softmax(-1)[:, None]
+        real = batch.hidden[:, 1:]  # [B, L-2, H]
+        valid = (real.abs().sum(-1) > 0).float()  # [B, L-2]: padding is all zeros
+        error = F.smooth_l1_loss(predicted[:, :-1], real, reduction="none").mean(-1)
+        return HeadOutput(log_q, self.feature_weight * (error * valid).sum() / valid.sum().clamp_min(1))
+
+
+class MedusaObjective:
+    def __init__(self, lm_head: nn.Module, num_heads: int):
+        self.lm_head, self.depths = lm_head, num_heads
+
+    def __call__(self, head: MedusaHeads, batch: FeatureBatch, temperature: float) -> HeadOutput:
+        logits = self.lm_head(head(batch.hidden))  # [B, L-1, K, V]: head k (0-based) at i predicts token i + 2 + k
+        length = batch.token_ids.shape[1]
+        per_head = [_shifted(logits[:, :, k], k + 2, length) for k in range(self.depths)]
+        log_q = (torch.stack(per_head, 1).float() / temperature).log_softmax(-1)  # [B, K, L, V]
+        return HeadOutput(log_q, log_q.new_zeros(()))
+
+
+def objective_for(head: nn.Module, embed: nn.Module, lm_head: nn.Module, feature_weight: float = 1.0
+                  ) -> HeadObjective:
+    if isinstance(head, EagleHead):
+        return EagleObjective(embed, lm_head, feature_weight)
+    if isinstance(head, MedusaHeads):
+        return MedusaObjective(lm_head, head.num_heads)
+    raise ValueError(f"no head objective for {type(head).__name__}: an EagleHead or MedusaHeads")
