@@ -63,6 +63,7 @@ class LearnerTimes:
 
     wait_s: float = 0.0  # the hook blocked on a round (its serial share)
     round_s: float = 0.0  # rounds ran, in the background
+    probe_s: float = 0.0  # the learner's probe scoring, in the background (a measurement, not learning)
     rollout_s: float = 0.0  # training rollouts
     wall_s: float = 0.0  # from the first training rollout to the last collection
 
@@ -130,6 +131,7 @@ class LearnerSchedule:
             if report.event:
                 self.events.append(f"round after step {report.policy_version}: {report.event}")
         if done.probe is not None:
+            self.times.probe_s += done.probe.time_s
             version = self._pending_probe if self._pending_probe is not None else done.probe.policy_version
             probe = {f"drafter/probe_{name}": float(getattr(done.probe, k)) for k, name in PROBE_FIELDS.items()}
             probe["drafter/probe_policy_version"] = float(version)

@@ -173,6 +173,7 @@ class DraftLearner:
         The rollouts should be fresh samples of a fixed set of prompts at the current policy version,
         generated with `record_signals=True`, and never given to `add_rollouts`.
         """
+        started = time.perf_counter()
         entries = [to_buffered(r) for r in rollouts]
         keys = [(e.policy_version, tuple(r.prompt_ids)) for e, r in zip(entries, rollouts)]
         served = self.scorer.score_groups(self._published_model(), entries, keys)
@@ -184,7 +185,8 @@ class DraftLearner:
             event = self._revert(f"probe: served version {version} scored {gain.mean:+.4f} ± {gain.se:.4f} "
                                  "below the frozen drafter", {"frozen": frozen, "served": served})
         return ProbeReport(served.mean, frozen.mean, gain.mean, gain.se, served.se, frozen.se, served.num_positions,
-                           int(served.counts.shape[0]), max(e.policy_version for e in entries), version, event)
+                           int(served.counts.shape[0]), max(e.policy_version for e in entries), version, event,
+                           time.perf_counter() - started)
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters of the published version, for `engine.update_drafter(sd, learner.version)`.

@@ -48,3 +48,4 @@ class ProbeReport:
     policy_version: int
     drafter_version: int  # the version scored (before any revert this probe caused)
     event: str | None = None
+    time_s: float = 0.0  # the learner's scoring of the probe (its rollouts are the workers' time)

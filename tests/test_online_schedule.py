@@ -71,7 +71,7 @@ def test_a_probe_is_scored_but_never_trained_on(demo):
     seen = len(backend.learner.buffer) + len(backend.learner.holdout)
     backend.start_learner_round(None, ProbeRequest([[1, 9, 9], [1, 4, 4], [1, 3, 3]], params, 2))
     done = backend.finish_learner_round()
-    assert done.probe.num_groups == 3 and done.probe.gain == pytest.approx(0.0, abs=1e-9)
+    assert done.probe.num_groups == 3 and done.probe.gain == pytest.approx(0.0, abs=1e-9) and done.probe.time_s > 0
     assert len(backend.learner.buffer) + len(backend.learner.holdout) == seen
 
 
@@ -101,7 +101,7 @@ def test_rounds_and_probes_reach_the_logs_and_the_report_data(trained):
     assert all(0 < p["drafter/probe_online"] <= 1 and p["drafter/probe_gain_se"] >= 0 for p in schedule.probes)
     assert backend._round_result is None  # the last round was collected when train() ended
     assert backend.engine.drafter_version == backend.learner.version
-    assert schedule.times.round_s > 0 and schedule.times.rollout_s > 0
+    assert schedule.times.round_s > 0 and schedule.times.rollout_s > 0 and schedule.times.probe_s > 0
 
 
 def test_the_budget_is_a_share_of_the_rollout_and_of_the_update():
