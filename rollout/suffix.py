@@ -7,14 +7,13 @@ they grow (indexed after each step) and finished ones across `generate` calls, b
 (`SuffixConfig`: least recently used prompts go first, and within a prompt the oldest completions).
 To draft for a row it finds the longest earlier occurrence of the row's last tokens (up to
 `max_match`) in that prompt's completions — the row's own earlier text included — and proposes the
-tokens that followed it, up to γ. The match length is its confidence: measured on the demo task at
-T = 1, a proposed token is the sampled one 93 % of the time after a match of ≥ 12 tokens and 27 %
-after 2–3 (DESIGN.md); `expected_accepted` turns it into an expected accepted length from running
-per-match-length acceptance counts, which is what `multi_drafter` compares across drafters.
+tokens that followed it, up to γ. The match length is its confidence: per match-length bucket a
+running per-draft acceptance (`acceptance`) cuts each proposal where acceptance^position falls below
+`min_survival`, and `expected_accepted` is what `multi_drafter` compares across drafters.
 
-The index is hashed n-grams: for each position and each key length in `KEY_LENS` the (sequence,
-position) that followed, the `candidates` most recent per key; a lookup tries the longest key first
-and extends each candidate's match backwards token by token. A suffix automaton (SuffixDecoding,
+The index (`suffix_index.CompletionIndex`) is hashed n-grams: for each position and each key length in
+`KEY_LENS` the (sequence, position) that followed, the `candidates` most recent per key; a lookup tries
+the longest key first and extends each candidate's match backwards token by token. A suffix automaton (SuffixDecoding,
 arXiv 2411.04975) finds the longest match exactly and counts continuations; the n-gram table is a few
 dict operations per token in plain Python and finds the matches that matter here (long ones).
 
@@ -26,9 +25,8 @@ drafts from an older policy are only proposals the current target verifies.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -36,8 +34,8 @@ from .batch import RowBuffers
 from .config import SamplingParams, SuffixConfig
 from .cost_model import ForwardTimes
 from .drafter import DraftDraw, Proposal, time_host_drafts
+from .suffix_index import KEY_LENS, CompletionIndex
 
-KEY_LENS = (16, 8, 4, 2, 1)  # n-gram lengths indexed, longest tried first
 # Per-draft acceptance by match length before any is measured, and the match lengths where each
 # bucket starts. Measured on the demo task at T = 1 (first draft = the sampled token): 0.15 after a
 # match of 1-2 tokens, ~0.3-0.5 after 3, ~0.5 after 4-7, ~0.9 after 8 or more.
@@ -45,24 +43,6 @@ BUCKET_STARTS = (1, 3, 4, 8, 12)
 PRIOR_ACCEPTANCE = (0.15, 0.35, 0.5, 0.9, 0.93)
 PRIOR_DRAFTS = 8  # ... worth this many drafts of evidence
 DECAY = 0.999  # per step: the counts follow the policy as it moves (memory ~1000 steps)
-
-
-@dataclass
-class _Group:
-    """One prompt's completions: `seqs[id]` = the prompt's last tokens then the completion."""
-
-    seqs: dict[int, list[int]] = field(default_factory=dict)
-    table: dict[tuple[int, ...], list[tuple[int, int]]] = field(default_factory=dict)
-    tokens: int = 0  # tokens held in `seqs`
-    evicted: int = 0  # tokens dropped since the table was last rebuilt
-    live: int = 0  # rows generating into this group now
-
-
-@dataclass
-class _Row:
-    group: _Group
-    seq_id: int
-    length: int  # the row's tokens indexed (prompt + completion)
 
 
 @dataclass
@@ -93,10 +73,7 @@ class SuffixDrafter:
         self.config = config or SuffixConfig()
         self.vocab_size = vocab_size
         self.device = device
-        self.rows: list[_Row | None] = [None] * slots
-        self.groups: OrderedDict[tuple[int, ...], _Group] = OrderedDict()
-        self.tokens = 0
-        self.next_id = 0
+        self.index = CompletionIndex(slots, self.config)
         self.kept = [0.0] * len(BUCKET_STARTS)
         self.reached = [0.0] * len(BUCKET_STARTS)
         self._last: list[tuple[int, int]] | None = None  # (bucket, drafts) per row of the last proposal
@@ -116,7 +93,7 @@ class SuffixDrafter:
         """The tokens each live row appended since it was last indexed, `accepted_len` and `drafted_len`,
         in one device→host copy."""
         n = live.stop
-        old = [self.rows[b].length for b in range(n)]
+        old = [self.index.length(b) for b in range(n)]
         new = rows.host_seq_len[:n]
         width = max(max(b - a for a, b in zip(old, new)), 1)
         device = rows.tokens.device
@@ -131,33 +108,17 @@ class SuffixDrafter:
             self._count(step.appended)
             self._last = None
         for b, tokens in enumerate(step.appended):
-            self._extend(self.rows[b], tokens)
+            self.index.extend(b, tokens)
 
     def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
         host_slots = slots.tolist()
         lens = [rows.host_seq_len[s] for s in host_slots]
         prompts = rows.tokens[slots, : max(lens)].tolist()
         for slot, prompt, length in zip(host_slots, prompts, lens):
-            self._release(slot)
-            key = tuple(prompt[:length])
-            group = self.groups.get(key)
-            if group is None:
-                group = self.groups[key] = _Group()
-            self.groups.move_to_end(key)
-            self.rows[slot] = self._new_row(group, list(key[-self.config.max_match :]), length)
-        self._evict_prompts()
-
-    def _new_row(self, group: _Group, tail: list[int], length: int) -> _Row:
-        seq_id, self.next_id = self.next_id, self.next_id + 1
-        group.seqs[seq_id] = tail
-        group.live += 1
-        group.tokens += len(tail)
-        self.tokens += len(tail)
-        return _Row(group, seq_id, length)
+            self.index.start(slot, prompt[:length])
 
     def move_row(self, src: int, dst: int) -> None:
-        self._release(dst)
-        self.rows[dst], self.rows[src] = self.rows[src], None
+        self.index.move(src, dst)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise ValueError("the suffix drafter has no weights to load")
@@ -169,10 +130,9 @@ class SuffixDrafter:
         """Time lookups on a synthetic group (rows repeating one sequence: every lookup finds a match)."""
         probe = SuffixDrafter(max(batch_sizes), self.vocab_size, self.device, self.config)
         pattern = [(7 * i) % max(self.vocab_size, 2) for i in range(64)]
-        group = probe.groups[(0,)] = _Group()
         for slot in range(max(batch_sizes)):
-            probe.rows[slot] = probe._new_row(group, [], 0)
-            probe._extend(probe.rows[slot], pattern * 2)
+            probe.index.start(slot, [0])
+            probe.index.extend(slot, pattern * 2)
         return time_host_drafts(lambda batch: probe.to_proposal(probe.lookup(batch, 8), 8), batch_sizes,
                                 min(deadline, time.perf_counter() + 1.0))
 
@@ -182,7 +142,7 @@ class SuffixDrafter:
         """Up to γ drafts for each of rows [0, n), and the match length each follows (0: none)."""
         drafts, match = [], []
         for b in range(n):
-            tokens, length = self._lookup(self.rows[b], gamma)
+            tokens, length = self.index.lookup(b, gamma)
             drafts.append(tokens)
             match.append(length)
         self._last = list(zip(match, drafts))  # scored in full: a cut draft is measured all the same
@@ -234,28 +194,6 @@ class SuffixDrafter:
         alpha = self.acceptance(match)
         return alpha * (1 - alpha**drafts) / (1 - alpha) if alpha < 1 else float(drafts)
 
-    def _lookup(self, row: _Row, gamma: int) -> tuple[list[int], int]:
-        seq, group, cfg = row.group.seqs[row.seq_id], row.group, self.config
-        for key_len in KEY_LENS:
-            if key_len > len(seq) or key_len < cfg.min_match:
-                continue
-            hits = group.table.get(tuple(seq[-key_len:]))
-            if not hits:
-                continue
-            best, best_len, best_cont = None, 0, 0
-            for seq_id, pos in hits:
-                other = group.seqs.get(seq_id)
-                if other is None:
-                    continue
-                length = _match_len(seq, other, pos, cfg.max_match)
-                cont = min(len(other) - pos, gamma)
-                if (length, cont) > (best_len, best_cont):
-                    best, best_len, best_cont = (other, pos), length, cont
-            if best is not None:
-                other, pos = best
-                return other[pos : pos + gamma], best_len
-        return [], 0
-
     def _count(self, appended: list[list[int]]) -> None:
         """Score the last lookup's drafts against the tokens the rows then kept — whether or not they
         were verified, so a drafter the per-row choice passed over keeps being measured. A kept token
@@ -272,82 +210,6 @@ class SuffixDrafter:
             k = _bucket(match)
             self.kept[k] += same
             self.reached[k] += same + (same < len(drafts) and same < len(tokens))
-
-    # ------------------------------------------------------------------ the index
-
-    def _extend(self, row: _Row, tokens: list[int]) -> None:
-        if not tokens:
-            return
-        group, seq = row.group, row.group.seqs[row.seq_id]
-        table, keep = group.table, self.config.candidates
-        for token in tokens:
-            pos = len(seq)
-            for key_len in KEY_LENS:
-                if key_len <= pos:
-                    hits = table.setdefault(tuple(seq[pos - key_len :]), [])
-                    hits.append((row.seq_id, pos))
-                    if len(hits) > keep:
-                        del hits[0]
-            seq.append(token)
-        row.length += len(tokens)
-        group.tokens += len(tokens)
-        self.tokens += len(tokens)
-        if group.tokens > self.config.prompt_history_tokens:
-            self._evict_completions(group, row.seq_id)
-        if self.tokens > self.config.history_tokens:
-            self._evict_prompts()
-
-    def _release(self, slot: int) -> None:
-        """The row in `slot` ends: its completion stays in its group as history."""
-        row = self.rows[slot]
-        if row is not None:
-            row.group.live -= 1
-            self.rows[slot] = None
-
-    def _evict_completions(self, group: _Group, keep_id: int) -> None:
-        """Drop the group's oldest completions until it fits (never the growing one); rebuild the table
-        once as many tokens were dropped as are held (so stale entries cost amortised O(1) per token)."""
-        live_ids = {r.seq_id for r in self.rows if r is not None and r.group is group}
-        for seq_id in list(group.seqs):
-            if group.tokens <= self.config.prompt_history_tokens:
-                break
-            if seq_id == keep_id or seq_id in live_ids:
-                continue
-            dropped = len(group.seqs.pop(seq_id))
-            group.tokens -= dropped
-            group.evicted += dropped
-            self.tokens -= dropped
-        if group.evicted > group.tokens:
-            self._rebuild(group)
-
-    def _rebuild(self, group: _Group) -> None:
-        group.table, group.evicted = {}, 0
-        keep = self.config.candidates
-        for seq_id, seq in group.seqs.items():
-            for pos in range(1, len(seq)):
-                for key_len in KEY_LENS:
-                    if key_len <= pos:
-                        hits = group.table.setdefault(tuple(seq[pos - key_len : pos]), [])
-                        hits.append((seq_id, pos))
-                        if len(hits) > keep:
-                            del hits[0]
-
-    def _evict_prompts(self) -> None:
-        """Drop least recently used prompts with no live rows until the history fits."""
-        while self.tokens > self.config.history_tokens:
-            victim = next((key for key, group in self.groups.items() if not group.live), None)
-            if victim is None:
-                return
-            self.tokens -= self.groups.pop(victim).tokens
-
-
-def _match_len(seq: list[int], other: list[int], pos: int, cap: int) -> int:
-    """How many tokens before `pos` in `other` equal the end of `seq` (≤ cap)."""
-    length = 0
-    while length < cap and length < pos and length < len(seq) and seq[-1 - length] == other[pos - 1 - length]:
-        length += 1
-    return length
-
 
 def _bucket(match: int) -> int:
     k = 0

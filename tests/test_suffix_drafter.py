@@ -7,6 +7,8 @@ that its drafts are used, and that using them never changes a token.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from conftest import make_prompts, noisy_copy, tiny_lm
@@ -104,10 +106,10 @@ def test_history_is_bounded_per_prompt_and_in_all():
     for prompt in ([1, 2], [1, 2], [1, 2], [3, 4], [5, 6]):
         _start(drafter, rows, 0, prompt)
         _append(drafter, rows, [list(range(6, 16))])
-        assert all(group.tokens <= 30 for group in drafter.groups.values())
-        assert drafter.tokens <= 40
-    assert (1, 2) not in drafter.groups  # the least recently used prompt went first
-    assert sum(group.tokens for group in drafter.groups.values()) == drafter.tokens
+        assert all(group.tokens <= 30 for group in drafter.index.groups.values())
+        assert drafter.index.tokens <= 40
+    assert (1, 2) not in drafter.index.groups  # the least recently used prompt went first
+    assert sum(group.tokens for group in drafter.index.groups.values()) == drafter.index.tokens
 
 
 def test_engine_takes_any_drafter_object():
@@ -156,18 +158,21 @@ def test_calibration_asks_the_drafter_for_its_cost(tmp_path):
     assert all(t < 1e-2 for row in engine.gamma_policy.cost.drafter.times for t in row)  # lookups, no model
 
 
-def test_auto_gamma_narrowing_keeps_greedy_output(tmp_path):
-    """With auto-γ the policy may verify fewer columns than were proposed (`GammaPolicy.narrow`)."""
+def test_narrowed_proposals_keep_greedy_output(tmp_path):
+    """With auto-γ the policy may verify fewer columns than were proposed (`GammaPolicy.narrow`): here
+    it asks for γ = 6 and cuts each proposal to a random width (its real choice depends on timings)."""
     reference = plain("qwen2", "sdpa", PROMPTS, n=3)
     config = EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto", max_gamma=6, drafters=("suffix", "model"),
                           calibration_cache=str(tmp_path), cost_model_budget_s=1.0)
     engine = SpecEngine(tiny_lm("qwen2", "sdpa"), noisy_copy("qwen2", "sdpa"), config)
-    widths = []
-    narrow = engine.gamma_policy.narrow
-    engine.gamma_policy.narrow = lambda shape, kept: widths.append(narrow(shape, kept)) or widths[-1]
+    rng, widths = random.Random(0), []
+    engine.gamma_policy.choose = lambda shape, greedy: 6
+    engine.gamma_policy.narrow = lambda shape, kept: widths.append(rng.randrange(len(kept))) or widths[-1]
     for _ in range(2):
         assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY, n=3)] == reference
-    assert widths and engine.stats.by_drafter["suffix"].accepted > 0
+    assert set(widths) == set(range(7))
+    assert set(engine.stats.gamma_per_step) == set(range(7))  # the step verified the narrowed width
+    assert engine.stats.by_drafter["suffix"].accepted > 0 and engine.stats.by_drafter["model"].accepted > 0
 
 
 def test_drafters_and_suffix_settings_load_from_yaml(tmp_path):
