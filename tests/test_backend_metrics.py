@@ -45,3 +45,13 @@ def test_local_and_ray_backends_report_identical_metrics(controller, tiny_model_
     assert 1 <= in_process["rollout/live_rows"] <= 4
     for metrics in (on_ray, in_process):
         assert metrics["rollout/tokens_per_s"] == pytest.approx(tokens / metrics["rollout/seconds"])
+
+
+def test_both_backends_implement_the_whole_protocol():
+    from specroll.integrations.backend import RolloutBackend
+    from specroll.integrations.ray_backend.controller import RolloutController
+
+    methods = [name for name in vars(RolloutBackend) if not name.startswith("_")]
+    assert {"generate", "batch_stats", "published_drafter", "metrics", "shutdown"} <= set(methods)
+    for backend in (LocalBackend, RolloutController):
+        assert all(callable(getattr(backend, name, None)) for name in methods), backend
