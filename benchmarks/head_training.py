@@ -68,6 +68,14 @@ def train_head(head: torch.nn.Module, target: PreTrainedModel, sequences: list[F
     return head, reports
 
 
+def training_prompts(tokenizer, count: int) -> list[list[int]]:
+    """The demo task's prompts the heads train on (their own seed: not the benchmarks' prompts)."""
+    from specroll.demo.task import make_prompts
+    from specroll.demo.tokenizer import encode_prompt
+
+    return [list(map(int, encode_prompt(tokenizer, m))) for m in make_prompts(count, seed=TRAIN_PROMPT_SEED)]
+
+
 def heads_dir(models_dir: Path) -> Path:
     return models_dir.parent / f"heads-{models_dir.name}"
 
@@ -102,14 +110,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from specroll.demo.model_cache import load_or_build_demo_models, models_dir
-    from specroll.demo.task import make_prompts
-    from specroll.demo.tokenizer import encode_prompt
 
     demo = load_or_build_demo_models()
-    tok = demo.tokenizer
     settings = HeadTrainingSettings()
-    prompts = [list(map(int, encode_prompt(tok, m))) for m in make_prompts(settings.prompts, seed=TRAIN_PROMPT_SEED)]
-    load_or_train_heads(demo.target, prompts, (tok.eos_token_id,), models_dir(), settings)
+    prompts = training_prompts(demo.tokenizer, settings.prompts)
+    load_or_train_heads(demo.target, prompts, (demo.tokenizer.eos_token_id,), models_dir(), settings)
     print((heads_dir(models_dir()) / "report.json").read_text()[:2000])
 
 

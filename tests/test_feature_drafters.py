@@ -91,3 +91,15 @@ def test_heads_need_the_right_kind():
         EngineConfig(drafters=("eagle", "medusa"))
     with pytest.raises(ValueError, match="layer_skip_layers=2"):
         SpecEngine(target, None, EngineConfig(drafters=("layer_skip",), layer_skip_layers=2))
+
+
+def test_yaml_selects_the_drafters(tmp_path):
+    from specroll.integrations.yaml_config import ConfigError, load_config
+
+    path = tmp_path / "engine.yaml"
+    path.write_text("drafters: [eagle, suffix]\nlayer_skip_layers: 3\nmedusa_heads: 2\n")
+    config = load_config(path, EngineConfig)
+    assert config.drafters == ("eagle", "suffix") and config.layer_skip_layers == 3 and config.medusa_heads == 2
+    path.write_text("drafters: [eagle, layer_skip]\n")
+    with pytest.raises(ConfigError, match="at most one of"):
+        load_config(path, EngineConfig)

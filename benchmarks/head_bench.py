@@ -1,0 +1,149 @@
+"""The drafters that read the policy against plain decoding and the independent drafter, on the demo models.
+
+Contenders (one `SpecEngine` each, γ auto unless `--gamma`): plain decoding, the independent drafter
+("model"), layer-skip at k layers, the EAGLE-style head, the Medusa heads (their first version from
+`benchmarks.head_training`, cached), and the suffix drafter combined with the model and with the head.
+Two workloads, every contender stepped in lockstep (`grpo_bench.race_repeat`: always the one that has
+generated the fewest tokens runs next) so that machine noise hits them alike:
+
+- the grid: batch b ∈ `--batch-sizes` (2b requests through b slots), greedy and T = 1, one epoch;
+- the GRPO-shaped workload: P prompts × G = 8 at T = 1 with the stop token, two epochs (history kept).
+
+Printed per contender: tokens/s, the paired ratios to plain and to the model drafter (mean and 95 %
+t-interval over the repeats), acceptance and mean accepted length per drafter; and once per drafter its
+parameters and draft cost per token (its own `time_drafts` at batch 1 and 16, γ = 4: (catch-up +
+3 × further draft) / 4). The machine's load average is printed with every table.
+
+    python -m benchmarks.head_bench --out /tmp/heads.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+
+from .grpo_bench import print_table, race_repeat, summarize
+from .head_training import HeadTrainingSettings, load_or_train_heads, training_prompts
+from .models import BenchModels, load_bench_models
+
+KINDS = {
+    "plain": None, "model": ("model",), "layer_skip": ("layer_skip",), "eagle": ("eagle",), "medusa": ("medusa",),
+    "suffix+model": ("suffix", "model"), "suffix+eagle": ("suffix", "eagle"),
+}
+
+
+class Contenders:
+    def __init__(self, models: BenchModels, heads: dict[str, torch.nn.Module], layer_skip_layers: int,
+                 gamma: int | str):
+        self.models, self.heads, self.layers, self.gamma = models, heads, layer_skip_layers, gamma
+
+    def build(self, kind: str, slots: int, max_seq_len: int) -> SpecEngine:
+        drafters = KINDS[kind]
+        gamma = 0 if drafters is None else self.gamma
+        config = EngineConfig(max_batch_size=slots, max_seq_len=max_seq_len, gamma=gamma, drafters=drafters,
+                              layer_skip_layers=self.layers, stats_trace_steps=1)
+        weights = None
+        if drafters and "model" in drafters:
+            weights = self.models.drafter
+        elif drafters and ("eagle" in drafters or "medusa" in drafters):
+            weights = self.heads["eagle" if "eagle" in drafters else "medusa"]
+        return SpecEngine(self.models.target, weights, config)
+
+
+def race(contenders: Contenders, kinds: list[str], prompts: list[list[int]], params: list[SamplingParams],
+         slots: int, repeats: int, header: str) -> dict:
+    max_seq = max(map(len, prompts)) + max(p.max_new_tokens for p in params) + 1
+    calibrated = contenders.build("model", slots, max_seq)
+    cost = calibrated.gamma_policy.cost
+    for kind in kinds:  # warm-up, untimed
+        contenders.build(kind, slots, max_seq).generate(prompts[:1], SamplingParams(max_new_tokens=4, seed=0))
+    per_repeat: dict[str, list] = {k: [] for k in kinds}
+    for rep in range(repeats):
+        engines = {k: contenders.build(k, slots, max_seq) for k in kinds}
+        rep_params = [SamplingParams(**{**p.__dict__, "seed": 1000 * rep + i}) for i, p in enumerate(params)]
+        for name, tally in race_repeat(engines, prompts, rep_params, cost).items():
+            per_repeat[name].append(tally)
+    load = os.getloadavg()
+    result = {"header": f"{header}; {repeats} repeats in lockstep; load average {load[0]:.2f} {load[1]:.2f} "
+                        f"{load[2]:.2f}", "contenders": summarize(per_repeat)}
+    print(f"\n{result['header']}", flush=True)
+    print_table(result)
+    return result
+
+
+def draft_costs(contenders: Contenders, kinds: list[str]) -> dict[str, dict]:
+    """Per drafter: parameters and ms per draft token at batch 1 and 16 (γ = 4), from its own timing."""
+    out = {}
+    for kind in kinds:
+        if KINDS[kind] is None or len(KINDS[kind]) > 1:
+            continue
+        engine = contenders.build(kind, 16, 192)
+        times = engine.drafter.time_drafts([1, 16], time.perf_counter() + 10)
+        per_token = {b: 1000 * (row[1] + 3 * row[0]) / 4 for b, row in zip(times.batch_sizes, times.times)}
+        params = {"model": contenders.models.drafter, "eagle": contenders.heads["eagle"],
+                  "medusa": contenders.heads["medusa"]}.get(kind)
+        out[kind] = {"parameters": sum(p.numel() for p in params.parameters()) if params is not None else 0,
+                     "ms_per_draft_token_b1": per_token[1], "ms_per_draft_token_b16": per_token[16]}
+        print(f"  {kind}: {out[kind]['parameters'] / 1e6:.2f}M parameters, {per_token[1]:.2f} ms/draft token at "
+              f"batch 1, {per_token[16]:.2f} at batch 16", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--contenders", default=",".join(KINDS))
+    parser.add_argument("--batch-sizes", default="1,4,16")
+    parser.add_argument("--modes", default="greedy,sampled")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--grpo-prompts", type=int, default=16)
+    parser.add_argument("--grpo-slots", type=int, default=32)
+    parser.add_argument("--grpo-repeats", type=int, default=2)
+    parser.add_argument("--layer-skip-layers", type=int, default=4)
+    parser.add_argument("--gamma", default="auto")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    kinds = args.contenders.split(",")
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise SystemExit(f"--contenders: {unknown} not in {list(KINDS)}")
+    from specroll.demo.model_cache import load_or_build_demo_models, models_dir
+
+    models = load_bench_models("demo", max(64, args.grpo_prompts))
+    settings = HeadTrainingSettings()
+    prompts = training_prompts(load_or_build_demo_models().tokenizer, settings.prompts)
+    heads = load_or_train_heads(models.target, prompts, models.stop_token_ids, models_dir(), settings)
+    gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
+    contenders = Contenders(models, heads, args.layer_skip_layers, gamma)
+    print(f"{models.description}; layer-skip at {args.layer_skip_layers} of "
+          f"{models.target.config.num_hidden_layers} layers; gamma={gamma}", flush=True)
+    results: dict = {"draft_costs": draft_costs(contenders, kinds), "grid": [], "grpo": None}
+    for batch in map(int, args.batch_sizes.split(",")):
+        for mode in args.modes.split(","):
+            params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0 if mode == "greedy" else 1.0,
+                                    stop_token_ids=models.stop_token_ids)
+            results["grid"].append(race(contenders, kinds, models.prompts[: 2 * batch], [params], batch, args.repeats,
+                                        f"grid: batch {batch}, {mode}, {2 * batch} requests, "
+                                        f"max_new_tokens={args.max_new_tokens}"))
+    if args.grpo_prompts:
+        base = models.prompts[: args.grpo_prompts]
+        prompts = [p for p in base for _ in range(8)]
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0,
+                                stop_token_ids=models.stop_token_ids)
+        results["grpo"] = race(contenders, kinds, prompts, [params, params], args.grpo_slots, args.grpo_repeats,
+                               f"GRPO-shaped: {len(base)} prompts × G=8 at T=1, 2 epochs, slots={args.grpo_slots}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
