@@ -8,7 +8,11 @@ last step would break that.
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+
+import pytest
 
 from specroll.benchmarks.contenders import hf_generate, specroll
 from specroll.benchmarks.engine_race import auto_vs_best, paired_ratio, race
@@ -49,3 +53,26 @@ def test_paired_ratio_interval_and_auto_vs_best_fixed_gamma():
     assert vs["best"] == "specroll_gamma_4"  # the fastest fixed γ > 0, never plain
     assert math.isclose(vs["mean"], (0.99 + 98 / 96) / 2)
     assert auto_vs_best({"specroll_plain": results["specroll_plain"]}) is None
+
+
+def test_bench_writes_each_finished_cell_as_it_goes(tmp_path, monkeypatch):
+    from specroll.benchmarks import engine_bench, engine_race
+
+    calls = []
+
+    def race_then_interrupt(contenders, batches, budgets, params, repeats):
+        calls.append(len(batches[0]))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the user stops the run during its second cell
+        return {c.name: {"tokens_per_s": 1.0, "per_repeat_tokens_per_s": [1.0]} for c in contenders}
+
+    monkeypatch.setattr(engine_race, "race", race_then_interrupt)
+    parser = argparse.ArgumentParser()
+    engine_bench.add_arguments(parser)
+    out = tmp_path / "bench.json"
+    args = parser.parse_args(["--models", "tiny", "--batch-sizes", "1,4", "--modes", "greedy", "--no-hf",
+                              "--rollout-requests", "0", "--out", str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        engine_bench.run(args)
+    report = json.loads(out.read_text())
+    assert [row["setting"] for row in report["grid"]] == ["greedy b=1"]  # the finished cell, kept
