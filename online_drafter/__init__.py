@@ -5,10 +5,10 @@ with `signals`) and pushes `published_state_dict()` to engines with `update_draf
 """
 
 from .buffer import BufferConfig, DraftBuffer
-from .config import LearnerConfig
 from .divergence import bucketed_kl, bucketed_tv, expected_acceptance
 from .draft_batch import BufferedRollout, DraftBatch
 from .learner import DraftLearner
+from .learner_config import LearnerConfig
 from .reports import LearnerReport, ProbeReport
 
 __all__ = [

@@ -24,8 +24,8 @@ import torch
 from specroll.rollout import Rollout
 
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import BufferConfig
 from .draft_batch import BufferedRollout, DraftBatch, collate
+from .learner_config import BufferConfig
 
 
 def to_buffered(rollout: Rollout) -> BufferedRollout:

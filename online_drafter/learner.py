@@ -50,9 +50,9 @@ from specroll.rollout.weights import copy_into
 
 from .buffer import DraftBuffer, to_buffered
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import LearnerConfig
 from .divergence import LOSSES
 from .holdout import HoldoutSet
+from .learner_config import LearnerConfig
 from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
 from .scoring import DrafterScorer

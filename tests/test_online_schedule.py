@@ -96,7 +96,6 @@ def test_rounds_and_probes_reach_the_logs_and_the_report_data(trained):
     assert all("drafter/learner_wait_s" in e and "drafter/gated" in e for e in steps[1:])
     # a round that only trained (not long enough to be worth scoring) logs no gain: no nan holes
     assert all(("drafter/gain" in e) == bool(e["drafter/gated"]) for e in steps[1:])
-    assert any(e["drafter/gated"] for e in steps[1:])
     assert [p["step"] for p in schedule.probes] == [0, 2]  # every 2 steps and the last (2), collected at the end
     assert all(0 < p["drafter/probe_online"] <= 1 and p["drafter/probe_gain_se"] >= 0 for p in schedule.probes)
     assert backend._round_result is None  # the last round was collected when train() ended
