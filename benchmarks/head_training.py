@@ -5,8 +5,8 @@ completions of task prompts (T = 1, plain decoding, the hidden states and top-k 
 the online path records them: `RolloutSignals.hidden`), and `online_drafter.head_learner.HeadLearner`
 trains each head on them for a time budget, gated on held-out groups like every later version. The
 prompts are drawn with their own seed (the benchmarks' prompts are not trained on). The result is cached
-next to the demo models, under `<cache>/heads-<demo dir name>/{eagle,medusa}.pt` with a JSON report;
-`load_or_train_heads` trains only when the cache lacks them (minutes on the 2-core CPU).
+next to the demo models, under `<cache>/heads-<demo dir name>/{eagle,medusa}.pt` with the samples and a
+JSON report; `load_or_train_heads` trains only the heads the cache lacks (minutes on the 2-core CPU).
 
     python -m benchmarks.head_training            # train (or load) and print the held-out report
 """
@@ -87,21 +87,34 @@ def load_or_train_heads(target: PreTrainedModel, prompts: list[list[int]], stop_
     folder = heads_dir(models_dir)
     heads = {"eagle": EagleHead.for_target(target.config),
              "medusa": MedusaHeads(target.config.get_text_config().hidden_size, MEDUSA_HEADS)}
-    if all((folder / f"{name}.pt").is_file() for name in heads):
-        for name, head in heads.items():
-            head.load_state_dict(torch.load(folder / f"{name}.pt", weights_only=True))
-        return heads
+    missing = [name for name in heads if not (folder / f"{name}.pt").is_file()]
+    if missing:
+        sequences = _samples(target, prompts, stop_token_ids, folder, settings)
+        report_path = folder / "report.json"
+        report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+        report.update({"settings": asdict(settings), "sequences": len(sequences)})
+        for name in missing:
+            _, report[name] = train_head(heads[name], target, sequences, settings)
+            torch.save(heads[name].state_dict(), folder / f"{name}.pt")
+        report_path.write_text(json.dumps(report, indent=1))
+    for name, head in heads.items():
+        head.load_state_dict(torch.load(folder / f"{name}.pt", weights_only=True))
+    return heads
+
+
+def _samples(target: PreTrainedModel, prompts: list[list[int]], stop_token_ids: tuple[int, ...], folder: Path,
+             settings: HeadTrainingSettings) -> list[FeatureSequence]:
+    """The training samples, cached with the heads (a head retrained later trains on the same ones)."""
+    path = folder / "samples.pt"
+    if path.is_file():
+        return [FeatureSequence(**fields) for fields in torch.load(path, weights_only=True)]
     started = time.perf_counter()
     sequences = sample_features(target, prompts, settings.samples, settings.max_new_tokens, stop_token_ids)
     print(f"sampled {len(sequences)} sequences ({sum(s.num_positions for s in sequences)} completion positions) "
           f"in {time.perf_counter() - started:.0f}s", flush=True)
     folder.mkdir(parents=True, exist_ok=True)
-    report = {"settings": asdict(settings), "sequences": len(sequences)}
-    for name, head in heads.items():
-        _, report[name] = train_head(head, target, sequences, settings)
-        torch.save(head.state_dict(), folder / f"{name}.pt")
-    (folder / "report.json").write_text(json.dumps(report, indent=1))
-    return heads
+    torch.save([asdict(s) for s in sequences], path)
+    return sequences
 
 
 def main() -> None:

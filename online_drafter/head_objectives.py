@@ -5,11 +5,11 @@ head scores, its distribution for token j — and any auxiliary loss (`HeadOutpu
 losses and scores (`divergence`: the target's recorded top-k p against q) are the same code for every
 head. The alignments follow the drafters (`rollout.eagle`, `rollout.medusa`):
 
-- EAGLE (D = 1): the pair (h_i, x_{i+1}) at position i predicts h_{i+1}, whose logits are q for token
+- EAGLE (D = 2): the pair (h_i, x_{i+1}) at position i predicts h_{i+1}, whose logits are q for token
   i + 2 — the first draft, with the causal context of every real pair before it, as in the engine. Its
-  later drafts feed predicted features: EAGLE's answer is a feature-regression term (smooth L1 of the
-  predicted h_{i+1} to the real one, `feature_weight`), kept here, so the head stays usable on its own
-  output.
+  later drafts feed predicted features, so depth 2 feeds the head its own prediction of h_i over the
+  real context (the engine's second draft); and EAGLE's feature-regression term (smooth L1 of the
+  predicted h_{i+1} to the real one, `feature_weight`) keeps the predictions in the target's space.
 - Medusa (D = K): head k reads h_i and predicts token i + 1 + k.
 
 Positions a head cannot predict (the first tokens) get a uniform q, and count as the poor drafts they are.
@@ -49,19 +49,39 @@ def _shifted(logits: torch.Tensor, shift: int, length: int) -> torch.Tensor:
 
 
 class EagleObjective:
-    depths = 1
+    """Depth 1: real features. Depth 2: each pair's feature is the head's own prediction of it (from the
+    pair before), attending over the *real* pairs before it and itself — exactly what the engine's second
+    draft sees when the first was kept (the "training-time test" of EAGLE-3 / HASS, one step of it)."""
+
+    depths = 2
 
     def __init__(self, embed: nn.Module, lm_head: nn.Module, feature_weight: float = 1.0):
         self.embed, self.lm_head, self.feature_weight = embed, lm_head, feature_weight
 
     def __call__(self, head: EagleHead, batch: FeatureBatch, temperature: float) -> HeadOutput:
-        length = batch.token_ids.shape[1]
-        positions = torch.arange(length - 1, device=batch.hidden.device)[None].expand(batch.hidden.shape[0], -1)
+        size, length = batch.token_ids.shape
+        pairs = length - 1
+        device = batch.hidden.device
+        positions = torch.arange(pairs, device=device)[None].expand(size, -1)
         with torch.no_grad():
-            embeds = self.embed(batch.token_ids[:, 1:]).float()  # [B, L-1, H]: x_{i+1}
-        predicted = head(embeds, batch.hidden, positions)  # [B, L-1, H]: h_{i+1}
-        logits = self.lm_head(predicted)  # [B, L-1, V]: q for token i + 2
-        log_q = (_shifted(logits, 2, length).float() / temperature).log_softmax(-1)[:, None]
+            embeds = self.embed(batch.token_ids[:, 1:]).float()  # [B, N, H]: x_{i+1}
+        real_kv: list[torch.Tensor] = []
+
+        def keep_real(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            real_kv[:] = [k, v]
+            return k, v
+
+        causal = torch.ones(pairs, pairs, dtype=torch.bool, device=device).tril()
+        predicted = head(embeds, batch.hidden, positions, keep_real, causal[None, None])  # [B, N, H]: h_{i+1}
+        own = torch.cat([predicted.new_zeros(size, 1, predicted.shape[-1]), predicted[:, :-1]], 1)  # ĥ_i
+
+        def after_real(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.cat([real_kv[0], k], 2), torch.cat([real_kv[1], v], 2)
+
+        eye = torch.eye(pairs, dtype=torch.bool, device=device)
+        second = head(embeds, own, positions, after_real, torch.cat([causal & ~eye, eye], 1)[None, None])
+        logits = torch.stack([_shifted(self.lm_head(x), 2, length) for x in (predicted, second)], 1)  # [B, 2, L, V]
+        log_q = (logits.float() / temperature).log_softmax(-1)
         real = batch.hidden[:, 1:]  # [B, L-2, H]
         valid = (real.abs().sum(-1) > 0).float()  # [B, L-2]: padding is all zeros
         error = F.smooth_l1_loss(predicted[:, :-1], real, reduction="none").mean(-1)
