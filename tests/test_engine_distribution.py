@@ -88,7 +88,7 @@ def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,
     # The suffix drafter proposes every match it finds (min_survival 0): many drafts, most of them rejected.
     config = EngineConfig(max_batch_size=ROWS // 2, max_seq_len=6 + NEW_TOKENS, gamma=gamma, sampler=sampler,
                           drafters=drafters, suffix=SuffixConfig(min_survival=0.0))
-    engine = SpecEngine(target, drafter, config)
+    engine = SpecEngine(target, drafter if drafters is None or "model" in drafters else None, config)
     if wrong_sampler is not None:
         engine.sampler = wrong_sampler
     if pin_choice:  # the per-row choice alternates: even slots take the model's drafts, odd ones the suffix's
