@@ -121,10 +121,10 @@ def test_emitted_tokens_follow_target_distribution(params, sampler):
 # d), and the per-row choice mixes point masses with the model's q in one verification. These random
 # models share little text (the suffix's drafts are rarely kept and the choice would take the model),
 # so the choice is pinned to serve many rows with each.
-@pytest.mark.parametrize(("drafters", "sampler"), [(("suffix",), "rejection"), (("suffix", "model"), "rejection"),
-                                                   (("suffix", "model"), "invariant")])
-def test_suffix_and_combined_drafts_follow_target_distribution(drafters, sampler):
-    assert sample_and_test(SETTINGS[1], sampler, gamma=4, drafters=drafters, pin_choice=len(drafters) > 1) > ALPHA
+# (The invariant sampler emits the target's own draw whatever q is: its test above covers it.)
+@pytest.mark.parametrize("drafters", [("suffix",), ("suffix", "model")])
+def test_suffix_and_combined_drafts_follow_target_distribution(drafters):
+    assert sample_and_test(SETTINGS[1], "rejection", gamma=4, drafters=drafters, pin_choice=len(drafters) > 1) > ALPHA
 
 
 def test_same_test_rejects_point_mass_drafts_without_residual():
