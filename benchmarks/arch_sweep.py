@@ -127,9 +127,10 @@ def hf_greedy(model: PreTrainedModel, rows: list[list[int]], new_tokens: int = N
 
 
 def engine_greedy(target: PreTrainedModel, drafter: PreTrainedModel | None, gamma: int, rows: list[list[int]],
-                  allow_unverified: bool = False, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+                  allow_unverified: bool = False, new_tokens: int = NEW_TOKENS,
+                  drafters: tuple[str, ...] | None = None) -> list[list[int]]:
     config = EngineConfig(max_batch_size=len(rows), max_seq_len=max(map(len, rows)) + new_tokens, gamma=gamma,
-                          allow_unverified_architectures=allow_unverified)
+                          allow_unverified_architectures=allow_unverified, drafters=drafters)
     engine = SpecEngine(target, drafter, config)
     rollouts = engine.generate(rows, SamplingParams(max_new_tokens=new_tokens, temperature=0))
     return [r.completion_ids for r in rollouts]
@@ -143,9 +144,10 @@ def check_exact(model_type: str, allow_unverified: bool = False) -> list[str]:
     target, drafter = tiny_model(model_type, seed=0), tiny_model(model_type, seed=1)
     rows = prompts()
     expected = hf_greedy(target, rows)
-    runs = {"plain": (None, 0), "self-drafter": (target, GAMMA), "random-drafter": (drafter, GAMMA)}
-    return [name for name, (draft, gamma) in runs.items()
-            if engine_greedy(target, draft, gamma, rows, allow_unverified) != expected]
+    runs = {"plain": (None, 0, None), "self-drafter": (target, GAMMA, None), "random-drafter": (drafter, GAMMA, None),
+            "suffix+random-drafter": (drafter, GAMMA, ("suffix", "model"))}
+    return [name for name, (draft, gamma, kinds) in runs.items()
+            if engine_greedy(target, draft, gamma, rows, allow_unverified, drafters=kinds) != expected]
 
 
 class TypeTimeout(Exception):

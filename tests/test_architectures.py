@@ -3,7 +3,8 @@
 `test_allowlisted_type_is_exact` is the default-suite part of the architecture sweep
 (`specroll.benchmarks.arch_sweep`): per type a tiny random fp32 model, ragged prompts of 1/5/9/13
 tokens (past a 4-token sliding window where the type has one), greedy plain (γ = 0) and
-speculative (γ = 3, the target itself and an unrelated random model as drafters) equal to HF
+speculative (γ = 3, the target itself, an unrelated random model, and that model with the suffix
+drafter choosing per row as drafters) equal to HF
 `generate` on each prompt alone. The full sweep over every causal-LM type is the module's CLI.
 """
 
