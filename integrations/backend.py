@@ -15,6 +15,11 @@ Online draft learning runs off the critical path: `start_learner_round` returns 
 round (and, every few steps, a probe of the served drafter on fresh rollouts of fixed prompts) runs
 while the trainer updates the policy — in a thread of the trainer's process locally, on the learner
 actor and idle workers on Ray; `finish_learner_round` collects it before the next rollout.
+
+Several trainer ranks (`accelerate launch`) either share one service (`serves_all_ranks()` True: the
+Ray controller of `ray_backend.shared_service`) — the main rank then syncs and runs the learner for
+everyone, and the other ranks `await_policy` — or each holds its own (`LocalBackend`: an engine in
+the rank's own process cannot be shared), and every rank syncs its own.
 """
 
 from __future__ import annotations
@@ -45,6 +50,17 @@ class RolloutBackend(Protocol):
 
     def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Load new policy weights on every engine; returns the seconds it took."""
+        ...
+
+    def serves_all_ranks(self) -> bool:
+        """True when every trainer rank uses this one service: only the main rank syncs it and runs its
+        learner; False when each rank holds its own backend."""
+        ...
+
+    def await_policy(self, version: int) -> None:
+        """On a rank that does not sync a shared service: check that the service serves `version` (the
+        main rank synced it) and accept rollouts from it. Raises when it does not, or when the backend
+        is not shared."""
         ...
 
     def start_learner_round(self, budget_s: float | None, probe: ProbeRequest | None = None) -> None:

@@ -11,6 +11,10 @@ GIL in its kernels, so the two share the machine's cores — and `finish_learner
 loads the learner's drafter into the engine only when the version moved, so a round that measured
 worse never changes what the engine drafts with. `sync_policy` and `generate` join a running round
 first: the probe generates on the same engine.
+
+A LocalBackend lives in one process and cannot be shared: under `accelerate launch` every rank
+builds its own (its own engine and learner), and every rank syncs its own with the gathered weights.
+One service for all ranks needs the Ray backend (`ray_backend.shared_service`).
 """
 
 from __future__ import annotations
@@ -90,6 +94,13 @@ class LocalBackend:
         self.engine.update_target(named_tensors, version)
         self.last_sync_s = time.perf_counter() - started
         return self.last_sync_s
+
+    def serves_all_ranks(self) -> bool:
+        return False
+
+    def await_policy(self, version: int) -> None:
+        raise RuntimeError("a LocalBackend is not shared between trainer ranks (it lives in one process): every "
+                           "rank syncs its own with sync_policy; share one service with the Ray backend")
 
     def start_learner_round(self, budget_s: float | None, probe: ProbeRequest | None = None) -> None:
         if self.learner is None:

@@ -45,11 +45,26 @@ def connect_ray(address: str | None, num_cpus: int | None, log_to_driver: bool =
     if address:
         ray.init(address=address)
         return "joined"
-    from ray._private import ray_constants
-
-    os.environ[SINGLE_NODE_ENV] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    _single_node()
     # address="local": always a fresh embedded cluster, never another user's on this machine.
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=log_to_driver)
     return "embedded"
+
+
+def join_embedded(gcs_address: str) -> None:
+    """Join an embedded cluster another process of this machine started (`connect_ray`), as a driver on
+    127.0.0.1 too (e.g. rank 1 of a trainer whose rank 0 started the cluster; `shared_service`)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    _single_node()
+    ray.init(address=gcs_address, _node_ip_address="127.0.0.1", log_to_driver=False)
+
+
+def _single_node() -> None:
+    from ray._private import ray_constants
+
+    os.environ[SINGLE_NODE_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False

@@ -17,6 +17,12 @@ the `WeightBoard` before serving; every rollout is checked to carry the current 
 With a learner, the workers' engines record verification signals (forced here: the learner trains
 on them). A sync waits for workers Ray is restarting, then stages, posts on the board and commits (see
 `weight_sync`): after it, or after a sync that failed, every worker serves one version.
+
+One service for several trainer ranks (`shared_service`): built with a `namespace`, the controller
+names its workers, board and learner there, and `RolloutController.attach` gives another process (rank
+> 0 of `accelerate launch`) a controller over those same actors. An attached controller generates on
+the shared workers and feeds the shared learner, but never syncs weights, runs learner rounds or kills
+the actors: the creating rank does, once per step, and the others `await_policy` the version it synced.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.stats import BatchStats
 
 from .learner_actor import DraftLearnerActor
+from .service_names import BOARD_NAME, LEARNER_NAME, lookup_actor, named, worker_name
 from .settings import ControllerConfig
 from .weight_board import WeightBoard
 from .weight_sync import (
@@ -57,14 +64,17 @@ from .worker import RolloutWorker, WorkerBatch
 class RolloutController:
     """Spreads prompt groups over `RolloutWorker` actors and drives the `DraftLearnerActor`."""
 
-    def __init__(self, config: ControllerConfig, placement_timeout_s: float = 120.0):
+    def __init__(self, config: ControllerConfig, placement_timeout_s: float = 120.0, namespace: str | None = None):
+        """Start the workers, board and learner; with `namespace`, as named actors there (`attach` finds them)."""
         with_learner = config.learner is not None and config.models.drafter is not None
         if with_learner:  # the learner lives on what verification records
             config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, record_signals=True))
         self.config = config
         topo = config.topology
         self.transport = make_transport(config.sync)
-        self.board = WeightBoard.remote()
+        self.namespace = namespace
+        self.owns_actors = True
+        self.board = WeightBoard.options(**named(BOARD_NAME, namespace)).remote()
         bundles = [topo.worker.bundle()] * topo.num_workers + ([topo.learner.bundle()] if with_learner else [])
         self.placement_group = None
         if topo.placement_strategy is not None and all(bundles):
@@ -78,7 +88,7 @@ class RolloutController:
         self.workers = [
             RolloutWorker.options(
                 num_cpus=topo.worker.num_cpus, num_gpus=topo.worker.num_gpus, max_restarts=topo.max_restarts,
-                max_task_retries=0, scheduling_strategy=self._bundle(i),
+                max_task_retries=0, scheduling_strategy=self._bundle(i), **named(worker_name(i), namespace),
             ).remote(i, config.models, config.engine, self.board, config.sync.timeout_s)
             for i in range(topo.num_workers)
         ]
@@ -86,7 +96,7 @@ class RolloutController:
         if with_learner:
             self.learner = DraftLearnerActor.options(
                 num_cpus=topo.learner.num_cpus, num_gpus=topo.learner.num_gpus,
-                scheduling_strategy=self._bundle(topo.num_workers),
+                scheduling_strategy=self._bundle(topo.num_workers), **named(LEARNER_NAME, namespace),
             ).remote(config.models.drafter, config.learner, config.engine.dtype)
         warm_up = ObjectStoreTransport().publish(*pack_buckets({"warm_up": torch.zeros(1)}, 1 << 10, version=-1), 0)
         try:
@@ -97,6 +107,28 @@ class RolloutController:
                 f"{topo.num_workers} rollout workers ({topo.worker}) not all started within {placement_timeout_s}s; "
                 f"cluster resources {ray.cluster_resources()}, available {ray.available_resources()}"
             ) from err
+        self._init_state()
+
+    @classmethod
+    def attach(cls, config: ControllerConfig, namespace: str, timeout_s: float = 120.0) -> RolloutController:
+        """A controller over the actors another process's controller created in `namespace` (same `config`).
+
+        Waits up to `timeout_s` for them; raises RuntimeError naming the actor it could not find.
+        """
+        with_learner = config.learner is not None and config.models.drafter is not None
+        self = cls.__new__(cls)
+        self.config, self.namespace, self.owns_actors = config, namespace, False
+        self.transport, self.placement_group = None, None
+        names = [worker_name(i) for i in range(config.topology.num_workers)] + [BOARD_NAME]
+        actors = [lookup_actor(name, namespace, timeout_s) for name in names]
+        self.workers, self.board = actors[:-1], actors[-1]
+        self.learner = lookup_actor(LEARNER_NAME, namespace, timeout_s) if with_learner else None
+        self._init_state()
+        versions = ray.get(self.workers[0].versions.remote(), timeout=timeout_s)
+        self.policy_version, self.drafter_version = versions["policy"], versions["drafter"]
+        return self
+
+    def _init_state(self) -> None:
         self.policy_version = 0
         self.drafter_version = 0
         self._pending_learner_adds: list[ray.ObjectRef] = []
@@ -124,7 +156,11 @@ class RolloutController:
             raise RuntimeError(f"rollouts from policy versions {sorted(stale)}; current is {self.policy_version}")
         if self.learner is not None:
             refs = [results[chunk_id][0] for chunk_id in range(len(chunks))]
-            self._pending_learner_adds.append(self.learner.add_rollouts.remote(refs))
+            added = self.learner.add_rollouts.remote(refs)
+            if self.owns_actors:  # awaited with the round this controller queues after them
+                self._pending_learner_adds.append(added)
+            else:  # in the shared buffer once this returns: the creating rank's next round sees them
+                ray.get(added)
         total = sum((batch.stats for batch in batches), BatchStats())
         self.last_batch = dataclasses.replace(total, wall_time_s=time.perf_counter() - started)
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
@@ -134,14 +170,32 @@ class RolloutController:
         """The workers' batches of the last `generate` call summed; `wall_time_s` the call's wall clock."""
         return self.last_batch
 
+    def serves_all_ranks(self) -> bool:
+        """True for a service in a namespace: one set of workers and one learner for every trainer rank."""
+        return self.namespace is not None
+
     def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Load new policy weights on every worker; returns seconds. Raises WeightSyncError (versions kept)."""
+        self._require_owner("sync_policy")
         seconds = self._sync("policy", named_tensors, version)
         self.policy_version = version
         return seconds
 
+    def await_policy(self, version: int, timeout_s: float | None = None) -> None:
+        """Check that every live shared worker serves policy `version` (synced by the creating rank) and
+        serve it from here on. Raises WeightSyncError naming the versions found when one does not."""
+        timeout_s = timeout_s or self.config.sync.timeout_s
+        live = wait_for_workers(self.workers, timeout_s)
+        versions = ray.get([w.versions.remote() for w in live], timeout=timeout_s)
+        served = sorted({v["policy"] for v in versions})
+        if served != [version]:
+            raise WeightSyncError(f"the shared rollout service serves policy versions {served}, not {version}: "
+                                  "the rank that syncs did not sync this step's policy to every worker")
+        self.policy_version, self.drafter_version = version, versions[0]["drafter"]
+
     def sync_drafter(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Load new drafter weights on every worker; returns seconds."""
+        self._require_owner("sync_drafter")
         seconds = self._sync("drafter", named_tensors, version)
         self.drafter_version = version
         return seconds
@@ -150,6 +204,7 @@ class RolloutController:
         """Queue the probe (rollouts generated by the workers, scored by the learner) and the round."""
         if self.learner is None:
             return
+        self._require_owner("start_learner_round")
         if self._round is not None:
             raise RuntimeError("start_learner_round called twice: finish_learner_round collects the running round")
         probe_ref = None
@@ -184,6 +239,10 @@ class RolloutController:
                 "rollout/resends": float(self.num_resends), **self._last_sync_s}
 
     def shutdown(self) -> None:
+        """Stop the actors this controller created; an attached one only lets go of them."""
+        if not self.owns_actors:
+            self.workers, self.learner = [], None
+            return
         for actor in [*self.workers, self.learner, self.board]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
@@ -192,6 +251,12 @@ class RolloutController:
             self.placement_group = None
 
     # ------------------------------------------------------------------ internals
+
+    def _require_owner(self, method: str) -> None:
+        if not self.owns_actors:
+            raise RuntimeError(f"{method} on a controller attached to namespace {self.namespace!r}: only the "
+                               "controller that created the shared service (rank 0) syncs weights and runs the "
+                               "learner; the other ranks await_policy")
 
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy | None:
         if self.placement_group is None:

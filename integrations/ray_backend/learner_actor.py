@@ -26,16 +26,24 @@ class DraftLearnerActor:
     def __init__(self, drafter_path: str, config: LearnerConfig, dtype: torch.dtype = torch.float32):
         drafter = AutoModelForCausalLM.from_pretrained(drafter_path, dtype=dtype)
         self.learner = DraftLearner(drafter, config)
+        self.num_rollouts = 0  # added since start, from every controller (every rank of a shared service)
+        self.num_rounds = 0
 
     def add_rollouts(self, batches: list[ray.ObjectRef]) -> int:
         """Add the rollouts of a round (refs to workers' `generate` results); returns how many."""
         rollouts = [r for batch in ray.get(batches) for r in batch.rollouts]
         self.learner.add_rollouts(rollouts)
+        self.num_rollouts += len(rollouts)
         return len(rollouts)
 
     def train_round(self, budget_s: float | None, break_even: float | None) -> Any:
         """One distillation round; returns the learner's `LearnerReport`."""
+        self.num_rounds += 1
         return self.learner.train_round(budget_s, break_even)
+
+    def counts(self) -> dict[str, int]:
+        """Rollouts added and rounds run since the actor started."""
+        return {"rollouts": self.num_rollouts, "rounds": self.num_rounds}
 
     def probe(self, batches: list[ray.ObjectRef]) -> Any:
         """Score served vs frozen on probe rollouts (refs to workers' `generate` results); never buffered."""

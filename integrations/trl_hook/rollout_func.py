@@ -34,9 +34,17 @@ last learner round and syncs once more when `trainer.train()` ends: the last opt
 after the last rollout, so without it evaluation, saving or a speed measurement after training
 would run the policy one step behind.
 
-Under `accelerate launch` every rank runs its own hook on its own backend: each rank gathers the
-full weights (the ZeRO-3 gather is collective anyway), syncs its own backend and runs its own learner
-rounds. One rollout service shared by all ranks is not built yet (issue 22).
+Under `accelerate launch` every rank runs its own hook with its own prompts, on one of two kinds of backend:
+
+- **one service shared by all ranks** (`backend.serves_all_ranks()`: the Ray controller of
+  `ray_backend.shared_service`): every rank enters the (ZeRO-3-collective) gather, the main rank alone
+  keeps the weights and syncs the service once, then a barrier; the other ranks `await_policy` the
+  step's version before they generate. Each rank's rollouts go to the shared learner; after a barrier
+  (every rank's rollouts are in), the main rank alone runs the learner round, so it runs once per step
+  on all of them. The service's metrics (versions, sync times, `drafter/*`) are logged on the main
+  rank, each rank's own rollout metrics on that rank;
+- **one backend per rank** (`LocalBackend`): each rank gathers the full weights, syncs its own backend
+  and runs its own learner rounds (a warning says so once: the ranks' drafters learn apart).
 
 Departure from TRL's vLLM path: sampling knobs the engine does not implement (`min_p`,
 `repetition_penalty`) raise instead of being silently ignored.
@@ -45,6 +53,7 @@ Departure from TRL's vLLM path: sampling knobs the engine does not implement (`m
 from __future__ import annotations
 
 import time
+import warnings
 from collections import defaultdict
 from typing import Any
 
@@ -83,10 +92,12 @@ class SpecrollRolloutFunc:
         if self._attached_to is not trainer:  # TRL hands the hook its trainer only here
             trainer.add_callback(PolicySyncCallback(self, trainer))
             self._attached_to = trainer
+            _warn_if_per_rank(self.backend, trainer)
         mode = "train" if trainer.model.training else "eval"
         step = trainer.state.global_step
         learns = mode == "train" and self.learn
-        if learns:
+        drives = self.drives_service(trainer)
+        if learns and drives:
             self.collect_learner_round(trainer)  # before the sync: on Ray the probe still uses the workers
         if step != self.synced_step:  # evaluation, too, sees the current policy
             self.sync_policy(trainer)
@@ -98,8 +109,10 @@ class SpecrollRolloutFunc:
         seconds = time.perf_counter() - started
         check_policy_version(rollouts, step, trainer.accelerator.process_index)
         self.num_calls += 1
-        self._log(trainer, mode, rollout_metrics(stats) | self.backend.metrics())
-        if learns:
+        self._log(trainer, mode, rollout_metrics(stats) | (self.backend.metrics() if drives else {}))
+        if learns and self.backend.serves_all_ranks():
+            trainer.accelerator.wait_for_everyone()  # every rank's rollouts are in the shared learner's buffer
+        if learns and drives:
             self.schedule.rollout_done(seconds, started)
             probe = self.schedule.probe_request(step, self._probe_prompt_ids(trainer), params,
                                                 last_step=trainer.state.max_steps - 1)
@@ -114,17 +127,31 @@ class SpecrollRolloutFunc:
             "rollout_drafter_version": [r.drafter_version for r in rollouts],
         }
 
-    def sync_policy(self, trainer: Any) -> float:
-        """Send the trainer's current policy to this process's backend (version = global step); returns seconds.
+    def drives_service(self, trainer: Any) -> bool:
+        """Whether this rank syncs the backend and runs its learner: every rank with a backend of its own,
+        only the main rank for a service shared by all ranks."""
+        return trainer.accelerator.is_main_process or not self.backend.serves_all_ranks()
 
-        Every process walks the parameters (ZeRO-3 gathers are collective) and keeps the full weights:
-        each rank of a multi-process trainer holds its own hook and backend, and each syncs its own
-        (a rollout service shared by all ranks is not built yet).
+    def sync_policy(self, trainer: Any) -> float:
+        """Bring the backend to the trainer's current policy (version = global step); returns seconds.
+
+        Every process walks the parameters (ZeRO-3 gathers are collective). With a backend per rank,
+        each keeps the full weights and syncs its own; with a shared service, the main rank syncs it
+        once, all ranks meet at a barrier, and the others check that it serves this step's version
+        (`await_policy` raises otherwise).
         """
         started = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
-        self.backend.sync_policy(gather_policy_weights(model), trainer.state.global_step)
-        self.synced_step = trainer.state.global_step
+        step = trainer.state.global_step
+        drives = self.drives_service(trainer)
+        named = gather_policy_weights(model, keep=drives)
+        if drives:
+            self.backend.sync_policy(named, step)
+        if self.backend.serves_all_ranks():
+            trainer.accelerator.wait_for_everyone()  # the main rank's sync is committed before any rank generates
+            if not drives:
+                self.backend.await_policy(step)
+        self.synced_step = step
         seconds = time.perf_counter() - started
         self._log(trainer, "train", {"weights/sync_s": seconds})
         return seconds
@@ -186,7 +213,7 @@ class PolicySyncCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         rollout_func = self.rollout_func
-        if rollout_func.learn:
+        if rollout_func.learn and rollout_func.drives_service(self.trainer):
             rollout_func.collect_learner_round(self.trainer)  # the last step's round: its probe, its drafter
         if state.global_step != rollout_func.synced_step:
             rollout_func.sync_policy(self.trainer)
@@ -199,6 +226,14 @@ def check_policy_version(rollouts: list[Rollout], step: int, rank: int) -> None:
     if stale:
         raise RuntimeError(f"rank {rank}: rollouts from policy versions {stale}, but the trainer is at step {step} "
                            "(its backend missed a policy sync)")
+
+
+def _warn_if_per_rank(backend: RolloutBackend, trainer: Any) -> None:
+    if trainer.accelerator.num_processes > 1 and not backend.serves_all_ranks() and trainer.accelerator.is_main_process:
+        warnings.warn(f"{trainer.accelerator.num_processes} trainer ranks, each with its own {type(backend).__name__}: "
+                      "every rank syncs its own engine and runs its own learner (their drafters learn apart); one "
+                      "rollout service for all ranks needs the Ray backend (specroll.integrations.ray_backend."
+                      "shared_service)", stacklevel=3)
 
 
 def _shorten(text: str, limit: int = 80) -> str:

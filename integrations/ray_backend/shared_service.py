@@ -1,0 +1,73 @@
+"""One Ray rollout service for all ranks of a multi-process trainer (`accelerate launch`, `torchrun`).
+
+    controller = shared_controller(config, ranks)   # every rank calls this, with the same config
+
+The main rank joins the Ray cluster (the given address, `$RAY_ADDRESS`, or a fresh embedded
+loopback cluster), picks a run namespace and creates the controller's workers, weight board and
+learner as named actors there; it then broadcasts the namespace and the cluster's address, which
+every other rank waits for, so no rank looks the actors up before they exist. The other ranks join
+that cluster (an embedded one is loopback-only, so they run on the same machine) and attach to the
+actors (`RolloutController.attach`). The actors belong to the main rank's driver: they stop with it,
+and two runs on one cluster never share them.
+
+`RankGroup` is what this needs from the trainer's process group; `trl_hook.ranks.AccelerateRanks`
+implements it with accelerate's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .settings import ControllerConfig
+
+
+class RankGroup(Protocol):
+    """The trainer's processes: which one is main, and a broadcast from it that the others wait for."""
+
+    @property
+    def is_main(self) -> bool: ...
+
+    def broadcast(self, value: Any) -> Any:
+        """The main rank's `value` on every rank (blocks until the main rank sends it)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ServiceAddress:
+    """Where the other ranks find the service: the Ray GCS address, whether the main rank started that
+    cluster itself (then it binds to 127.0.0.1 only), and the run's namespace."""
+
+    gcs_address: str
+    embedded: bool
+    namespace: str
+
+
+def shared_controller(config: ControllerConfig, ranks: RankGroup, address: str | None = None,
+                      num_cpus: int | None = None, timeout_s: float = 120.0) -> Any:
+    """The run's one `RolloutController`: created on the main rank, attached on the others (see module doc).
+
+    `address` / `num_cpus` are `connect_ray`'s (the main rank's cluster); `timeout_s` bounds the
+    actor lookup on the other ranks.
+    """
+    import ray
+
+    from .cluster import connect_ray, join_embedded
+    from .controller import RolloutController
+
+    service = None
+    controller = None
+    if ranks.is_main:
+        embedded = connect_ray(address, num_cpus, log_to_driver=False) == "embedded"
+        namespace = f"specroll-{uuid.uuid4().hex[:12]}"
+        controller = RolloutController(config, namespace=namespace)
+        service = ServiceAddress(ray.get_runtime_context().gcs_address, embedded, namespace)
+    service = ranks.broadcast(service)
+    if controller is not None:
+        return controller
+    if service.embedded:
+        join_embedded(service.gcs_address)
+    else:
+        connect_ray(service.gcs_address, None)
+    return RolloutController.attach(config, service.namespace, timeout_s)
