@@ -1,9 +1,16 @@
-"""Two trainer ranks (`accelerate launch --multi_gpu --num_processes 2` on CPU, gloo): every rank's backend
-serves the current policy at every step, and holds the trainer's weights after `train()`.
+"""Two trainer ranks (`accelerate launch --multi_gpu --num_processes 2` on CPU, gloo), 3 GRPO steps.
 
-Each rank runs its own `SpecrollRolloutFunc` on its own `LocalBackend`; the hook raises on any rollout
-from another policy version than the step's, so a rank whose backend missed a sync fails the run.
-Two processes of GRPOTrainer start in about a minute on 2 cores: marked slow.
+- **Ray, one shared service**: rank 0 creates the rollout service in a run namespace of the session's
+  Ray cluster (`shared_service.shared_controller`), rank 1 attaches. Every step the main rank syncs once
+  and both ranks serve that step's policy; each rank gets exactly its own prompts × G completions; one
+  set of workers and one learner exist (the named actors counted); the learner ran one round per step
+  on both ranks' rollouts; the workers hold the trainer's weights after `train()`; the service's
+  metrics are logged on rank 0 only.
+- **LocalBackend, one per rank**: each rank serves its own engine, synced with the gathered weights
+  every step (a LocalBackend cannot be shared between processes).
+
+The hook raises on any rollout from another policy version than the step's, so a stale rank fails the
+run. Two processes of GRPOTrainer take a minute or more on 2 cores: marked slow.
 """
 
 from __future__ import annotations
@@ -17,23 +24,46 @@ from pathlib import Path
 import pytest
 
 STEPS = 3
+ENTRIES = 4  # per rank and step: 2 prompts × G = 2 (trl_tiny.grpo_args)
+
+
+def launch(out: Path, backend: str, port: int, env: dict[str, str] | None = None) -> list[dict]:
+    pytest.importorskip("trl")
+    accelerate = Path(sys.executable).parent / "accelerate"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1",
+           **(env or {})}
+    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port",
+                           str(port), __file__, str(out), backend], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
 @pytest.mark.slow
 def test_two_ranks_each_roll_out_from_the_current_policy(tmp_path):
-    pytest.importorskip("trl")
-    accelerate = Path(sys.executable).parent / "accelerate"
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port",
-                           "29533", __file__, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    for rank, result in enumerate(results):
-        assert result["versions_per_call"] == [[step] * 4 for step in range(STEPS)], rank
+    for rank, result in enumerate(launch(tmp_path, "local", 29533)):
+        assert result["versions_per_call"] == [[step] * ENTRIES for step in range(STEPS)], rank
+        assert result["own_prompts"] == [True] * STEPS, rank
         assert result["engine_version"] == STEPS and result["mismatched"] == [], rank
 
 
-def main(out: Path) -> None:
+@pytest.mark.slow
+def test_two_ranks_share_one_ray_rollout_service(tmp_path, ray_cluster, tiny_model_paths):
+    env = {"RAY_ADDRESS": ray_cluster.address, "SPECROLL_TEST_MODELS": json.dumps(tiny_model_paths)}
+    results = launch(tmp_path, "ray", 29534, env)
+    for rank, result in enumerate(results):
+        assert result["versions_per_call"] == [[step] * ENTRIES for step in range(STEPS)], rank
+        assert result["own_prompts"] == [True] * STEPS, rank
+        assert result["worker_versions"] == [STEPS, STEPS] and result["mismatched"] == [], rank
+    main, other = results
+    assert main["namespace"] == other["namespace"]
+    assert main["named_actors"] == ["draft-learner", "rollout-worker-0", "rollout-worker-1", "weight-board"]
+    assert main["learner"] == {"rollouts": 2 * STEPS * ENTRIES, "rounds": STEPS}
+    assert main["service_metrics_logged"] and not other["service_metrics_logged"]
+    assert other["rollout_metrics_logged"]
+
+
+def main(out: Path, backend_kind: str) -> None:
     import copy
 
     import torch
@@ -43,14 +73,34 @@ def main(out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from trl_tiny import grpo_args, length_reward, tiny_model, tiny_tokenizer
 
-    from specroll.integrations.local_backend import LocalBackend
     from specroll.integrations.trl_hook import SpecrollRolloutFunc
-    from specroll.rollout import EngineConfig
+    from specroll.integrations.trl_hook.rollout_func import tokenize_prompts
 
     tokenizer = tiny_tokenizer()
-    policy = tiny_model(len(tokenizer), seed=0)
-    backend = LocalBackend.from_models(copy.deepcopy(policy), None, EngineConfig(max_seq_len=32, gamma=0))
+    if backend_kind == "ray":
+        from ray_fixtures import make_config
+        from transformers import AutoModelForCausalLM
+
+        from specroll.integrations.ray_backend.shared_service import shared_controller
+        from specroll.integrations.trl_hook.ranks import AccelerateRanks
+
+        paths = json.loads(os.environ["SPECROLL_TEST_MODELS"])
+        policy = AutoModelForCausalLM.from_pretrained(paths["target"])
+        backend = shared_controller(make_config(paths, strategy=None, online_learning=True), AccelerateRanks(cpu=True))
+    else:
+        from specroll.integrations.local_backend import LocalBackend
+        from specroll.rollout import EngineConfig
+
+        policy = tiny_model(len(tokenizer), seed=0)
+        backend = LocalBackend.from_models(copy.deepcopy(policy), None, EngineConfig(max_seq_len=32, gamma=0))
     seen: list[list[int]] = []
+    own_prompts: list[bool] = []
+    hook = SpecrollRolloutFunc(backend)
+
+    def rollout_func(prompts, trainer):
+        result = hook(prompts, trainer)
+        own_prompts.append(result["prompt_ids"] == tokenize_prompts(prompts, trainer))
+        return result
 
     def reward(prompts, completions, rollout_policy_version, **kwargs):
         seen.append(list(rollout_policy_version))
@@ -59,20 +109,43 @@ def main(out: Path) -> None:
     trainer = GRPOTrainer(
         model=policy, reward_funcs=reward, args=grpo_args(out / "trainer", max_steps=STEPS),
         train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{a}+{a}="}] for a in range(16)]}),
-        processing_class=tokenizer,
-        rollout_func=SpecrollRolloutFunc(backend),
+        processing_class=tokenizer, rollout_func=rollout_func,
     )
     rank = trainer.accelerator.process_index
     assert trainer.accelerator.num_processes == 2, trainer.accelerator.state  # TrainingArguments(use_cpu) → gloo
     trainer.train()
-    engine = dict(backend.engine.target.model.named_parameters())
     model = trainer.accelerator.unwrap_model(trainer.model)
-    (out / f"rank{rank}.json").write_text(json.dumps({
-        "versions_per_call": seen,
-        "engine_version": backend.engine.policy_version,
-        "mismatched": [n for n, p in model.named_parameters() if not torch.equal(engine[n], p.detach())],
-    }))
+    result = {"versions_per_call": seen, "own_prompts": own_prompts}
+    if backend_kind == "ray":
+        result.update(ray_service_state(backend, model, trainer.state.log_history))
+        trainer.accelerator.wait_for_everyone()  # rank 0's actors outlive every rank's reads
+        backend.shutdown()
+    else:
+        engine = dict(backend.engine.target.model.named_parameters())
+        result["engine_version"] = backend.engine.policy_version
+        result["mismatched"] = [n for n, p in model.named_parameters() if not torch.equal(engine[n], p.detach())]
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def ray_service_state(controller, model, history: list[dict]) -> dict:
+    import ray
+    import torch
+
+    from specroll.integrations.ray_backend.weight_sync import unpack_buckets
+
+    board = ray.get(controller.board.latest.remote())["policy"]
+    served = unpack_buckets(board, [torch.from_numpy(a.copy()) for a in ray.get(list(board.route))])
+    return {
+        "namespace": controller.namespace,
+        "named_actors": sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                               if a["namespace"] == controller.namespace),
+        "learner": ray.get(controller.learner.counts.remote()),
+        "worker_versions": [ray.get(w.versions.remote())["policy"] for w in controller.workers],
+        "mismatched": [n for n, p in model.named_parameters() if not torch.equal(served[n], p.detach())],
+        "service_metrics_logged": any("rollout/policy_version" in e for e in history),
+        "rollout_metrics_logged": any("rollout/tokens" in e for e in history),
+    }
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2])

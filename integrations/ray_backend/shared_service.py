@@ -17,8 +17,9 @@ implements it with accelerate's.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from .settings import ControllerConfig
 
@@ -44,12 +45,13 @@ class ServiceAddress:
     namespace: str
 
 
-def shared_controller(config: ControllerConfig, ranks: RankGroup, address: str | None = None,
-                      num_cpus: int | None = None, timeout_s: float = 120.0) -> Any:
+def shared_controller(config: ControllerConfig, ranks: RankGroup,
+                      connect: Callable[[], Literal["embedded", "joined"]] | None = None,
+                      timeout_s: float = 120.0) -> Any:
     """The run's one `RolloutController`: created on the main rank, attached on the others (see module doc).
 
-    `address` / `num_cpus` are `connect_ray`'s (the main rank's cluster); `timeout_s` bounds the
-    actor lookup on the other ranks.
+    `connect` puts the main rank on a Ray cluster and says which kind (default: `connect_ray` with
+    `$RAY_ADDRESS` or an embedded cluster); `timeout_s` bounds the actor lookup on the other ranks.
     """
     import ray
 
@@ -59,7 +61,7 @@ def shared_controller(config: ControllerConfig, ranks: RankGroup, address: str |
     service = None
     controller = None
     if ranks.is_main:
-        embedded = connect_ray(address, num_cpus, log_to_driver=False) == "embedded"
+        embedded = (connect or (lambda: connect_ray(None, None, log_to_driver=False)))() == "embedded"
         namespace = f"specroll-{uuid.uuid4().hex[:12]}"
         controller = RolloutController(config, namespace=namespace)
         service = ServiceAddress(ray.get_runtime_context().gcs_address, embedded, namespace)

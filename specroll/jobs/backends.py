@@ -5,11 +5,16 @@ the Ray job, so one YAML means the same to both.
     backend = make_backend(config, sources)   # Ray workers (embedded cluster or the job's) or in-process
     ...
     backend.shutdown(); stop_ray()
+
+Under `accelerate launch` (several trainer ranks, `trainer_ranks` not None) the Ray backend is one
+service for all ranks (`ray_backend.shared_service`: rank 0 creates it, the others attach); the local
+backend is one engine per rank (an engine in one process cannot be shared).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -58,8 +63,19 @@ def resolve_models(config: TrainConfig) -> ModelSources:
                         time.perf_counter() - started if building else 0.0)
 
 
-def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
-    """The config's backend on `sources`; each backend records learning signals itself when it has a learner."""
+def trainer_ranks(config: TrainConfig) -> Any | None:
+    """The trainer's process group (`AccelerateRanks`) when a launcher started several ranks, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from specroll.integrations.trl_hook.ranks import AccelerateRanks
+
+    return AccelerateRanks(cpu=config.engine.device == "cpu")
+
+
+def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None = None) -> RolloutBackend:
+    """The config's backend on `sources`; each backend records learning signals itself when it has a learner.
+
+    With `ranks` (several trainer ranks), the Ray backend is one service shared by them all."""
     learner = dataclasses.replace(config.learner, temperature=config.grpo.temperature)
     learner = learner if config.online_learning and sources.paths.drafter else None
     if config.backend.kind == "local":
@@ -75,14 +91,19 @@ def make_backend(config: TrainConfig, sources: ModelSources) -> RolloutBackend:
     from specroll.integrations.ray_backend.controller import RolloutController
     from specroll.integrations.ray_backend.settings import ControllerConfig
 
+    controller_config = ControllerConfig(sources.paths, config.engine, config.backend.topology, config.backend.sync,
+                                         learner)
+    if ranks is not None:
+        from specroll.integrations.ray_backend.shared_service import shared_controller
+
+        return shared_controller(controller_config, ranks, connect=lambda: start_ray(config))
     start_ray(config)
-    return RolloutController(ControllerConfig(sources.paths, config.engine, config.backend.topology,
-                                              config.backend.sync, learner))
+    return RolloutController(controller_config)
 
 
-def start_ray(config: TrainConfig) -> None:
+def start_ray(config: TrainConfig) -> str:
     """Join the cluster of `ray job submit` (its RAY_ADDRESS) or `backend.address`, else start an embedded,
-    loopback-only cluster with Ray's token auth on (`ray_backend.cluster` says why it is safe)."""
+    loopback-only cluster with Ray's token auth on (`ray_backend.cluster` says why it is safe); returns which."""
     import ray
 
     from specroll.integrations.ray_backend.cluster import connect_ray
@@ -90,10 +111,12 @@ def start_ray(config: TrainConfig) -> None:
     topo = config.backend.topology
     cpus = topo.num_workers * topo.worker.num_cpus + (topo.learner.num_cpus if config.online_learning else 0)
     num_cpus = max(int(cpus + 0.999), 1)
-    if connect_ray(config.backend.address, num_cpus, log_to_driver=False) == "joined":
+    where = connect_ray(config.backend.address, num_cpus, log_to_driver=False)
+    if where == "joined":
         print(f"specroll: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", flush=True)
     else:
         print(f"specroll: started an embedded Ray cluster ({num_cpus} CPUs, 127.0.0.1 only)", flush=True)
+    return where
 
 
 def stop_ray() -> None:

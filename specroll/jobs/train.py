@@ -14,12 +14,17 @@ The main job, end to end:
 6. write the report folder (`report.write_report`) and print where it is, with the model build's
    seconds apart from the run's.
 
+Under `accelerate launch` (docs/ray.md, *Several trainer processes*) every rank runs steps 1-4; the
+main rank builds the demo models first, creates the shared Ray service (the others attach), measures
+the speed and writes the report; it stops the service last.
+
 Only argparse is imported at module level: `specroll train --help` answers before torch loads.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -36,9 +41,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import yaml
 
+    from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
     from specroll.integrations.yaml_config import ConfigError
 
-    from .backends import make_backend, resolve_models, stop_ray
+    from .backends import make_backend, resolve_models, stop_ray, trainer_ranks
     from .report import write_report
     from .speed import measure_speed
     from .task_source import load_task
@@ -48,22 +54,34 @@ def run(args: argparse.Namespace) -> int:
     if args.out_dir:
         config.report.out_dir = args.out_dir
     started = time.perf_counter()
-    print("specroll train: resolved config\n" + yaml.safe_dump(resolved_dict(config), sort_keys=False))
-    sources = resolve_models(config)  # a first-run model build has the machine to itself: all threads
+    ranks = trainer_ranks(config)  # None unless a launcher (accelerate launch, torchrun) started several ranks
+    main = ranks is None or ranks.is_main
+    if main:
+        print("specroll train: resolved config\n" + yaml.safe_dump(resolved_dict(config), sort_keys=False))
+    with ranks.main_first() if ranks is not None else contextlib.nullcontext():  # one rank builds the demo models
+        sources = resolve_models(config)  # a first-run model build has the machine to itself: all threads
     if sources.tokenizer is None:
         raise ConfigError(f"models.tokenizer={config.models.tokenizer!r} is invalid: no tokenizer found for "
                           f"{sources.paths.target} (GRPO needs one: set models.tokenizer)")
     task = load_task(config.task, sources.max_digits)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    backend = make_backend(config, sources)
+    backend = make_backend(config, sources, ranks)
     try:
         trainer, schedule = train(config, sources, task, backend)
-        speed = measure_speed(config, sources, task, trainer, backend)
-    finally:
+        if main:
+            speed = measure_speed(config, sources, task, trainer, backend)
+        else:  # the main rank's measurement and policy save gather ZeRO-3 weights: collectives every rank joins
+            for _ in range(1 + config.report.save_policy):
+                gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model), keep=False)
+    except BaseException:
         backend.shutdown()
         if config.backend.kind == "ray":
             stop_ray()
+        raise
+    stop_backend(config, backend, ranks)
+    if not main:
+        return 0
     history = trainer.state.log_history
     if config.report.save_policy:
         save_policy(trainer, Path(config.report.out_dir))
@@ -75,6 +93,24 @@ def run(args: argparse.Namespace) -> int:
           f"{speed.spec_tokens_per_s:.0f} tok/s vs plain {speed.plain_tokens_per_s:.0f} tok/s "
           f"({speed.speedup:.2f}x); report: {files.html}")
     return 0
+
+
+def stop_backend(config: Any, backend: Any, ranks: Any | None) -> None:
+    """Shut the backend (and the Ray this run started) down; with several ranks, the main rank's last:
+    its actors and embedded cluster outlive every other rank's use of them."""
+    from .backends import stop_ray
+
+    main = ranks is None or ranks.is_main
+    if not main:
+        backend.shutdown()
+        if config.backend.kind == "ray":
+            stop_ray()
+    if ranks is not None:
+        ranks.barrier()
+    if main:
+        backend.shutdown()
+        if config.backend.kind == "ray":
+            stop_ray()
 
 
 def save_policy(trainer: Any, out: Path) -> None:
