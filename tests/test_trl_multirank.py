@@ -6,6 +6,9 @@
   set of workers and one learner exist (the named actors counted); the learner ran one round per step
   on both ranks' rollouts; the workers hold the trainer's weights after `train()`; the service's
   metrics are logged on rank 0 only.
+- **`specroll train` on two processes** (the documented `accelerate launch ... -m specroll.cli train`,
+  tiny demo recipe): rank 0 starts an embedded loopback cluster and the shared service, rank 1 joins
+  it, and one report comes out.
 - **LocalBackend, one per rank**: each rank serves its own engine, synced with the gathered weights
   every step (a LocalBackend cannot be shared between processes).
 
@@ -61,6 +64,26 @@ def test_two_ranks_share_one_ray_rollout_service(tmp_path, ray_cluster, tiny_mod
     assert main["learner"] == {"rollouts": 2 * STEPS * ENTRIES, "rounds": STEPS}
     assert main["service_metrics_logged"] and not other["service_metrics_logged"]
     assert other["rollout_metrics_logged"]
+
+
+@pytest.mark.slow
+def test_specroll_train_runs_on_two_processes(tmp_path, tiny_demo_cache):
+    pytest.importorskip("trl")
+    accelerate = Path(sys.executable).parent / "accelerate"
+    config = Path(__file__).resolve().parents[1] / "configs" / "demo_tiny.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # as a user runs it: embedded Ray
+    env.update(SPECROLL_CACHE=str(tiny_demo_cache), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
+    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port",
+                           "29535", "-m", "specroll.cli", "train", "--config", str(config), "--out-dir",
+                           str(tmp_path / "report")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("specroll: started an embedded Ray cluster") == 1, done.stdout
+    assert done.stdout.count("specroll train: done in") == 1, done.stdout
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["steps"] == 2
+    steps = [json.loads(line) for line in (tmp_path / "report" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["rollout/policy_version"] for e in steps if "reward" in e] == [0.0, 1.0]
 
 
 def main(out: Path, backend_kind: str) -> None:

@@ -28,6 +28,7 @@ import os
 from typing import Literal
 
 SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 
 def connect_ray(address: str | None, num_cpus: int | None, log_to_driver: bool = True
@@ -52,13 +53,23 @@ def connect_ray(address: str | None, num_cpus: int | None, log_to_driver: bool =
     return "embedded"
 
 
-def join_embedded(gcs_address: str) -> None:
+def join_embedded(gcs_address: str, auth_mode: str | None) -> None:
     """Join an embedded cluster another process of this machine started (`connect_ray`), as a driver on
-    127.0.0.1 too (e.g. rank 1 of a trainer whose rank 0 started the cluster; `shared_service`)."""
+    127.0.0.1 too (e.g. rank 1 of a trainer whose rank 0 started the cluster; `shared_service`).
+
+    `auth_mode` is the starting process's `RAY_AUTH_MODE` (Ray sets it to "token" there when it turns
+    token auth on for the new cluster): a driver that joins an explicit address sends the token
+    (`~/.ray/auth_token`, which that `ray.init` wrote) only in token mode, which Ray turns on here the way
+    it does for a new cluster; a mode set in this process already is kept.
+    """
     import ray
 
     if ray.is_initialized():
         return
+    if auth_mode == "token" and AUTH_MODE_ENV not in os.environ:
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+        _enable_token_auth()  # sets RAY_AUTH_MODE=token and refreshes Ray's cached config (already imported)
     _single_node()
     ray.init(address=gcs_address, _node_ip_address="127.0.0.1", log_to_driver=False)
 

@@ -16,6 +16,7 @@ implements it with accelerate's.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,11 +39,13 @@ class RankGroup(Protocol):
 @dataclass(frozen=True)
 class ServiceAddress:
     """Where the other ranks find the service: the Ray GCS address, whether the main rank started that
-    cluster itself (then it binds to 127.0.0.1 only), and the run's namespace."""
+    cluster itself (then it binds to 127.0.0.1 only, and `auth_mode` is the token auth Ray set up for
+    it), and the run's namespace."""
 
     gcs_address: str
     embedded: bool
     namespace: str
+    auth_mode: str | None = None
 
 
 def shared_controller(config: ControllerConfig, ranks: RankGroup,
@@ -55,7 +58,7 @@ def shared_controller(config: ControllerConfig, ranks: RankGroup,
     """
     import ray
 
-    from .cluster import connect_ray, join_embedded
+    from .cluster import AUTH_MODE_ENV, connect_ray, join_embedded
     from .controller import RolloutController
 
     service = None
@@ -64,12 +67,13 @@ def shared_controller(config: ControllerConfig, ranks: RankGroup,
         embedded = (connect or (lambda: connect_ray(None, None, log_to_driver=False)))() == "embedded"
         namespace = f"specroll-{uuid.uuid4().hex[:12]}"
         controller = RolloutController(config, namespace=namespace)
-        service = ServiceAddress(ray.get_runtime_context().gcs_address, embedded, namespace)
+        service = ServiceAddress(ray.get_runtime_context().gcs_address, embedded, namespace,
+                                 os.environ.get(AUTH_MODE_ENV))
     service = ranks.broadcast(service)
     if controller is not None:
         return controller
     if service.embedded:
-        join_embedded(service.gcs_address)
+        join_embedded(service.gcs_address, service.auth_mode)
     else:
         connect_ray(service.gcs_address, None)
     return RolloutController.attach(config, service.namespace, timeout_s)

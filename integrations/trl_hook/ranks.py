@@ -9,6 +9,7 @@ environment, as the trainer will: gloo on CPU, NCCL on GPU), so it can run befor
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,12 +17,21 @@ from typing import Any
 class AccelerateRanks:
     """Implements `ray_backend.shared_service.RankGroup` over accelerate's process group."""
 
-    def __init__(self, cpu: bool = False) -> None:
-        """`cpu`: the trainer runs on CPU (`TrainingArguments(use_cpu=True)`; gloo), as accelerate needs to know
-        before it sets the process group up."""
+    def __init__(self, cpu: bool = False, deepspeed: bool = False) -> None:
+        """`cpu`: the trainer runs on CPU (`TrainingArguments(use_cpu=True)`; gloo); `deepspeed`: it runs
+        DeepSpeed (`TrainingArguments(deepspeed=...)`). Accelerate needs both before it sets the process
+        group up; `deepspeed` is told it the way `TrainingArguments` tells it (`ACCELERATE_USE_DEEPSPEED`
+        while the state is made)."""
         from accelerate import PartialState
 
-        self.state = PartialState(cpu=cpu)
+        told = deepspeed and "ACCELERATE_USE_DEEPSPEED" not in os.environ
+        if told:
+            os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        try:
+            self.state = PartialState(cpu=cpu)
+        finally:
+            if told:
+                del os.environ["ACCELERATE_USE_DEEPSPEED"]
 
     @property
     def is_main(self) -> bool:

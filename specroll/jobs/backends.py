@@ -69,7 +69,7 @@ def trainer_ranks(config: TrainConfig) -> Any | None:
         return None
     from specroll.integrations.trl_hook.ranks import AccelerateRanks
 
-    return AccelerateRanks(cpu=config.engine.device == "cpu")
+    return AccelerateRanks(cpu=config.engine.device == "cpu", deepspeed=config.grpo.deepspeed is not None)
 
 
 def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None = None) -> RolloutBackend:
