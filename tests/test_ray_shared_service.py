@@ -108,3 +108,32 @@ def _target_weights(controller: RolloutController) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(controller.config.models.target)
     return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def rank_trainer(model, step: int, is_main: bool):
+    """What the hook reads of a trainer rank of a two-process launch (the barrier passes at once here)."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        model=model, state=SimpleNamespace(global_step=step), _metrics=defaultdict(lambda: defaultdict(list)),
+        accelerator=SimpleNamespace(unwrap_model=lambda m: m, is_main_process=is_main, num_processes=2,
+                                    wait_for_everyone=lambda: None),
+    )
+
+
+def test_the_hook_syncs_once_from_the_main_rank_and_a_stale_rank_raises(service):
+    from transformers import AutoModelForCausalLM
+
+    from specroll.integrations.trl_hook import SpecrollRolloutFunc
+
+    main, other = service
+    policy = AutoModelForCausalLM.from_pretrained(main.config.models.target)
+    step = main.policy_version + 1
+    SpecrollRolloutFunc(other).sync_policy(rank_trainer(policy, step - 1, is_main=False))  # not this step's
+    with pytest.raises(WeightSyncError, match=rf"serves policy versions \[{step - 1}\], not {step}"):
+        SpecrollRolloutFunc(other).sync_policy(rank_trainer(policy, step, is_main=False))  # main has not synced
+    SpecrollRolloutFunc(main).sync_policy(rank_trainer(policy, step, is_main=True))
+    SpecrollRolloutFunc(other).sync_policy(rank_trainer(policy, step, is_main=False))
+    assert other.policy_version == main.policy_version == step
+    assert [ray.get(w.versions.remote())["policy"] for w in main.workers] == [step, step]
