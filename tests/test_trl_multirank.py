@@ -30,7 +30,8 @@ STEPS = 3
 ENTRIES = 4  # per rank and step: 2 prompts × G = 2 (trl_tiny.grpo_args)
 
 
-def launch(out: Path, backend: str, port: int, env: dict[str, str] | None = None) -> list[dict]:
+def launch(out: Path, backend: str, port: int, env: dict[str, str] | None = None) -> tuple[list[dict], str]:
+    """Both ranks' results, and the launch's stderr."""
     pytest.importorskip("trl")
     accelerate = Path(sys.executable).parent / "accelerate"
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1",
@@ -39,12 +40,14 @@ def launch(out: Path, backend: str, port: int, env: dict[str, str] | None = None
                            str(port), __file__, str(out), backend], env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)], done.stderr
 
 
 @pytest.mark.slow
 def test_two_ranks_each_roll_out_from_the_current_policy(tmp_path):
-    for rank, result in enumerate(launch(tmp_path, "local", 29533)):
+    results, stderr = launch(tmp_path, "local", 29533)
+    assert stderr.count("2 trainer ranks, each with its own LocalBackend") == 1, stderr[-4000:]  # main rank warns
+    for rank, result in enumerate(results):
         assert result["versions_per_call"] == [[step] * ENTRIES for step in range(STEPS)], rank
         assert result["own_prompts"] == [True] * STEPS, rank
         assert result["engine_version"] == STEPS and result["mismatched"] == [], rank
@@ -53,7 +56,8 @@ def test_two_ranks_each_roll_out_from_the_current_policy(tmp_path):
 @pytest.mark.slow
 def test_two_ranks_share_one_ray_rollout_service(tmp_path, ray_cluster, tiny_model_paths):
     env = {"RAY_ADDRESS": ray_cluster.address, "SPECROLL_TEST_MODELS": json.dumps(tiny_model_paths)}
-    results = launch(tmp_path, "ray", 29534, env)
+    results, stderr = launch(tmp_path, "ray", 29534, env)
+    assert "each with its own" not in stderr
     for rank, result in enumerate(results):
         assert result["versions_per_call"] == [[step] * ENTRIES for step in range(STEPS)], rank
         assert result["own_prompts"] == [True] * STEPS, rank
