@@ -120,12 +120,16 @@ def _samples(target: PreTrainedModel, prompts: list[list[int]], stop_token_ids: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--retrain", default="", help="comma-separated heads to train again (eagle, medusa)")
+    parser.add_argument("--budget-s", type=float, default=HeadTrainingSettings.budget_s, help="training per head")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from specroll.demo.model_cache import load_or_build_demo_models, models_dir
 
     demo = load_or_build_demo_models()
-    settings = HeadTrainingSettings()
+    settings = HeadTrainingSettings(budget_s=args.budget_s)
+    for name in filter(None, args.retrain.split(",")):
+        (heads_dir(models_dir()) / f"{name}.pt").unlink(missing_ok=True)
     prompts = training_prompts(demo.tokenizer, settings.prompts)
     load_or_train_heads(demo.target, prompts, (demo.tokenizer.eos_token_id,), models_dir(), settings)
     print((heads_dir(models_dir()) / "report.json").read_text()[:2000])
