@@ -116,11 +116,12 @@ class DraftLearner:
         budget = min(budgets) if budgets else None
         # A gate scores the candidate on every held-out entry and the published and frozen drafters on
         # the entries they have not seen; it is reserved (with a margin) from the round's budget, and
-        # taken only once the candidate has trained at least as long as a gate costs: on short budgets
-        # scoring every round would leave no time to train. A round that does not gate only trains.
+        # taken only once the candidate has trained at least as long as a gate costs (on short budgets
+        # scoring every round would leave no time to train) and only within the budget. A round that
+        # does not gate only trains.
         unscored = sum(len(self.holdout) - len(self._entry_scores.get(n, ())) for n in ("published", "frozen"))
         eval_cost = 1.2 * self._scoring_s_per_entry * (len(self.holdout) + unscored)
-        gate = budget is None or self._trained_since_gate_s + max(0.0, budget - eval_cost) >= eval_cost
+        gate = budget is None or (budget >= eval_cost and self._trained_since_gate_s + budget - eval_cost >= eval_cost)
         deadline = None if budget is None else started + budget - (eval_cost if gate else 0.0)
         losses, num_positions, train_time = self._train_steps(deadline)
         self._trained_since_gate_s += train_time
