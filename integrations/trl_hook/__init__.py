@@ -1,5 +1,6 @@
 """specroll as TRL's `GRPOTrainer(rollout_func=...)` hook (`rollout_func`) and the policy's weights
-gathered for a sync from plain, PEFT or DeepSpeed ZeRO-3 models (`policy_sync`)."""
+gathered for a sync from plain, PEFT or DeepSpeed ZeRO-3 models (`policy_sync`); the trainer's ranks under
+`accelerate launch` for the shared Ray service (`ranks`)."""
 
 from .rollout_func import PolicySyncCallback, SpecrollRolloutFunc
 

@@ -71,20 +71,19 @@ def run(args: argparse.Namespace) -> int:
         trainer, schedule = train(config, sources, task, backend)
         if main:
             speed = measure_speed(config, sources, task, trainer, backend)
-        else:  # the main rank's measurement and policy save gather ZeRO-3 weights: collectives every rank joins
-            for _ in range(1 + config.report.save_policy):
-                gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model), keep=False)
+        else:  # the main rank's measurement gathers ZeRO-3 weights: a collective every rank joins
+            gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model), keep=False)
     except BaseException:
         backend.shutdown()
         if config.backend.kind == "ray":
             stop_ray()
         raise
     stop_backend(config, backend, ranks)
+    if config.report.save_policy:
+        save_policy(trainer, Path(config.report.out_dir), write=main)
     if not main:
         return 0
     history = trainer.state.log_history
-    if config.report.save_policy:
-        save_policy(trainer, Path(config.report.out_dir))
     wall_s = time.perf_counter() - started
     files = write_report(config.report.out_dir, history, speed, resolved_dict(config),
                          summarize(history, speed, wall_s, sources.build_s, schedule), schedule.events, schedule.probes)
@@ -113,14 +112,18 @@ def stop_backend(config: Any, backend: Any, ranks: Any | None) -> None:
             stop_ray()
 
 
-def save_policy(trainer: Any, out: Path) -> None:
-    """The final policy's weights in `out/policy.safetensors` (to compare two runs parameter by parameter)."""
+def save_policy(trainer: Any, out: Path, write: bool = True) -> None:
+    """The final policy's weights in `out/policy.safetensors` (to compare two runs parameter by parameter).
+
+    Every rank calls it (a ZeRO-3 gather is collective); only the one with `write` keeps and writes them."""
     from safetensors.torch import save_file
 
     from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
 
+    policy = gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model), keep=write)
+    if not write:
+        return
     out.mkdir(parents=True, exist_ok=True)
-    policy = gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model))
     save_file({name: t.detach().clone() for name, t in policy.items()}, str(out / "policy.safetensors"))
 
 
@@ -196,9 +199,11 @@ def progress_bar() -> Any:
         def on_train_begin(self, args, state, control, **kwargs):
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=state.max_steps, desc="GRPO", unit="step")
+            self.bar = tqdm(total=state.max_steps, desc="GRPO", unit="step", disable=not state.is_world_process_zero)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero:  # one bar and one summary line per run, from the main rank
+                return
             logs = logs or {}
             shown = {"reward": "reward", "rollout/tokens_per_s": "tok/s", "rollout/acceptance_rate": "accept",
                      "drafter/version": "drafter"}
@@ -208,7 +213,7 @@ def progress_bar() -> Any:
 
         def on_train_end(self, args, state, control, **kwargs):
             self.bar.close()
-            if state.log_history:
+            if state.log_history and state.is_world_process_zero:
                 print(json.dumps({k: v for k, v in state.log_history[-1].items() if isinstance(v, (int, float))}))
 
     return ProgressBar()
