@@ -5,7 +5,9 @@ from (verification needs q), is told after the step which tokens the rows kept, 
 scheduler's row moves and prefills. It reports what its drafts cost (`time_drafts`, for auto-γ's cost
 model) and whether it has weights the learner can update (`trainable`). The engine takes any object
 with these methods: `ModelDrafter` (an independent LM, the default), `suffix.SuffixDrafter` (model-free,
-over sibling and earlier completions), and `multi_drafter.MultiDrafter` (a per-row choice between them).
+over sibling and earlier completions), `multi_drafter.MultiDrafter` (a per-row choice between them), and
+the drafters that read the target (`layer_skip.LayerSkipDrafter`, `eagle.EagleDrafter`,
+`medusa.MedusaDrafter`; the last two ask for its hidden states: `wants_hidden`, `rollout.hidden`).
 
 A drafter owns no randomness: it draws each draft with the `draw(q_i, i)` the engine hands it —
 Gumbel-max with the token noise of that row and position (`sampling.StepNoise.draw_draft`), the noise

@@ -12,8 +12,8 @@ draft's state sits at or past seq_len - 1 and is overwritten by the next verific
 drafter may read it; the state at seq_len - 1 (the last token, not yet fed) is never valid. Row moves
 and new requests follow `RowBuffers.move_row` / `load` like every other per-slot buffer.
 
-Memory: B × L × H × dtype bytes (the demo: 64 × 1034 × 256 × 4 B ≈ 68 MB; a 7B target at bf16, 64
-rows of 4k tokens ≈ 2 GB). Only EAGLE reads past the last position (its catch-up after rows it did
+Memory: B × L × H × dtype bytes (the demo target, H = 512: 64 × 1034 × 512 × 4 B ≈ 135 MB; a 7B target
+at bf16, 64 rows of 4k tokens ≈ 2 GB). Only EAGLE reads past the last position (its catch-up after rows it did
 not draft for); a ring of γ + 1 positions per row would do for Medusa alone.
 """
 
