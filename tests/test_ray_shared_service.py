@@ -91,16 +91,12 @@ def test_only_the_creating_rank_syncs_and_learns(service):
         other.start_learner_round(None)
 
 
-def test_an_attached_controller_lets_go_without_stopping_the_service(ray_cluster, tiny_model_paths):  # noqa: F811
-    config = make_config(tiny_model_paths, num_workers=1, strategy=None)
-    main = RolloutController(config, namespace="specroll-test-letgo")
-    try:
-        RolloutController.attach(config, "specroll-test-letgo").shutdown()
-        assert ray.get(main.workers[0].versions.remote()) == {"policy": 0, "drafter": 0}
-    finally:
-        main.shutdown()
-    with pytest.raises(RuntimeError, match="no actor 'rollout-worker-0' in Ray namespace 'specroll-test-letgo'"):
-        RolloutController.attach(config, "specroll-test-letgo", timeout_s=1.0)
+def test_an_attached_controller_lets_go_without_stopping_the_service(service):
+    main, _ = service
+    RolloutController.attach(main.config, main.namespace).shutdown()
+    assert all(ray.get(w.versions.remote())["policy"] == main.policy_version for w in main.workers)
+    with pytest.raises(RuntimeError, match="no actor 'rollout-worker-0' in Ray namespace 'specroll-none'"):
+        RolloutController.attach(main.config, "specroll-none", timeout_s=1.0)
 
 
 def _target_weights(controller: RolloutController) -> dict:
