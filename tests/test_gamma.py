@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gamma_helpers import with_acceptance
 
 from specroll.rollout.cost_model import CostModel, ForwardTimes
 from specroll.rollout.gamma import (
@@ -24,14 +25,6 @@ def synthetic(target_time, drafter_time) -> CostModel:
     t = ForwardTimes(BATCHES, QUERIES, [[target_time(b, q) for q in QUERIES] for b in BATCHES])
     d = ForwardTimes(BATCHES, [1, 2], [[drafter_time(b, q) for q in (1, 2)] for b in BATCHES])
     return CostModel(target=t, drafter=d)
-
-
-def with_acceptance(policy: AutoGamma, alpha: float) -> AutoGamma:
-    for est in policy.estimates.values():
-        est.alpha = [alpha] * len(est.alpha)
-        est.alpha_by_state = [list(est.alpha), list(est.alpha)]
-        est.seen = [True] * len(est.alpha)
-    return policy
 
 
 def test_free_drafts_all_accepted_picks_max_gamma():

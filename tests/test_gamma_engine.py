@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 from conftest import make_prompts, noisy_copy, tiny_lm
-from test_gamma import with_acceptance
+from gamma_helpers import with_acceptance
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.cost_model import calibrate
