@@ -1,10 +1,10 @@
 """HeadLearner: trains an EAGLE-style head or Medusa heads on the policy's own features, publish-if-better.
 
 Usage (the engine runs an "eagle" or "medusa" drafter with `record_signals=True`, so every rollout
-carries the target's hidden states and top-k p: `head_data.from_rollout`)::
+carries the target's hidden states and top-k p)::
 
     learner = HeadLearner(head, target.get_input_embeddings(), target.get_output_embeddings())
-    learner.add(head_data.from_rollout(r) for r in rollouts)
+    learner.add_rollouts(rollouts)
     report = learner.train_round(budget_s=...)              # while the trainer updates the policy
     if report.published:
         engine.update_drafter(learner.published_state_dict(), learner.version)
@@ -36,8 +36,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specroll.rollout import Rollout
+
 from .divergence import LOSSES, expected_acceptance
-from .head_data import FeatureBatch, FeatureSequence, collate
+from .head_data import FeatureBatch, FeatureSequence, collate, from_rollout
 from .head_objectives import HeadObjective, objective_for
 from .paired import GroupScores, paired_gain
 
@@ -110,6 +112,11 @@ class HeadLearner:
         while self._positions > self.config.max_positions and (self.train_set or self.holdout):
             older = self.train_set if len(self.train_set) >= 3 * len(self.holdout) else self.holdout
             self._positions -= (older or self.train_set or self.holdout).popleft().token_ids.shape[0]
+
+    def add_rollouts(self, rollouts: Iterable[Rollout]) -> None:
+        """`add` the rollouts' recorded features (`head_data.from_rollout`; empty completions skipped) — the
+        call `DraftLearner` takes, so a backend feeds either learner alike."""
+        self.add(from_rollout(r) for r in rollouts if r.completion_ids)
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         return {name: t.detach().clone() for name, t in self.published_head.state_dict().items()}

@@ -50,7 +50,7 @@ def test_trained_head_accepts_more_in_the_engine(kind):
     before = engine.stats.acceptance_rate
     learner = HeadLearner(fresh, model.get_input_embeddings(), model.get_output_embeddings(),
                           HeadLearnerConfig(lr=3e-3, max_steps=300))
-    learner.add(from_rollout(r) for r in out)
+    learner.add_rollouts(out)
     report = learner.train_round()
     assert report.published and report.version == 1
     assert report.candidate > report.frozen + 0.05  # held-out expected acceptance, first draft / per head
