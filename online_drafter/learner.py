@@ -14,6 +14,8 @@ Usage (the loop DESIGN.md draws; `engine` is a `SpecEngine` with `record_signals
 The learner trains a private fp32 copy of the drafter — the *candidate* — teacher-forced on buffered
 contexts, with the bucketed forward KL (or TV) to the target's recorded top-k (`divergence.py`). It
 never holds the target: everything it knows of p is the recorded top-k, so no gradient reaches the policy.
+What is judged and published is an exponential average of the trained weights (`ema_decay`): on a
+drafter already close to the policy, single lr-1e-3 steps are mostly noise, their average is not.
 
 Decisions are paired comparisons on the same positions with a group-clustered interval (`paired.py`):
 
@@ -57,8 +59,8 @@ from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
 from .scoring import DrafterScorer
 
-CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "candidate", "optimizer", "buffer", "holdout",
-                   "generator")
+CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "candidate", "averaged", "optimizer", "buffer",
+                   "holdout", "generator")
 
 
 class DraftLearner:
@@ -70,6 +72,9 @@ class DraftLearner:
         self.device = torch.device(config.device)
         self.model = copy.deepcopy(drafter).to(self.device, torch.float32)
         self.frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
+        # The candidate that is judged and published: an exponential average of the trained weights
+        # (`ema_decay`; the trained weights themselves when 0), so one noisy step does not decide.
+        self.averaged = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.buffer = buffer if buffer is not None else DraftBuffer(config.buffer)
         self.holdout = HoldoutSet(config.holdout_fraction, config.max_holdout_positions)
         self.scorer = DrafterScorer(config.temperature, config.eval_batch_size, config.holdout_recency_decay,
@@ -138,7 +143,7 @@ class DraftLearner:
                                  num_holdout_groups=len(set(self.holdout.keys)), **report)
         scored = time.perf_counter()
         published, frozen = self._cached("published"), self._cached("frozen")
-        candidate_entries = self.scorer.score_entries(self.model, self.holdout.entries)
+        candidate_entries = self.scorer.score_entries(self.averaged, self.holdout.entries)
         self._scoring_s_per_entry = _smoothed(self._scoring_s_per_entry,
                                               (time.perf_counter() - scored) / (len(self.holdout) + unscored))
         self._trained_since_gate_s, self._candidate_changed = 0.0, False
@@ -147,7 +152,7 @@ class DraftLearner:
         z, event = self.config.gate_z, None
         publish = gain.above(z, self.config.min_improvement)
         if publish:
-            self._publish(self._snapshot(), candidate_entries)
+            self._publish(self._snapshot(self.averaged), candidate_entries)
         elif gain.below(z, self.config.reset_margin):
             self._load_candidate(self._published)
             event = f"candidate reset to version {self.version}: it scored {gain.mean:+.4f} ± {gain.se:.4f} below it"
@@ -213,6 +218,7 @@ class DraftLearner:
             "published": self._published,
             "frozen": self._snapshot(self.frozen),
             "candidate": self._snapshot(),
+            "averaged": self._snapshot(self.averaged),
             "optimizer": self._optimizer.state_dict(),
             "buffer": self.buffer.state_dict(),
             "holdout": self.holdout.state_dict(),
@@ -232,6 +238,7 @@ class DraftLearner:
         learner = cls(drafter, LearnerConfig(**state["config"]), buffer)
         copy_into(learner.frozen, state["frozen"], f"checkpoint {path}: the drafter")
         copy_into(learner.model, state["candidate"], f"checkpoint {path}: the drafter")
+        copy_into(learner.averaged, state["averaged"], f"checkpoint {path}: the drafter")
         copy_into(copy.deepcopy(learner.model), state["published"], f"checkpoint {path}: the drafter")
         learner._published = state["published"]
         learner._optimizer.load_state_dict(state["optimizer"])
@@ -270,7 +277,7 @@ class DraftLearner:
             self._publish(self._snapshot(self.frozen), self._entry_scores.get("frozen"))
             self._load_candidate(self._published)
         else:
-            self._publish(self._snapshot(), candidate_entries)
+            self._publish(self._snapshot(self.averaged), candidate_entries)
         return f"{reason}; reverted to the {best} drafter as version {self.version}"
 
     def _publish(self, weights: dict[str, torch.Tensor], held_out_entry_scores: torch.Tensor | None) -> None:
@@ -306,6 +313,7 @@ class DraftLearner:
             self._warm_up()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
             self._optimizer.step()
+            self._average()
             losses.append(float(loss.detach()))
             num_positions += batch.num_positions
         self.model.eval()
@@ -335,9 +343,9 @@ class DraftLearner:
 
     def _published_model(self) -> torch.nn.Module:
         """The published weights in a module: the candidate itself when it is what was published."""
-        candidate = dict(self.model.named_parameters())
+        candidate = dict(self.averaged.named_parameters())
         if all(torch.equal(candidate[n], t) for n, t in self._published.items()):
-            return self.model
+            return self.averaged
         model = copy.deepcopy(self.frozen)
         copy_into(model, self._published, "published drafter")
         return model
@@ -348,13 +356,20 @@ class DraftLearner:
     @torch.no_grad()
     def _load_candidate(self, weights: dict[str, torch.Tensor]) -> None:
         """Restart the candidate from `weights` with a fresh optimizer."""
-        for name, param in self.model.named_parameters():
-            param.copy_(weights[name])
+        for model in (self.model, self.averaged):
+            for name, param in model.named_parameters():
+                param.copy_(weights[name])
         self._optimizer = self._make_optimizer()
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.config
         return torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    @torch.no_grad()
+    def _average(self) -> None:
+        decay = self.config.ema_decay
+        for average, param in zip(self.averaged.parameters(), self.model.parameters()):
+            average.lerp_(param.detach(), 1.0 - decay)
 
     def _warm_up(self) -> None:
         """Linear learning-rate warmup over a fresh optimizer's first `warmup_steps` steps: Adam's first

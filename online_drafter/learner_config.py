@@ -30,7 +30,8 @@ class LearnerConfig:
     """Per-round budget (`max_steps`, optional `time_budget_s` for the whole round, evaluation
     included; a caller may pass a smaller budget per round), AdamW settings, the held-out set and the gate.
 
-    `warmup_steps`: linear lr warmup of a fresh (or reset) candidate's optimizer. `lr` 1e-4: the safe
+    `warmup_steps`: linear lr warmup of a fresh (or reset) candidate's optimizer. `ema_decay`: the
+    candidate that is gated and published is this exponential average of the trained weights. `lr` 1e-4: the safe
     default (on the demo, 1e-3 replayed on the few hundred positions of one step made candidates worse
     than the frozen drafter; with a run's accumulated data 1e-3 recovers most per step and 2e-3 already
     overshoots: docs/online_learning.md). A held-out group of policy version v weighs
@@ -47,6 +48,7 @@ class LearnerConfig:
 
     lr: float = 1e-4
     warmup_steps: int = 10
+    ema_decay: float = 0.9
     weight_decay: float = 0.0
     batch_size: int = 16
     max_steps: int = 50
@@ -72,6 +74,7 @@ class LearnerConfig:
             self.buffer = BufferConfig(**self.buffer)
         checks = [
             ("lr", self.lr > 0, "a number > 0"),
+            ("ema_decay", 0 <= self.ema_decay < 1, "a number in [0, 1) (0: judge the trained weights themselves)"),
             ("warmup_steps", isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "an int >= 0"),
             ("weight_decay", self.weight_decay >= 0, "a number >= 0"),
             ("batch_size", isinstance(self.batch_size, int) and self.batch_size >= 1, "an int >= 1"),

@@ -27,8 +27,7 @@ import functools
 import pytest
 import torch
 from conftest import build_lm, make_prompts
-from scipy.stats import chi2
-from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
 
 import specroll.rollout.sampling as sampling_module
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
@@ -36,7 +35,6 @@ from specroll.rollout.config import SuffixConfig
 from specroll.rollout.randomness import gumbel
 from specroll.rollout.sampling import RejectionSampler
 
-ALPHA = 1e-3
 VOCAB = 16
 ROWS, NEW_TOKENS = 4000, 50  # 200k generated tokens per test
 PROMPTS = make_prompts(ROWS, 2, 6, vocab=VOCAB, seed=3)
@@ -47,37 +45,6 @@ def models():
     target = build_lm("llama", "eager", vocab=VOCAB, hidden=16, layers=1, seed=11, logit_scale=10)
     drafter = build_lm("qwen2", "eager", vocab=VOCAB, hidden=16, layers=1, seed=12, logit_scale=10)
     return target, drafter
-
-
-def reference_probs(model, rollouts, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact processed p_t at every generated position [N, V] and the emitted tokens [N]."""
-    warpers = [TemperatureLogitsWarper(params.temperature)]
-    if params.top_k:
-        warpers.append(TopKLogitsWarper(params.top_k))
-    if params.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(params.top_p))
-    probs, tokens = [], []
-    by_len: dict[int, list] = {}
-    for r in rollouts:  # equal lengths batch without padding
-        by_len.setdefault(len(r.prompt_ids), []).append(r)
-    with torch.no_grad():
-        for length, group in by_len.items():
-            ids = torch.tensor([r.prompt_ids + r.completion_ids for r in group])  # [b, L]
-            logits = model(ids).logits[:, length - 1 : -1].reshape(-1, VOCAB)  # [b·T, V]
-            for warp in warpers:
-                logits = warp(None, logits)
-            probs.append(logits.softmax(-1))
-            tokens.append(ids[:, length:].reshape(-1))
-    return torch.cat(probs).double(), torch.cat(tokens)
-
-
-def conditional_chi2_pvalue(probs: torch.Tensor, tokens: torch.Tensor) -> float:
-    observed = torch.nn.functional.one_hot(tokens, VOCAB).double()  # [N, V]
-    s = (observed - probs).sum(0)  # [V]
-    cov = torch.diag(probs.sum(0)) - probs.T @ probs  # [V, V]
-    dof = int(torch.linalg.matrix_rank(cov, hermitian=True))
-    stat = float(s @ torch.linalg.pinv(cov, hermitian=True) @ s)
-    return float(chi2.sf(stat, dof))
 
 
 def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,

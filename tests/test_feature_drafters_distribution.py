@@ -14,12 +14,13 @@ import functools
 
 import pytest
 from conftest import build_lm, make_prompts
-from test_engine_distribution import ALPHA, VOCAB, conditional_chi2_pvalue, reference_probs
+from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
 
 ROWS, NEW_TOKENS = 1500, 40
+VOCAB = 16
 PROMPTS = make_prompts(ROWS, 2, 6, vocab=VOCAB, seed=4)
 PARAMS = SamplingParams(NEW_TOKENS, temperature=1.0, seed=5)
 

@@ -128,9 +128,10 @@ def test_watchdog_reverts_a_served_drafter_below_the_frozen_one(setup):
     _, drafter, rollouts = setup
     learner = DraftLearner(drafter, small_config(max_steps=1, lr=1e-9))  # a round that changes nothing
     learner.add_rollouts(rollouts)
-    with torch.no_grad():  # the served version drifted somewhere bad
-        for param in learner.model.parameters():
+    with torch.no_grad():  # the served version (and the candidate, its average) drifted somewhere bad
+        for param, average in zip(learner.model.parameters(), learner.averaged.parameters()):
             param.add_(0.5 * torch.randn_like(param))
+            average.copy_(param)
     learner._published = learner._snapshot()
     report = learner.train_round()
     assert report.published and report.version == 1
