@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pytest
 import ray
-from ray_fixtures import GREEDY, make_config, prompts_for, ray_cluster, tiny_model_paths  # noqa: F401
+from ray_fixtures import GREEDY, make_config, prompts_for
 
 from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.integrations.ray_backend.shared_service import shared_controller
@@ -33,7 +33,7 @@ class FakeRanks:
 
 
 @pytest.fixture(scope="module")
-def service(ray_cluster, tiny_model_paths):  # noqa: F811
+def service(ray_cluster, tiny_model_paths):
     config = make_config(tiny_model_paths, strategy=None, online_learning=True)
     main = shared_controller(config, FakeRanks(0))
     other = shared_controller(config, FakeRanks(1))
