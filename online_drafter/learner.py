@@ -43,7 +43,6 @@ import copy
 import math
 import os
 import time
-from dataclasses import asdict
 
 import torch
 
@@ -55,12 +54,10 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .divergence import LOSSES
 from .holdout import HoldoutSet
 from .learner_config import LearnerConfig
+from .learner_state import CHECKPOINT_KEYS, restore, state_of
 from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
 from .scoring import DrafterScorer
-
-CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "candidate", "averaged", "optimizer", "buffer",
-                   "holdout", "generator")
 
 
 class DraftLearner:
@@ -208,22 +205,9 @@ class DraftLearner:
         return self.scorer.score_groups(drafter, self.holdout.entries, self.holdout.keys).mean
 
     def save(self, path: str | os.PathLike) -> None:
-        """Everything a resumed run needs: weights (published, frozen, candidate), optimizer, data, counters.
-
-        Atomic (`checkpoint.save_checkpoint`): a crash mid-save leaves the previous checkpoint whole.
-        """
-        save_checkpoint({
-            "config": asdict(self.config),
-            "version": self.version,
-            "published": self._published,
-            "frozen": self._snapshot(self.frozen),
-            "candidate": self._snapshot(),
-            "averaged": self._snapshot(self.averaged),
-            "optimizer": self._optimizer.state_dict(),
-            "buffer": self.buffer.state_dict(),
-            "holdout": self.holdout.state_dict(),
-            "generator": self._generator.get_state(),
-        }, path)
+        """Everything a resumed run needs (`learner_state.state_of`), written atomically
+        (`checkpoint.save_checkpoint`): a crash mid-save leaves the previous checkpoint whole."""
+        save_checkpoint(state_of(self), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, drafter: torch.nn.Module) -> DraftLearner:
@@ -236,17 +220,7 @@ class DraftLearner:
         buffer = DraftBuffer()
         buffer.load_state_dict(state["buffer"])
         learner = cls(drafter, LearnerConfig(**state["config"]), buffer)
-        copy_into(learner.frozen, state["frozen"], f"checkpoint {path}: the drafter")
-        copy_into(learner.model, state["candidate"], f"checkpoint {path}: the drafter")
-        copy_into(learner.averaged, state["averaged"], f"checkpoint {path}: the drafter")
-        copy_into(copy.deepcopy(learner.model), state["published"], f"checkpoint {path}: the drafter")
-        learner._published = state["published"]
-        learner._optimizer.load_state_dict(state["optimizer"])
-        learner.version = state["version"]
-        learner.holdout.load_state_dict(state["holdout"])
-        learner.newest_policy_version = max([e.policy_version for e in learner.holdout.entries]
-                                            + [max(buffer.versions, default=-1)])
-        learner._generator.set_state(state["generator"])
+        restore(learner, state, f"checkpoint {path}")
         return learner
 
     # ------------------------------------------------------------------ decisions

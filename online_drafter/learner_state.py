@@ -1,0 +1,53 @@
+"""What a `DraftLearner` checkpoint holds, and how a fresh learner takes it back.
+
+`state_of(learner)` is everything a resumed run needs: the published, frozen, trained and averaged
+weights, the optimizer, the buffer, the held-out set, the counters and the sampling generator.
+`restore(learner, state, where)` loads it into a learner built with the checkpoint's config and buffer,
+checking every weight set against the learner's architecture (`copy_into` raises naming `where`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from specroll.rollout.weights import copy_into
+
+if TYPE_CHECKING:
+    from .learner import DraftLearner
+
+CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "candidate", "averaged", "optimizer", "buffer",
+                   "holdout", "generator")
+
+
+def _weights(model) -> dict:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def state_of(learner: DraftLearner) -> dict[str, Any]:
+    return {
+        "config": asdict(learner.config),
+        "version": learner.version,
+        "published": learner.published_state_dict(),
+        "frozen": _weights(learner.frozen),
+        "candidate": _weights(learner.model),
+        "averaged": _weights(learner.averaged),
+        "optimizer": learner._optimizer.state_dict(),
+        "buffer": learner.buffer.state_dict(),
+        "holdout": learner.holdout.state_dict(),
+        "generator": learner._generator.get_state(),
+    }
+
+
+def restore(learner: DraftLearner, state: dict[str, Any], where: str) -> None:
+    for model, key in ((learner.frozen, "frozen"), (learner.model, "candidate"), (learner.averaged, "averaged"),
+                       (copy.deepcopy(learner.model), "published")):
+        copy_into(model, state[key], f"{where}: the drafter")
+    learner._published = state["published"]
+    learner._optimizer.load_state_dict(state["optimizer"])
+    learner.version = state["version"]
+    learner.holdout.load_state_dict(state["holdout"])
+    learner.newest_policy_version = max([e.policy_version for e in learner.holdout.entries]
+                                        + [max(learner.buffer.versions, default=-1)])
+    learner._generator.set_state(state["generator"])
