@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer, LinearAttentionCacheLayerMixin
+
+from .linear_state import RaggedStateLayer, StateShape
+
+# Lengths of each row whose linear-attention state is kept (how far a row can be rolled back): the
+# engine needs max_gamma + 1, and EngineConfig's default max_gamma is 8.
+STATE_HISTORY = 16
 
 
 @dataclass(frozen=True)
@@ -44,26 +50,30 @@ class LayerShape:
 
 
 @torch.inference_mode()
-def probe_layer_shapes(model: PreTrainedModel) -> list[LayerShape | None]:
-    """Each cache layer's `LayerShape` (None where the layer writes no K/V), from one 1-token forward.
+def probe_layer_shapes(model: PreTrainedModel) -> list[LayerShape | StateShape | None]:
+    """Each cache layer's `LayerShape` (`StateShape` for a linear-attention layer, None where the layer
+    writes nothing), from one 1-token forward.
 
-    Raises `ValueError` for a model with recurrent or linear-attention layers (their state is not
-    K/V slots; this cache has no per-row recurrent state).
+    Raises `ValueError` for a recurrent layer whose state is not one conv window and one recurrent
+    matrix (e.g. a conv-only layer, or several states per layer).
     """
     probe = DynamicCache(config=model.config)
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.get_input_embeddings().weight.device)
     model(input_ids=ids, position_ids=torch.zeros_like(ids), cache=probe, use_cache=True)
-    shapes: list[LayerShape | None] = []
-    for index, layer in enumerate(probe.layers):
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
+    return [_layer_shape(model, index, layer) for index, layer in enumerate(probe.layers)]
+
+
+def _layer_shape(model: PreTrainedModel, index: int, layer: CacheLayerMixin) -> LayerShape | StateShape | None:
+    if isinstance(layer, LinearAttentionCacheLayerMixin):
+        conv, state = layer.conv_states.get(0), layer.recurrent_states.get(0)
+        if layer.number_of_states != 1 or conv is None or state is None or isinstance(layer, DynamicLayer):
             raise ValueError(
-                f"{model.config.model_type!r} layer {index} keeps a recurrent/conv state ({type(layer).__name__}); "
-                "the ragged KV cache holds attention K/V only"
+                f"{model.config.model_type!r} layer {index} keeps a recurrent/conv state ({type(layer).__name__}) "
+                "the ragged cache cannot hold: it holds attention K/V, or one conv window and one recurrent state"
             )
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        shapes.append(None if keys is None or keys.numel() == 0
-                      else LayerShape(keys.shape[1], keys.shape[3], values.shape[3]))
-    return shapes
+        return StateShape(conv.shape[1], conv.shape[2], tuple(state.shape[1:]), state.dtype)
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    return None if keys is None or keys.numel() == 0 else LayerShape(keys.shape[1], keys.shape[3], values.shape[3])
 
 
 @dataclass
@@ -71,10 +81,15 @@ class WritePlan:
     """Where the next forward writes: row ids (a prefix `slice` or an index tensor) and positions."""
 
     rows: slice | torch.Tensor
+    row_ids: torch.Tensor  # [n] the rows as indices
+    start: torch.Tensor  # [n] int64 first slot each row writes
+    count: torch.Tensor  # [n] int64 real tokens per row (the rest of the Q are right padding)
     positions: torch.Tensor  # [n, Q] int64 slot of each new token
     kv_len: int  # slots the attention reads: max(start) + Q
     same_start: int | None = None  # every row writes at this slot (then a slice copy replaces the scatter)
+    first_snapshot: int = 0  # linear-attention layers snapshot their state from this query index on
     _index: dict[torch.Size, torch.Tensor] = field(default_factory=dict)
+    _ring: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
     def scatter_index(self, shape: torch.Size) -> torch.Tensor:
         """`positions` broadcast to [n, H, Q, D], built once per forward and shape (K and V may differ)."""
@@ -82,6 +97,17 @@ class WritePlan:
         if index is None:
             index = self._index[shape] = self.positions[:, None, :, None].expand(shape)
         return index
+
+    def ring_slots(self, size: int, offset: int = 0) -> torch.Tensor:
+        """[n, Q]: slot `(start + q + offset) mod size` of a ring of `size`, for each row's last `size`
+        real tokens; `size` (the ring's spare slot) for padding and older tokens."""
+        slots = self._ring.get((size, offset))
+        if slots is None:
+            q = torch.arange(self.positions.shape[1], device=self.start.device)[None, :]  # [1, Q]
+            count = self.count[:, None]  # [n, 1]
+            kept = (q < count) & (q >= count - size)
+            slots = self._ring[(size, offset)] = torch.where(kept, (self.start[:, None] + q + offset) % size, size)
+        return slots
 
 
 class RaggedLayer(CacheLayerMixin):
@@ -132,43 +158,65 @@ class RaggedLayer(CacheLayerMixin):
 
 
 class RaggedKVCache(Cache):
-    """K/V of up to `batch` rows of up to `length` tokens each, for one model.
+    """K/V (and linear-attention state) of up to `batch` rows of up to `length` tokens each, for one model.
 
     `lens[b]` is how many tokens of row b the cache holds. The runner calls `plan_write` before
     each forward and `set_lens` after it (and to roll back: `ModelRunner.rollback`); `lens` is
-    written nowhere else but here (`reset_rows`, `move_row`).
+    written nowhere else but here (`reset_rows`, `move_row`). Linear-attention layers
+    (`linear_state.RaggedStateLayer`) keep each row's state at its last `history` lengths, so a
+    row can be rolled back at most that far; further raises at the next forward.
     """
 
-    def __init__(self, shapes: list[LayerShape | None], batch: int, length: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, shapes: list[LayerShape | StateShape | None], batch: int, length: int, dtype: torch.dtype,
+                 device: torch.device, history: int = STATE_HISTORY):
         def buffer(heads: int, dim: int) -> torch.Tensor:
             # Zero-init, and zero again on reset: masked slots get 0 attention weight, and 0 × NaN is NaN.
             return torch.zeros(batch, heads, length, dim, dtype=dtype, device=device)
 
-        layers = [
-            RaggedLayer(self, None, None) if shape is None
-            else RaggedLayer(self, buffer(shape.num_heads, shape.key_dim), buffer(shape.num_heads, shape.value_dim))
-            for shape in shapes
-        ]
-        super().__init__(layers=layers)
+        def layer(shape: LayerShape | StateShape | None) -> CacheLayerMixin:
+            if isinstance(shape, StateShape):
+                return RaggedStateLayer(self, shape, batch, history, dtype, device)
+            if shape is None:
+                return RaggedLayer(self, None, None)
+            return RaggedLayer(self, buffer(shape.num_heads, shape.key_dim), buffer(shape.num_heads, shape.value_dim))
+
+        super().__init__(layers=[layer(shape) for shape in shapes])
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)
         # Per row, a bound on the slots written since the row was last reset; slots past it are zero.
         self.written = torch.zeros(batch, dtype=torch.long)
         self.length = length
+        self.history = history
         self.plan: WritePlan | None = None
+        self.state_layers = [layer for layer in self.layers if isinstance(layer, RaggedStateLayer)]
+        # Linear-attention rows: the furthest length fed since reset, and whether a rollback went
+        # further back than the state history holds (checked at the next forward's host sync).
+        self.reach = torch.zeros(batch, dtype=torch.long, device=device)
+        self.overrun = torch.zeros((), dtype=torch.bool, device=device)
 
     @property
     def buffered_layers(self) -> list[RaggedLayer]:
-        return [layer for layer in self.layers if layer.keys is not None]
+        return [layer for layer in self.layers if isinstance(layer, RaggedLayer) and layer.keys is not None]
 
-    def plan_write(self, rows: slice | torch.Tensor, start: torch.Tensor, query_len: int) -> torch.Tensor:
+    def plan_write(self, rows: slice | torch.Tensor, start: torch.Tensor, query_len: int,
+                   count: torch.Tensor | None = None) -> torch.Tensor:
         """Set where the next forward writes; returns `position_ids` [n, Q] (= start + arange(Q)).
 
-        Slots past the buffer (only ever padding of a ragged call) are clamped onto the last slot,
-        which never holds a valid token.
+        `count` [n] (default: all Q) is how many of the Q tokens of each row are real; the rest are
+        right padding, which linear-attention layers keep out of the row's state. Slots past the
+        buffer (only ever padding of a ragged call) are clamped onto the last slot, which never
+        holds a valid token.
         """
         positions = start[:, None] + torch.arange(query_len, device=start.device)  # [n, Q]
-        lo, hi = torch.stack([start.min(), start.max()]).tolist()  # one host sync for both
+        count = torch.full_like(start, query_len) if count is None else count
+        first_snapshot = 0
+        if self.state_layers:  # one host sync for all of it
+            lo, hi, low_count, overrun = torch.stack([start.min(), start.max(), count.min(), self.overrun]).tolist()
+            if overrun:
+                raise RuntimeError(f"a row was rolled back more than the {self.history} lengths its linear-attention "
+                                   "state history holds (RaggedKVCache history): its state is lost")
+            first_snapshot = max(low_count - self.history, 0)
+        else:
+            lo, hi = torch.stack([start.min(), start.max()]).tolist()
         kv_len = min(hi + query_len, self.length)
         same = lo if lo == hi and hi + query_len <= self.length else None
         # Every write of this forward lands below kv_len (clamped padding lands on slot length - 1).
@@ -177,13 +225,21 @@ class RaggedKVCache(Cache):
         else:
             host_rows = rows.cpu()
             self.written[host_rows] = self.written[host_rows].clamp_min(kv_len)
-        self.plan = WritePlan(rows=rows, positions=positions.clamp_max(self.length - 1), kv_len=kv_len,
-                              same_start=same)
+        row_ids = torch.arange(self.lens.shape[0], device=start.device)[rows]
+        if self.state_layers:
+            self.reach[row_ids] = torch.maximum(self.reach[row_ids], start + count)
+        self.plan = WritePlan(rows=rows, row_ids=row_ids, start=start, count=count,
+                              positions=positions.clamp_max(self.length - 1), kv_len=kv_len, same_start=same,
+                              first_snapshot=first_snapshot)
         return positions
 
     def set_lens(self, rows: slice | torch.Tensor, lens: torch.Tensor) -> None:
         """Rows `rows` hold their first `lens` [n] tokens (slots past them are stale, never read)."""
         self.lens[rows] = lens
+        if self.state_layers:
+            # Length 0 is always exact (a zero state): the row starts over, as after `reset_rows`.
+            self.overrun |= ((self.reach[rows] - lens >= self.history) & (lens > 0)).any()
+            self.reach[rows] = self.reach[rows].masked_fill(lens == 0, 0)
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Empty `rows` [k] for new requests: length 0, and every slot they have written zeroed."""
@@ -193,11 +249,14 @@ class RaggedKVCache(Cache):
             for layer in self.buffered_layers:
                 layer.keys[rows, :, :reach] = 0
                 layer.values[rows, :, :reach] = 0
+        for layer in self.state_layers:
+            layer.reset_rows(rows)
         self.written[host_rows] = 0
+        self.reach[rows] = 0
         self.lens[rows] = 0
 
     def move_row(self, src: int, dst: int) -> None:
-        """Copy row `src`'s K/V and length into slot `dst` (used to keep live rows packed).
+        """Copy row `src`'s K/V, state and length into slot `dst` (used to keep live rows packed).
 
         Copies as far as either row has written, so `dst` keeps none of its previous request's slots.
         """
@@ -205,5 +264,8 @@ class RaggedKVCache(Cache):
         for layer in self.buffered_layers:
             layer.keys[dst, :, :reach] = layer.keys[src, :, :reach]
             layer.values[dst, :, :reach] = layer.values[src, :, :reach]
+        for layer in self.state_layers:
+            layer.move_row(src, dst)
         self.lens[dst] = self.lens[src]
+        self.reach[dst] = self.reach[src]
         self.written[dst] = self.written[src]

@@ -20,20 +20,24 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .cache import RaggedKVCache, probe_layer_shapes
+from .cache import RaggedKVCache, StateShape, probe_layer_shapes
+from .gated_delta import install_ragged_mixers
 from .lean import lean_decoder, unsupported_reason
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
+# Layers that keep a per-row state in the cache instead of reading K/V slots: they take no mask.
+STATE_LAYER_TYPES = ("linear_attention",)
 
 
 def attention_windows(config) -> dict[str, int | None]:
-    """The window each kind of attention layer of `config` sees (None: the whole causal prefix).
+    """The window each kind of attention layer of `config` sees (None: the whole causal prefix);
+    `STATE_LAYER_TYPES` are left out (they take no mask).
 
     Raises `ValueError` for a layer type whose mask the runner cannot build (chunked attention, say).
     """
     text = config.get_text_config()
     window = getattr(text, "sliding_window", None) or None
-    kinds = sorted(set(getattr(text, "layer_types", None) or ()))
+    kinds = sorted(set(getattr(text, "layer_types", None) or ()) - set(STATE_LAYER_TYPES))
     if not kinds:
         return {"full_attention": window}
     unknown = [kind for kind in kinds if kind not in MASKED_LAYER_TYPES]
@@ -41,6 +45,22 @@ def attention_windows(config) -> dict[str, int | None]:
         raise ValueError(f"{text.model_type!r} has layer types {unknown}: the runner builds masks for "
                          f"{', '.join(MASKED_LAYER_TYPES)} only")
     return {kind: window if kind == "sliding_attention" else None for kind in kinds}
+
+
+def state_layer_kinds(config) -> list[str]:
+    """The `STATE_LAYER_TYPES` among `config`'s layer types."""
+    kinds = set(getattr(config.get_text_config(), "layer_types", None) or ())
+    return [kind for kind in STATE_LAYER_TYPES if kind in kinds]
+
+
+def check_state_layers(model: PreTrainedModel, shapes: list) -> None:
+    """Raise `ValueError` if a layer keeps a recurrent/conv state that no ragged forward handles
+    (`gated_delta.install_ragged_mixers` covers Gated DeltaNet layers; installs it on the way)."""
+    covered = install_ragged_mixers(model)
+    missing = [index for index, shape in enumerate(shapes) if isinstance(shape, StateShape) and index not in covered]
+    if missing:
+        raise ValueError(f"{model.config.model_type!r} layers {missing} keep a recurrent/conv state that the ragged "
+                         "cache has no forward for (it runs Gated DeltaNet layers: Qwen3-Next, Qwen3.5)")
 
 
 class ModelRunner:
@@ -51,8 +71,11 @@ class ModelRunner:
         self.model = model.to(device=device, dtype=dtype).eval()
         self.lean = lean_decoder(self.model) if lean else None
         self.device = device
-        self.cache = RaggedKVCache(probe_layer_shapes(self.model), batch, length, dtype, device)
+        shapes = probe_layer_shapes(self.model)
+        check_state_layers(self.model, shapes)
+        self.cache = RaggedKVCache(shapes, batch, length, dtype, device)
         self.windows = attention_windows(self.model.config)
+        self.unmasked = state_layer_kinds(self.model.config)
         # A drafter may have fewer embedding rows than the target (both padded past the same tokenizer
         # vocabulary); ids past its rows are padding ids the target can still emit. Feeding them as the
         # drafter's last row keeps it running; only its draft quality at those positions suffers.
@@ -68,21 +91,23 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor,
                 logits_at: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
-                num_layers: int | None = None) -> torch.Tensor:
+                num_layers: int | None = None, count: torch.Tensor | None = None) -> torch.Tensor:
         """Feed `input_ids` [n, Q] to `rows` at slots `start` [n] onward; returns logits [n, Q, V].
 
         With `logits_at` [n] only each row's logits at that query index are returned, [n, V] (the
         lean forward then skips the LM head elsewhere — most of a prefill's cost at a large vocab).
         `hidden` [B, L, H], if given, receives the final-normed last hidden state of query q of row b at
         `hidden[rows[b], start[b] + q]` (`rollout.hidden`). `num_layers` runs only the first that many
-        decoder layers (layer-skip drafts; lean forward only).
+        decoder layers (layer-skip drafts; lean forward only). `count` [n] (default: all Q) is how many
+        of each row's tokens are real; the rest is right padding (kept out of linear-attention state).
 
         Does not move `cache.lens`: the caller keeps what it keeps (`rollback`, or `feed`/`extend`).
         """
         query_len = input_ids.shape[1]
-        position_ids = self.cache.plan_write(rows, start, query_len)  # [n, Q]
+        position_ids = self.cache.plan_write(rows, start, query_len, count)  # [n, Q]
         kv_len = self.cache.plan.kv_len
         masks = {kind: self._mask(position_ids, kv_len, window) for kind, window in self.windows.items()}
+        masks |= dict.fromkeys(self.unmasked)
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
         input_ids = input_ids.clamp_max(self.max_input_id)
         hidden_out = None if hidden is None else _writer(hidden, rows, position_ids.clamp_max(hidden.shape[1] - 1))
@@ -140,7 +165,8 @@ class ModelRunner:
         query_len = max(int(count.max()), 1)
         idx = (start[:, None] + torch.arange(query_len, device=self.device)).clamp_max(tokens.shape[1] - 1)
         last = (count - 1).clamp_min(0)  # [n]
-        logits = self.forward(rows, tokens.gather(1, idx), start, logits_at=last, hidden=hidden)  # [n, V]
+        logits = self.forward(rows, tokens.gather(1, idx), start, logits_at=last, hidden=hidden,
+                              count=count)  # [n, V]
         self.cache.set_lens(rows, start + count)
         return logits
 
