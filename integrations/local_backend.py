@@ -1,10 +1,13 @@
-"""LocalBackend: the in-process `RolloutBackend` — one `SpecEngine` and, optionally, a `DraftLearner`.
+"""LocalBackend: the in-process `RolloutBackend` — one `SpecEngine` and, optionally, an `OnlineLearner`.
 
 For one machine without Ray (tests, notebooks, a single-GPU run)::
 
     backend = LocalBackend.from_models(target, drafter, EngineConfig(gamma="auto"), LearnerConfig())
     trainer = GRPOTrainer(..., rollout_func=SpecrollRolloutFunc(backend))
 
+The drafter is a drafter LM (trained by a `DraftLearner`) or an EAGLE / Medusa head (`rollout.heads`,
+with `EngineConfig.drafters` naming it; trained by a `HeadLearner`, which reads the engine's own
+target's embedding and LM head — updated in place by every policy sync, so it follows the policy).
 Every rollout batch is handed to the learner's buffer. `start_learner_round` runs the round (and
 a probe, if asked) in a background thread while the trainer updates the policy — torch releases the
 GIL in its kernels, so the two share the machine's cores — and `finish_learner_round` joins it and
@@ -28,7 +31,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specroll.online_drafter import LearnerConfig
+from specroll.online_drafter.online_learner import OnlineLearner, make_online_learner
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
+from specroll.rollout.heads import EagleHead, MedusaHeads
 from specroll.rollout.stats import BatchStats
 
 from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
@@ -37,7 +43,7 @@ from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_erro
 class LocalBackend:
     """Runs rollouts on an engine in this process; implements `RolloutBackend`."""
 
-    def __init__(self, engine: SpecEngine, learner: Any | None = None):
+    def __init__(self, engine: SpecEngine, learner: OnlineLearner | None = None):
         if learner is not None and not engine.config.record_signals:
             raise ValueError("a LocalBackend with a learner needs an engine with record_signals=True (the learner "
                              "trains on what verification records); LocalBackend.from_models sets it")
@@ -52,26 +58,25 @@ class LocalBackend:
     def from_models(
         cls,
         target: PreTrainedModel,
-        drafter: PreTrainedModel | None,
+        drafter: PreTrainedModel | EagleHead | MedusaHeads | None,
         engine_config: EngineConfig | None = None,
-        learner_config: Any | None = None,
+        learner_config: LearnerConfig | None = None,
         target_tokenizer=None,
         drafter_tokenizer=None,
     ) -> LocalBackend:
-        """Build the engine, and a learner on a private copy of the drafter when `learner_config` is given.
+        """Build the engine, and a learner on a private copy of the drafter when `learner_config` is given
+        (`make_online_learner`: the learner of the drafter's kind).
 
-        The engine records verification signals whenever there is a learner to feed. The tokenizers,
-        if given, let the engine compare vocabularies token by token (see `SpecEngine`).
+        The engine records verification signals (and, for a head, hidden states) whenever there is a
+        learner to feed. The tokenizers, if given, let the engine compare vocabularies token by token.
         """
         engine_config = engine_config or EngineConfig()
-        learner = None
         if learner_config is not None:
             if drafter is None:
                 raise ValueError("learner_config needs a drafter to train, but drafter is None")
-            from specroll.online_drafter import DraftLearner
-
             engine_config = dataclasses.replace(engine_config, record_signals=True)
-            learner = DraftLearner(drafter, learner_config)  # trains its own copy
+        # The learner copies the drafter before the engine takes it (a head is moved to the engine's dtype).
+        learner = None if learner_config is None else make_online_learner(drafter, target, learner_config)
         return cls(SpecEngine(target, drafter, engine_config, target_tokenizer, drafter_tokenizer), learner)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:

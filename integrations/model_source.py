@@ -1,13 +1,19 @@
-"""Where the rollout engines load the models from (`ModelPaths`), and the target's and drafter's
-tokenizers for the engine's vocabulary check, when they can be found."""
+"""Where the rollout engines load the models from (`ModelPaths`), the drafter a run's engine config asks
+for (`load_drafter`: the drafter LM, or an EAGLE / Medusa head shaped after the target), and the target's
+and drafter's tokenizers for the engine's vocabulary check, when they can be found."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
+from specroll.rollout.heads import EagleHead, MedusaHeads
+
+HEAD_KINDS = ("eagle", "medusa")  # drafter kinds whose weights are a head on the target's hidden states
 
 
 @dataclass
@@ -17,12 +23,16 @@ class ModelPaths:
     The tokenizers (by default looked for in the model folders themselves) let the engine compare
     the two vocabularies token by token — needed when the embedding tables are padded to different
     sizes (e.g. Qwen2.5-7B's 152064 rows vs 0.5B's 151936 over the same tokenizer).
+
+    `head` is a head's `state_dict` file (`torch.save`) for an "eagle" or "medusa" drafter (None: a
+    fresh head, which the online learner trains from the first rollouts).
     """
 
     target: str = ""
     drafter: str | None = None
     target_tokenizer: str | None = None
     drafter_tokenizer: str | None = None
+    head: str | None = None
 
     def __post_init__(self) -> None:
         require(bool(self.target), "models.target", self.target, "a model path")
@@ -45,3 +55,33 @@ def tokenizer_pair(models: ModelPaths) -> tuple[PreTrainedTokenizerBase | None, 
     target = load_tokenizer(models.target_tokenizer or models.target)
     drafter = load_tokenizer(models.drafter_tokenizer or models.drafter)
     return (target, drafter) if target is not None and drafter is not None else (None, None)
+
+
+def trained_drafter_kind(models: ModelPaths, engine: EngineConfig) -> str | None:
+    """The drafter kind with weights the engine serves and an online learner can train: "eagle" / "medusa"
+    when `engine.drafters` lists one, "model" for a drafter LM at `models.drafter` (listed, or
+    `drafters` None), else None (layer-skip and suffix drafting have nothing to train)."""
+    kinds = engine.drafters
+    head = next((kind for kind in HEAD_KINDS if kinds is not None and kind in kinds), None)
+    if head is not None:
+        return head
+    return "model" if models.drafter and (kinds is None or "model" in kinds) else None
+
+
+def load_drafter(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel | None
+                 ) -> PreTrainedModel | EagleHead | MedusaHeads | None:
+    """The drafter weights to pass to `SpecEngine` (and to train online), by `trained_drafter_kind`: the
+    drafter LM, or a head shaped after `target` (needed only then) with `models.head`'s weights if given."""
+    kind = trained_drafter_kind(models, engine)
+    if kind == "model":
+        return AutoModelForCausalLM.from_pretrained(models.drafter, dtype=engine.dtype)
+    if kind is None:
+        return None
+    if target is None:
+        raise ValueError(f"an {kind!r} head is shaped after the target: load_drafter needs it, got None")
+    text = target.config.get_text_config()
+    head = EagleHead.for_target(target.config) if kind == "eagle" else MedusaHeads(text.hidden_size,
+                                                                                   engine.medusa_heads)
+    if models.head:
+        head.load_state_dict(torch.load(models.head, weights_only=True))
+    return head

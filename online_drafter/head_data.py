@@ -42,11 +42,6 @@ class FeatureSequence:
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.token_ids, self.hidden, self.topk_ids, self.topk_probs))
 
-    @property
-    def group(self) -> tuple[int, int]:
-        """(policy version, prompt): siblings share it — the unit of the learner's paired interval."""
-        return self.policy_version, hash(tuple(self.token_ids[: self.prompt_len].tolist()))
-
 
 def from_rollout(rollout: Rollout) -> FeatureSequence:
     """Keep what head learning needs of a rollout; `ValueError` if it was generated without hidden states."""

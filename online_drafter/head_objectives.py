@@ -13,6 +13,10 @@ head. The alignments follow the drafters (`rollout.eagle`, `rollout.medusa`):
 - Medusa (D = K): head k reads h_i and predicts token i + 1 + k.
 
 Positions a head cannot predict (the first tokens) get a uniform q, and count as the poor drafts they are.
+
+The embedding and LM head are the policy's own modules, read at every call (`_frozen_embed`,
+`_frozen_logits`: detached weights, cast to the head's dtype), so the objective follows the policy as it
+is updated in place, and no gradient ever reaches it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,15 @@ def _shifted(logits: torch.Tensor, shift: int, length: int) -> torch.Tensor:
     return torch.cat([pad, logits], 1)[:, :length]
 
 
+def _frozen_embed(embed: nn.Module, ids: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids, embed.weight.detach().to(like.device, like.dtype))
+
+
+def _frozen_logits(lm_head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    bias = None if lm_head.bias is None else lm_head.bias.detach().to(x.device, x.dtype)
+    return F.linear(x, lm_head.weight.detach().to(x.device, x.dtype), bias)
+
+
 class EagleObjective:
     """Depth 1: real features. Depth 2: each pair's feature is the head's own prediction of it (from the
     pair before), attending over the *real* pairs before it and itself — exactly what the engine's second
@@ -63,8 +76,7 @@ class EagleObjective:
         pairs = length - 1
         device = batch.hidden.device
         positions = torch.arange(pairs, device=device)[None].expand(size, -1)
-        with torch.no_grad():
-            embeds = self.embed(batch.token_ids[:, 1:]).float()  # [B, N, H]: x_{i+1}
+        embeds = _frozen_embed(self.embed, batch.token_ids[:, 1:], batch.hidden)  # [B, N, H]: x_{i+1}
         real_kv: list[torch.Tensor] = []
 
         def keep_real(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +92,8 @@ class EagleObjective:
 
         eye = torch.eye(pairs, dtype=torch.bool, device=device)
         second = head(embeds, own, positions, after_real, torch.cat([causal & ~eye, eye], 1)[None, None])
-        logits = torch.stack([_shifted(self.lm_head(x), 2, length) for x in (predicted, second)], 1)  # [B, 2, L, V]
+        logits = torch.stack([_shifted(_frozen_logits(self.lm_head, x), 2, length)
+                              for x in (predicted, second)], 1)  # [B, 2, L, V]
         log_q = (logits.float() / temperature).log_softmax(-1)
         real = batch.hidden[:, 1:]  # [B, L-2, H]
         valid = (real.abs().sum(-1) > 0).float()  # [B, L-2]: padding is all zeros
@@ -93,7 +106,8 @@ class MedusaObjective:
         self.lm_head, self.depths = lm_head, num_heads
 
     def __call__(self, head: MedusaHeads, batch: FeatureBatch, temperature: float) -> HeadOutput:
-        logits = self.lm_head(head(batch.hidden))  # [B, L-1, K, V]: head k (0-based) at i predicts token i + 2 + k
+        # [B, L-1, K, V]: head k (0-based) at i predicts token i + 2 + k
+        logits = _frozen_logits(self.lm_head, head(batch.hidden))
         length = batch.token_ids.shape[1]
         per_head = [_shifted(logits[:, :, k], k + 2, length) for k in range(self.depths)]
         log_q = (torch.stack(per_head, 1).float() / temperature).log_softmax(-1)  # [B, K, L, V]

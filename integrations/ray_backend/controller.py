@@ -15,7 +15,9 @@ prompt gets exactly n completions in input order. Restarted workers reload the c
 the `WeightBoard` before serving; every rollout is checked to carry the current policy version.
 
 With a learner, the workers' engines record verification signals (forced here: the learner trains
-on them). A sync waits for workers Ray is restarting, then stages, posts on the board and commits (see
+on them; for an EAGLE / Medusa head they carry the target's hidden states too). A head's learner reads
+the policy's embedding and LM head: every policy sync sends it those tensors (`LearnerActor.policy_names`).
+A sync waits for workers Ray is restarting, then stages, posts on the board and commits (see
 `weight_sync`): after it, or after a sync that failed, every worker serves one version.
 
 One service for several trainer ranks (`shared_service`): built with a `namespace`, the controller
@@ -40,10 +42,11 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from specroll.integrations.backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
+from specroll.integrations.model_source import trained_drafter_kind
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.stats import BatchStats
 
-from .learner_actor import DraftLearnerActor
+from .learner_actor import LearnerActor
 from .service_names import BOARD_NAME, LEARNER_NAME, lookup_actor, named, worker_name
 from .settings import ControllerConfig
 from .weight_board import WeightBoard
@@ -62,11 +65,11 @@ from .worker import RolloutWorker, WorkerBatch
 
 
 class RolloutController:
-    """Spreads prompt groups over `RolloutWorker` actors and drives the `DraftLearnerActor`."""
+    """Spreads prompt groups over `RolloutWorker` actors and drives the `LearnerActor`."""
 
     def __init__(self, config: ControllerConfig, placement_timeout_s: float = 120.0, namespace: str | None = None):
         """Start the workers, board and learner; with `namespace`, as named actors there (`attach` finds them)."""
-        with_learner = config.learner is not None and config.models.drafter is not None
+        with_learner = _has_learner(config)
         if with_learner:  # the learner lives on what verification records
             config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, record_signals=True))
         self.config = config
@@ -94,10 +97,10 @@ class RolloutController:
         ]
         self.learner = None
         if with_learner:
-            self.learner = DraftLearnerActor.options(
+            self.learner = LearnerActor.options(
                 num_cpus=topo.learner.num_cpus, num_gpus=topo.learner.num_gpus,
                 scheduling_strategy=self._bundle(topo.num_workers), **named(LEARNER_NAME, namespace),
-            ).remote(config.models.drafter, config.learner, config.engine.dtype)
+            ).remote(config.models, config.engine, config.learner)
         warm_up = ObjectStoreTransport().publish(*pack_buckets({"warm_up": torch.zeros(1)}, 1 << 10, version=-1), 0)
         try:
             ray.get([w.versions.remote() for w in self.workers] + [self.board.ping.remote(warm_up)],
@@ -108,6 +111,8 @@ class RolloutController:
                 f"cluster resources {ray.cluster_resources()}, available {ray.available_resources()}"
             ) from err
         self._init_state()
+        if self.learner is not None:
+            self._learner_policy_names = ray.get(self.learner.policy_names.remote(), timeout=placement_timeout_s)
 
     @classmethod
     def attach(cls, config: ControllerConfig, namespace: str, timeout_s: float = 120.0) -> RolloutController:
@@ -115,7 +120,7 @@ class RolloutController:
 
         Waits up to `timeout_s` for them; raises RuntimeError naming the actor it could not find.
         """
-        with_learner = config.learner is not None and config.models.drafter is not None
+        with_learner = _has_learner(config)
         self = cls.__new__(cls)
         self.config, self.namespace, self.owns_actors = config, namespace, False
         self.transport, self.placement_group = None, None
@@ -135,6 +140,7 @@ class RolloutController:
         # (buffer adds, probe, round) in flight between start_ and finish_learner_round
         self._round: tuple[list[ray.ObjectRef], ray.ObjectRef | None, ray.ObjectRef] | None = None
         self._last_sync_s: dict[str, float] = {}
+        self._learner_policy_names: list[str] = []  # the policy tensors the learner reads (a head's)
         self.last_batch = BatchStats()
         self.num_resends = 0
 
@@ -179,6 +185,9 @@ class RolloutController:
         self._require_owner("sync_policy")
         seconds = self._sync("policy", named_tensors, version)
         self.policy_version = version
+        read = {name: named_tensors[name] for name in self._learner_policy_names if name in named_tensors}
+        if read:  # the learner is idle: its round was collected before this sync
+            ray.get(self.learner.load_policy.remote(read), timeout=self.config.sync.timeout_s)
         return seconds
 
     def await_policy(self, version: int, timeout_s: float | None = None) -> None:
@@ -335,6 +344,10 @@ class RolloutController:
         seconds = time.perf_counter() - started
         self._last_sync_s[f"sync/{role}_s"] = seconds
         return seconds
+
+
+def _has_learner(config: ControllerConfig) -> bool:
+    return config.learner is not None and trained_drafter_kind(config.models, config.engine) is not None
 
 
 def _split_groups(num_prompts: int, num_workers: int) -> list[range]:

@@ -1,4 +1,9 @@
-"""DraftLearnerActor: the online draft learner (`specroll.online_drafter.DraftLearner`) as a Ray actor.
+"""LearnerActor: the online learner (`online_drafter.OnlineLearner`) as a Ray actor.
+
+It hosts the learner of the run's drafter kind (`make_online_learner`): a `DraftLearner` for a drafter
+LM, a `HeadLearner` for an EAGLE / Medusa head — which reads the policy's embedding and LM head, so the
+actor then keeps a copy of the policy and the controller sends it those tensors with every policy sync
+(`policy_names` says which; none for a drafter LM).
 
 The controller forwards each round's rollout ObjectRefs (the learner pulls them from the object
 store itself, so rollouts do not pass through the driver twice), then queues `probe` (refs to the
@@ -12,20 +17,29 @@ rollouts, and the controller reports it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from specroll.online_drafter import DraftLearner, LearnerConfig
+from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_drafter, trained_drafter_kind
+from specroll.online_drafter import LearnerConfig
+from specroll.online_drafter.online_learner import make_online_learner
+from specroll.rollout import EngineConfig
+from specroll.rollout.weights import copy_into
 
 
 @ray.remote
-class DraftLearnerActor:
-    def __init__(self, drafter_path: str, config: LearnerConfig, dtype: torch.dtype = torch.float32):
-        drafter = AutoModelForCausalLM.from_pretrained(drafter_path, dtype=dtype)
-        self.learner = DraftLearner(drafter, config)
+class LearnerActor:
+    def __init__(self, models: ModelPaths, engine: EngineConfig, config: LearnerConfig):
+        head = trained_drafter_kind(models, engine) in HEAD_KINDS
+        # A head reads the policy's embedding and LM head: the actor holds the policy (kept current by
+        # `load_policy`); a drafter LM needs none of it.
+        self.policy = AutoModelForCausalLM.from_pretrained(models.target, dtype=torch.float32) if head else None
+        drafter = load_drafter(models, engine, self.policy)
+        self.learner = make_online_learner(drafter, self.policy, config)
         self.num_rollouts = 0  # added since start, from every controller (every rank of a shared service)
         self.num_rounds = 0
 
@@ -52,3 +66,15 @@ class DraftLearnerActor:
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         """The drafter weights of the latest published version (what workers should serve)."""
         return self.learner.published_state_dict()
+
+    def policy_names(self) -> list[str]:
+        """Names of the policy parameters the learner reads (the embedding and LM head a head shares), in
+        the policy's own naming; empty when it reads none."""
+        if self.policy is None:
+            return []
+        read = {id(self.policy.get_input_embeddings().weight), id(self.policy.get_output_embeddings().weight)}
+        return [name for name, param in self.policy.named_parameters() if id(param) in read]
+
+    def load_policy(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy the `policy_names` tensors of a new policy version into the policy the learner reads."""
+        copy_into(self.policy, named_tensors, "the learner's policy")

@@ -1,5 +1,8 @@
 """RolloutWorker: a Ray actor that owns one SpecEngine (target + drafter) and serves rollout batches.
 
+The drafter is what the engine config asks for (`model_source.load_drafter`): the drafter LM, or an
+EAGLE / Medusa head, whose verification-time hidden states the rollouts then carry for its learner.
+
 Created by the controller with `num_cpus`/`num_gpus`, `max_restarts` and a placement-group bundle
 from the run config. Models load from `save_pretrained` paths inside the actor, so only paths cross
 the wire. On (re)start the worker loads the latest weights posted on the `WeightBoard`: a worker
@@ -22,7 +25,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from specroll.integrations.model_source import ModelPaths, tokenizer_pair
+from specroll.integrations.model_source import ModelPaths, load_drafter, tokenizer_pair
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.stats import BatchStats
 from specroll.rollout.weights import check_fits
@@ -57,7 +60,7 @@ class RolloutWorker:
         self.worker_index = worker_index
         dtype = engine_config.dtype
         target = AutoModelForCausalLM.from_pretrained(models.target, dtype=dtype)
-        drafter = AutoModelForCausalLM.from_pretrained(models.drafter, dtype=dtype) if models.drafter else None
+        drafter = load_drafter(models, engine_config, target)  # a drafter LM, an EAGLE / Medusa head, or None
         self.engine = SpecEngine(target, drafter, engine_config, *tokenizer_pair(models))
         self.models = {"policy": target, "drafter": drafter}  # the modules the engine serves
         self.metrics = WorkerMetrics(worker_index)

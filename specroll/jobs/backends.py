@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specroll.integrations.backend import RolloutBackend
-from specroll.integrations.model_source import ModelPaths, load_tokenizer
+from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_tokenizer, trained_drafter_kind
 
 from .train_config import TrainConfig
 
@@ -44,7 +44,8 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     """Your `pretrained` folders, or the demo recipe's models — built first, saying so, if not cached."""
     models = config.models
     if models.source == "pretrained":
-        paths = ModelPaths(models.target, models.drafter, models.tokenizer or models.target, models.drafter)
+        paths = ModelPaths(models.target, models.drafter, models.tokenizer or models.target, models.drafter,
+                           models.head)
         return ModelSources(paths, load_tokenizer(paths.target_tokenizer), models.task_max_digits or 10)
     from specroll.demo.model_cache import is_cached, load_or_build_demo_models, models_dir
     from specroll.demo.recipe import DemoRecipe
@@ -59,8 +60,25 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     demo = load_or_build_demo_models(recipe)
     tokenizer_dir = str(demo.path / "tokenizer")
     paths = ModelPaths(str(demo.path / "target"), str(demo.path / "drafter"), tokenizer_dir, tokenizer_dir)
+    kind = trained_drafter_kind(paths, config.engine)
+    if kind in HEAD_KINDS:
+        paths = dataclasses.replace(paths, head=demo_head(demo, kind, models.recipe))
     return ModelSources(paths, demo.tokenizer, models.task_max_digits or recipe.max_digits,
                         time.perf_counter() - started if building else 0.0)
+
+
+def demo_head(demo: Any, kind: str, recipe: str) -> str:
+    """The demo target's `kind` head's first version (trained offline from the target's own samples on
+    first use, saying so, and cached next to the demo models: `benchmarks.head_training`); its file path."""
+    from specroll.benchmarks.head_training import heads_dir, load_or_train_heads, training_prompts
+
+    path = heads_dir(demo.path) / f"{kind}.pt"
+    if not path.is_file():
+        print(f"specroll: training the demo target's {kind} head's first version ({recipe} recipe, first run "
+              f"only: a few minutes per head on 2 CPU cores) into {path.parent}", flush=True)
+        prompts = training_prompts(demo.tokenizer, 96)
+        load_or_train_heads(demo.target, prompts, (demo.tokenizer.eos_token_id,), demo.path)
+    return str(path)
 
 
 def trainer_ranks(config: TrainConfig) -> Any | None:
@@ -77,16 +95,17 @@ def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None =
 
     With `ranks` (several trainer ranks), the Ray backend is one service shared by them all."""
     learner = dataclasses.replace(config.learner, temperature=config.grpo.temperature)
-    learner = learner if config.online_learning and sources.paths.drafter else None
+    trained = trained_drafter_kind(sources.paths, config.engine) is not None
+    learner = learner if config.online_learning and trained else None
     if config.backend.kind == "local":
         from transformers import AutoModelForCausalLM
 
         from specroll.integrations.local_backend import LocalBackend
-        from specroll.integrations.model_source import tokenizer_pair
+        from specroll.integrations.model_source import load_drafter, tokenizer_pair
 
         paths = sources.paths
-        drafter = AutoModelForCausalLM.from_pretrained(paths.drafter) if paths.drafter else None
-        return LocalBackend.from_models(AutoModelForCausalLM.from_pretrained(paths.target), drafter, config.engine,
+        target = AutoModelForCausalLM.from_pretrained(paths.target)
+        return LocalBackend.from_models(target, load_drafter(paths, config.engine, target), config.engine,
                                         learner, *tokenizer_pair(paths))
     from specroll.integrations.ray_backend.controller import RolloutController
     from specroll.integrations.ray_backend.settings import ControllerConfig

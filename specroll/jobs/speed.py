@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.integrations.backend import RolloutBackend
-from specroll.integrations.model_source import tokenizer_pair
+from specroll.integrations.model_source import load_drafter, tokenizer_pair
 from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
 from specroll.integrations.trl_hook.rollout_func import tokenize_prompts
 from specroll.rollout import SamplingParams, SpecEngine
@@ -39,10 +39,10 @@ def _measure_speed(config: TrainConfig, sources: ModelSources, task: Task, train
                    backend: RolloutBackend) -> SpeedMeasurement:
     paths = sources.paths
     policy = gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model))
-    drafter = AutoModelForCausalLM.from_pretrained(paths.drafter) if paths.drafter else None
+    target = AutoModelForCausalLM.from_pretrained(paths.target)
+    drafter = load_drafter(paths, config.engine, target)
     engine_config = dataclasses.replace(config.engine, record_signals=False)
-    spec = SpecEngine(AutoModelForCausalLM.from_pretrained(paths.target), drafter, engine_config,
-                      *tokenizer_pair(paths))
+    spec = SpecEngine(target, drafter, engine_config, *tokenizer_pair(paths))
     spec.update_target(policy, trainer.state.global_step)
     published = backend.published_drafter()
     if drafter is not None and published:

@@ -35,14 +35,17 @@ BACKENDS = ("ray", "local")
 @dataclass
 class ModelsConfig:
     """`source: demo` builds (or loads from cache) the demo recipe's target, drafter and tokenizer;
-    `source: pretrained` loads `target` / `drafter` / `tokenizer` folders or hub ids from the local cache.
-    `task_max_digits` bounds the demo task's operands (default: the recipe's, 10 for pretrained)."""
+    `source: pretrained` loads `target` / `drafter` / `tokenizer` folders or hub ids from the local cache,
+    and `head` (a `state_dict` file) for an `engine.drafters` "eagle" / "medusa" head (null: a fresh
+    head; the demo brings its own first version). `task_max_digits` bounds the demo task's operands
+    (default: the recipe's, 10 for pretrained)."""
 
     source: str = "demo"
     recipe: str = "full"
     target: str | None = None
     drafter: str | None = None
     tokenizer: str | None = None
+    head: str | None = None
     task_max_digits: int | None = None
 
     def __post_init__(self) -> None:

@@ -1,0 +1,56 @@
+"""OnlineLearner: what the backends and the learner schedule need from an online drafter learner.
+
+Two learners stand behind it: `DraftLearner` distils an independent drafter LM, `HeadLearner` an
+EAGLE-style head or Medusa heads on the policy's hidden states. Both take the rollouts a round trains
+on, run a budgeted round with the same publish gate, frozen shadow and watchdog, score a probe, and
+publish versioned weights for `SpecEngine.update_drafter`. A backend takes an `OnlineLearner` and
+never asks which one it holds; `make_online_learner` picks the one that trains a given drafter.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from specroll.rollout import Rollout
+from specroll.rollout.heads import EagleHead, MedusaHeads
+
+from .head_learner import HeadLearner
+from .learner import DraftLearner
+from .learner_config import LearnerConfig
+from .reports import LearnerReport, ProbeReport
+
+
+class OnlineLearner(Protocol):
+    version: int  # the published version: moves when a round (or its watchdog) publishes
+
+    def add_rollouts(self, rollouts: list[Rollout]) -> None:
+        """Buffer training rollouts (generated with `record_signals=True`), holding a stride of groups out."""
+        ...
+
+    def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
+        """Train within `budget_s`, gate the candidate against the published drafter, run the watchdog
+        (`break_even`: the acceptance below which speculation stops paying)."""
+        ...
+
+    def probe(self, rollouts: list[Rollout]) -> ProbeReport:
+        """Score the served and the frozen drafter on fresh probe rollouts (never buffered)."""
+        ...
+
+    def published_state_dict(self) -> dict[str, torch.Tensor]:
+        """The published version's weights, for `engine.update_drafter(sd, learner.version)`."""
+        ...
+
+
+def make_online_learner(drafter: PreTrainedModel | EagleHead | MedusaHeads, policy: PreTrainedModel | None,
+                        config: LearnerConfig) -> OnlineLearner:
+    """The learner for `drafter`: a `HeadLearner` for a head (reading `policy`'s embedding and LM head,
+    which it never trains), else a `DraftLearner` (`policy` unused). Each trains its own copy of `drafter`."""
+    if isinstance(drafter, (EagleHead, MedusaHeads)):
+        if policy is None:
+            raise ValueError(f"a {type(drafter).__name__} learner reads the policy's embedding and LM head: "
+                             "pass the policy, got None")
+        return HeadLearner(drafter, policy.get_input_embeddings(), policy.get_output_embeddings(), config)
+    return DraftLearner(drafter, config)
