@@ -41,6 +41,11 @@ NEW_TOKENS = 6
 GAMMA = 3
 TYPE_TIMEOUT_S = 60
 LOGIT_SCALE = 30.0  # peaked logits: no greedy near-ties between a batched and a row-alone forward
+# Decay rates A of linear-attention / SSM layers (state × exp(-A·dt) per token): HF's random init
+# draws A up to 16, so most heads forget their state within one token and a wrong state would go
+# unseen; these keep ~90% of it per token.
+LONG_MEMORY_A = (0.01, 0.1)
+STATE_GAIN = 10.0  # and their output projections scaled up, so what the state holds moves the logits
 
 # Small sizes, applied where the type's config has the attribute. K and V head dims of MLA differ
 # on purpose (v_head_dim != qk head dim), as they do in DeepSeek-V2/V3.
@@ -101,11 +106,18 @@ def _settable(config, key: str) -> bool:
 
 
 def tiny_model(model_type: str, seed: int = 0) -> PreTrainedModel:
-    """A fresh tiny fp32 model of `model_type`, output embeddings scaled by LOGIT_SCALE."""
+    """A fresh tiny fp32 model of `model_type`, output embeddings scaled by LOGIT_SCALE; in every
+    mixer with a recurrent decay (an `A_log` parameter) the decay slowed to LONG_MEMORY_A and the
+    output projection scaled by STATE_GAIN."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type)).float().eval()
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
+        for module in model.modules():
+            if isinstance(getattr(module, "A_log", None), torch.nn.Parameter):
+                module.A_log.uniform_(*LONG_MEMORY_A).log_()
+                if isinstance(getattr(module, "out_proj", None), torch.nn.Linear):
+                    module.out_proj.weight.mul_(STATE_GAIN)
     return model
 
 

@@ -6,6 +6,7 @@ tokens (past a 4-token sliding window where the type has one), greedy plain (γ 
 speculative (γ = 3, the target itself, an unrelated random model, and that model with the suffix
 drafter choosing per row as drafters) equal to HF
 `generate` on each prompt alone. The full sweep over every causal-LM type is the module's CLI.
+Hybrid (linear-attention) state and its rollback have their own tests: tests/test_linear_state.py.
 """
 
 from __future__ import annotations
@@ -29,18 +30,19 @@ def test_allowlisted_type_is_exact(model_type):
 
 @pytest.mark.parametrize("role", ["target", "drafter"])
 def test_unverified_type_is_refused_naming_type_and_gap(role):
-    hybrid = tiny_model("qwen3_next")
-    target, drafter = (hybrid, tiny_lm()) if role == "target" else (tiny_lm(), hybrid)
-    with pytest.raises(ValueError, match=rf"{role} model_type 'qwen3_next': its Gated DeltaNet.*"
+    recurrent = tiny_model("mamba")
+    target, drafter = (recurrent, tiny_lm()) if role == "target" else (tiny_lm(), recurrent)
+    with pytest.raises(ValueError, match=rf"{role} model_type 'mamba': its Mamba layers.*"
                                          r"allow_unverified_architectures=True"):
         SpecEngine(target, drafter, EngineConfig(max_batch_size=2, max_seq_len=16))
 
 
 def test_opt_out_never_runs_a_model_the_cache_cannot_hold():
-    # Allowed past the allowlist, a recurrent model still fails at construction, not with wrong tokens.
-    with pytest.raises(ValueError, match="recurrent/conv state"):
-        SpecEngine(tiny_model("qwen3_next"), None, EngineConfig(max_batch_size=2, max_seq_len=16,
-                                                                allow_unverified_architectures=True))
+    # Allowed past the allowlist, a linear-attention layer the ragged cache has no forward for still
+    # fails at construction, not with wrong tokens.
+    with pytest.raises(ValueError, match=r"'olmo_hybrid' layers \[0\] keep a recurrent/conv state"):
+        SpecEngine(tiny_model("olmo_hybrid"), None, EngineConfig(max_batch_size=2, max_seq_len=16,
+                                                                 allow_unverified_architectures=True))
 
 
 def test_opt_out_runs_an_unverified_attention_model():

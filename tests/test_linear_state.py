@@ -1,0 +1,100 @@
+"""Linear-attention (Gated DeltaNet) state in the ragged cache: padding, rollback, and its limit.
+
+Tiny random fp32 Qwen3-Next (one Gated DeltaNet and one attention layer, `arch_sweep.tiny_model`).
+The reference is HF's own forward over each row's whole sequence, without a cache.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specroll.benchmarks.arch_sweep import hf_greedy, prompts, tiny_model
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.cache import STATE_HISTORY
+from specroll.rollout.runner import ModelRunner
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    return tiny_model("qwen3_next")
+
+
+@torch.inference_mode()
+def hf_next_logits(model, sequence: list[int]) -> torch.Tensor:
+    """[V] HF's logits after `sequence`, no cache."""
+    return model(input_ids=torch.tensor([sequence])).logits[0, -1]
+
+
+def test_rollback_keeps_each_rows_state_at_its_own_length(hybrid):
+    # A ragged prefill (right padding, the longest row past the state rings so padding could wrap
+    # onto the short rows' states), then 4 fed tokens of which each row keeps another prefix (0..3),
+    # then one more token: each row's logits are HF's on exactly the tokens it kept.
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 64, (n,), generator=gen).tolist() for n in (1, 5, 9, STATE_HISTORY + 6)]
+    fed = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]])
+    kept = torch.tensor([0, 1, 2, 3])
+    length = STATE_HISTORY + 12
+    runner = ModelRunner(hybrid, batch=4, length=length, dtype=torch.float32, device=CPU)
+    tokens = torch.zeros(4, length, dtype=torch.long)
+    for b, row in enumerate(rows):
+        tokens[b, : len(row)] = torch.tensor(row)
+    count = torch.tensor([len(row) for row in rows])
+    runner.extend(slice(0, 4), tokens, count)
+    runner.feed(slice(0, 4), fed)
+    runner.rollback(slice(0, 4), count + kept)
+    nxt = torch.tensor([[20], [21], [22], [23]])
+    logits = runner.feed(slice(0, 4), nxt)[:, 0]  # [4, V]
+    for b, row in enumerate(rows):
+        sequence = row + fed[b, : kept[b]].tolist() + nxt[b].tolist()
+        torch.testing.assert_close(logits[b], hf_next_logits(hybrid, sequence), atol=1e-4, rtol=1e-4)
+
+
+def test_noisy_drafter_rows_accept_different_lengths_and_match_hf(hybrid):
+    drafter = copy.deepcopy(hybrid)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        w = drafter.lm_head.weight
+        w.add_(0.5 * w.std() * torch.randn(w.shape, generator=gen))
+    rows = prompts()
+    engine = SpecEngine(hybrid, drafter, EngineConfig(max_batch_size=4, max_seq_len=32, gamma=3))
+    dropped = []  # per verification step, the tokens each row's rollback drops
+    rollback = engine.target.rollback
+
+    def spy(rows_, lens):
+        dropped.append((engine.target.cache.lens[rows_] - lens).tolist())
+        rollback(rows_, lens)
+
+    engine.target.rollback = spy
+    out = engine.generate(rows, SamplingParams(max_new_tokens=12, temperature=0))
+    assert [r.completion_ids for r in out] == hf_greedy(hybrid, rows, new_tokens=12)
+    assert any(len(set(step)) > 1 for step in dropped), dropped  # rows rolled back by different amounts
+
+
+def test_rollback_past_the_state_history_raises(hybrid):
+    runner = ModelRunner(hybrid, batch=1, length=STATE_HISTORY + 8, dtype=torch.float32, device=CPU)
+    runner.feed(slice(0, 1), torch.full((1, STATE_HISTORY + 2), 5))
+    runner.rollback(slice(0, 1), torch.tensor([1]))  # the state after 1 token is no longer held
+    with pytest.raises(RuntimeError, match="rolled back more than"):
+        runner.feed(slice(0, 1), torch.tensor([[6]]))
+
+
+def test_rollback_to_zero_is_a_fresh_row(hybrid):
+    runner = ModelRunner(hybrid, batch=1, length=STATE_HISTORY + 8, dtype=torch.float32, device=CPU)
+    runner.feed(slice(0, 1), torch.full((1, STATE_HISTORY + 2), 5))
+    runner.rollback(slice(0, 1), torch.tensor([0]))
+    logits = runner.feed(slice(0, 1), torch.tensor([[6, 7]]))[0, -1]
+    torch.testing.assert_close(logits, hf_next_logits(hybrid, [6, 7]), atol=1e-4, rtol=1e-4)
+
+
+def test_outside_the_engine_the_model_runs_hf_forward(hybrid):
+    # The ragged forward is installed on the model's Gated DeltaNet modules; HF's generate still works.
+    ModelRunner(hybrid, batch=1, length=8, dtype=torch.float32, device=CPU)
+    ids = torch.tensor([prompts()[2]])
+    cached = hybrid.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    assert hf_next_logits(hybrid, cached[0, :-1].tolist()).argmax() == cached[0, -1]
