@@ -27,17 +27,16 @@ VERIFIED_MODEL_TYPES = frozenset({
     "cohere", "cohere2", "ernie4_5", "exaone4", "gemma3", "gemma4", "glm", "glm4", "glm4_moe", "gpt_bigcode",
     "gpt_oss", "granite", "granitemoe", "helium", "hunyuan_v1_dense", "internlm3", "ministral", "ministral3", "olmo",
     "olmo3", "olmoe", "opt", "phi", "phimoe", "seed_oss", "smollm3", "stablelm", "starcoder2",
-    # hybrid: Gated DeltaNet layers with per-row state in the ragged cache (rollout.gated_delta)
-    "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+    # recurrent layers with per-row state in the ragged cache: Gated DeltaNet (rollout.gated_delta), Mamba
+    # (rollout.mamba)
+    "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "mamba", "falcon_mamba",
 })
 
 # Why a family users ask for is not verified (what is missing); other types are simply not swept.
-_RECURRENT = ("keep a recurrent/conv state per row, which the ragged cache holds only for Gated DeltaNet "
-              "layers (their ragged forward: rollout.gated_delta)")
+_RECURRENT = ("keep a recurrent/conv state per row, which the ragged cache holds only for the mixers it has a "
+              "ragged forward for (rollout.mixers: Gated DeltaNet, Mamba)")
 KNOWN_GAPS = {
     "falcon_h1": f"its Mamba-2 mixers {_RECURRENT}",
-    "falcon_mamba": f"its Mamba layers {_RECURRENT}",
-    "mamba": f"its Mamba layers {_RECURRENT}",
     "mamba2": f"its Mamba-2 layers {_RECURRENT}",
     "nemotron_h": f"its Mamba-2 mixers {_RECURRENT}",
     "recurrent_gemma": f"its RG-LRU layers {_RECURRENT}",

@@ -2,10 +2,9 @@
 
 HF's layer keeps one conv state and one recurrent state per row and returns only the state after
 the *last* fed token, padding included, so a right-padded ragged forward leaves padded rows with a
-wrong state and a verification forward leaves no state at the accepted lengths. `install_ragged_mixers`
-makes each Gated DeltaNet module of a model run this module's forward whenever it is called with a
-`RaggedKVCache` (and HF's own otherwise, so the model behaves as before outside the engine). It
-computes what HF's layer computes, on the same weights, per row:
+wrong state and a verification forward leaves no state at the accepted lengths. `RAGGED_FORWARDS`
+gives each Gated DeltaNet module class the forward that `mixers.install_ragged_mixers` makes it run
+with the ragged cache. It computes what HF's layer computes, on the same weights, per row:
 
 - the causal conv over the row's own last `K - 1` inputs (`RaggedStateLayer.conv_window`) followed
   by the new ones, so each row's window comes from its own real tokens;
@@ -17,7 +16,7 @@ computes what HF's layer computes, on the same weights, per row:
 
 Padding never reaches a row's state: its snapshots go to the ring's spare slot and its conv inputs
 are not stored (`WritePlan.ring_slots`). The two model families differ only in how they project the
-hidden states into q/k/v, the output gate z and the decay/learning-rate inputs a, b (`_PROJECTIONS`).
+hidden states into q/k/v, the output gate z and the decay/learning-rate inputs a, b (`_project_*`).
 """
 
 from __future__ import annotations
@@ -27,13 +26,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
-from .cache import RaggedKVCache
-from .linear_state import RaggedStateLayer
+from .linear_state import RaggedStateLayer, causal_conv
 
 
 @dataclass
@@ -58,49 +55,24 @@ def _project_qwen3_5(module: nn.Module, hidden: torch.Tensor) -> MixerInputs:
     return MixerInputs(module.in_proj_qkv(hidden), z, module.in_proj_b(hidden), module.in_proj_a(hidden))
 
 
-_PROJECTIONS = {
-    Qwen3NextGatedDeltaNet: _project_qwen3_next,
-    Qwen3_5GatedDeltaNet: _project_qwen3_5,
-    Qwen3_5MoeGatedDeltaNet: _project_qwen3_5,
+def _ragged(project):
+    def forward(module: nn.Module, hidden: torch.Tensor, layer: RaggedStateLayer) -> torch.Tensor:
+        return ragged_forward(module, project(module, hidden), layer)
+    return forward
+
+
+RAGGED_FORWARDS = {
+    Qwen3NextGatedDeltaNet: _ragged(_project_qwen3_next),
+    Qwen3_5GatedDeltaNet: _ragged(_project_qwen3_5),
+    Qwen3_5MoeGatedDeltaNet: _ragged(_project_qwen3_5),
 }
-
-
-class RaggedGatedDeltaNet:
-    """A Gated DeltaNet module's `forward`: the ragged one with a `RaggedKVCache`, HF's otherwise."""
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-        self.project = _PROJECTIONS[type(module)]
-
-    def __call__(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, **kwargs) -> torch.Tensor:
-        if not isinstance(cache, RaggedKVCache):
-            return type(self.module).forward(self.module, hidden_states, cache=cache, attention_mask=attention_mask,
-                                             **kwargs)
-        return ragged_forward(self.module, self.project(self.module, hidden_states),
-                              cache.layers[self.module.layer_idx])
-
-
-def install_ragged_mixers(model: nn.Module) -> set[int]:
-    """Give every Gated DeltaNet module of `model` the ragged forward; returns their layer indices."""
-    covered = set()
-    for module in model.modules():
-        if type(module) in _PROJECTIONS:
-            if not isinstance(module.__dict__.get("forward"), RaggedGatedDeltaNet):
-                module.forward = RaggedGatedDeltaNet(module)
-            covered.add(module.layer_idx)
-    return covered
 
 
 def ragged_forward(module: nn.Module, inputs: MixerInputs, layer: RaggedStateLayer) -> torch.Tensor:
     """The layer's output [n, Q, H] for the planned rows; reads and writes `layer`'s per-row state."""
     n, query_len = inputs.qkv.shape[:2]
-    new = inputs.qkv.transpose(1, 2)  # [n, C, Q]
-    window = layer.conv_window()  # [n, C, K-1]
-    layer.write_conv_inputs(new)
-    weight = module.conv1d.weight  # [C, 1, K]
-    full = torch.cat([window.to(new.dtype), new], dim=-1).to(weight.dtype)  # [n, C, K-1+Q]
-    mixed = F.conv1d(full, weight, module.conv1d.bias, groups=weight.shape[0])  # [n, C, Q]
-    mixed = ACT2FN[module.activation](mixed).to(new.dtype).transpose(1, 2)  # [n, Q, C]
+    mixed = causal_conv(layer, module.conv1d, inputs.qkv.transpose(1, 2), module.activation)  # [n, C, Q]
+    mixed = mixed.transpose(1, 2)  # [n, Q, C]
     query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
     query = query.reshape(n, query_len, -1, module.head_k_dim)  # [n, Q, H_k, D_k]
     key = key.reshape(n, query_len, -1, module.head_k_dim)

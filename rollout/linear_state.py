@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
 from transformers.cache_utils import CacheLayerMixin
 
 
@@ -33,7 +36,7 @@ class StateShape:
 
     conv_dim: int
     conv_kernel: int
-    state: tuple[int, int, int]  # [H_v, D_k, D_v]
+    state: tuple[int, ...]  # [H_v, D_k, D_v] for Gated DeltaNet, [I, S] for Mamba
     state_dtype: torch.dtype  # HF keeps the recurrent state in fp32 whatever the model dtype
 
 
@@ -77,13 +80,13 @@ class RaggedStateLayer(CacheLayerMixin):
         self.conv[plan.row_ids[:, None], plan.ring_slots(self.conv_slots)] = inputs.transpose(1, 2).to(self.conv.dtype)
 
     def initial_state(self) -> torch.Tensor:
-        """[n, H_v, D_k, D_v]: each planned row's recurrent state after its first `start` tokens."""
+        """[n, *state]: each planned row's recurrent state after its first `start` tokens."""
         plan = self.owner.plan
-        state = self.states[plan.row_ids, plan.start % self.history]
-        return state.masked_fill((plan.start == 0)[:, None, None, None], 0)
+        state = self.states[plan.row_ids, plan.start % self.history]  # [n, *state]
+        return state.masked_fill((plan.start == 0).view(-1, *[1] * (state.dim() - 1)), 0)
 
     def write_state(self, step: int, state: torch.Tensor) -> None:
-        """Snapshot `state` [n, H_v, D_k, D_v], each row's state after its fed token `step`."""
+        """Snapshot `state` [n, *state], each row's state after its fed token `step`."""
         plan = self.owner.plan
         if step >= plan.first_snapshot:
             slots = plan.ring_slots(self.history, offset=1)[:, step]  # [n]
@@ -105,3 +108,13 @@ class RaggedStateLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return -1
+
+
+def causal_conv(layer: RaggedStateLayer, conv: nn.Conv1d, new: torch.Tensor, activation: str) -> torch.Tensor:
+    """The depthwise causal conv `conv` (then `activation`) of `new` [n, C, Q] over each planned row's
+    own last K-1 inputs; returns [n, C, Q] and stores `new` as the rows' conv inputs."""
+    window = layer.conv_window()  # [n, C, K-1]
+    layer.write_conv_inputs(new)
+    full = torch.cat([window.to(new.dtype), new], dim=-1).to(conv.weight.dtype)  # [n, C, K-1+Q]
+    out = F.conv1d(full, conv.weight, conv.bias, groups=conv.weight.shape[0])  # [n, C, Q]
+    return ACT2FN[activation](out).to(new.dtype)

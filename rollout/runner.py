@@ -21,8 +21,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .cache import RaggedKVCache, StateShape, probe_layer_shapes
-from .gated_delta import install_ragged_mixers
 from .lean import lean_decoder, unsupported_reason
+from .mixers import install_ragged_mixers
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 # Layers that keep a per-row state in the cache instead of reading K/V slots: they take no mask.
@@ -55,12 +55,12 @@ def state_layer_kinds(config) -> list[str]:
 
 def check_state_layers(model: PreTrainedModel, shapes: list) -> None:
     """Raise `ValueError` if a layer keeps a recurrent/conv state that no ragged forward handles
-    (`gated_delta.install_ragged_mixers` covers Gated DeltaNet layers; installs it on the way)."""
+    (`mixers.install_ragged_mixers` covers Gated DeltaNet and Mamba layers; installs it on the way)."""
     covered = install_ragged_mixers(model)
     missing = [index for index, shape in enumerate(shapes) if isinstance(shape, StateShape) and index not in covered]
     if missing:
         raise ValueError(f"{model.config.model_type!r} layers {missing} keep a recurrent/conv state that the ragged "
-                         "cache has no forward for (it runs Gated DeltaNet layers: Qwen3-Next, Qwen3.5)")
+                         "cache has no forward for (it has: Gated DeltaNet, Mamba)")
 
 
 class ModelRunner:

@@ -1,7 +1,8 @@
-"""Linear-attention (Gated DeltaNet) state in the ragged cache: padding, rollback, and its limit.
+"""Recurrent-layer state in the ragged cache: padding, rollback, and its limit.
 
-Tiny random fp32 Qwen3-Next (one Gated DeltaNet and one attention layer, `arch_sweep.tiny_model`).
-The reference is HF's own forward over each row's whole sequence, without a cache.
+Tiny random fp32 models from `arch_sweep.tiny_model` (slow decays, so the state matters): Qwen3-Next
+(one Gated DeltaNet and one attention layer) and, for the per-row rollback, Mamba too. The reference
+is HF's own forward over each row's whole sequence, without a cache.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def hf_next_logits(model, sequence: list[int]) -> torch.Tensor:
     return model(input_ids=torch.tensor([sequence])).logits[0, -1]
 
 
-def test_rollback_keeps_each_rows_state_at_its_own_length(hybrid):
+@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba"])
+def test_rollback_keeps_each_rows_state_at_its_own_length(model_type):
     # A ragged prefill (right padding, the longest row past the state rings so padding could wrap
     # onto the short rows' states), then 4 fed tokens of which each row keeps another prefix (0..3),
     # then one more token: each row's logits are HF's on exactly the tokens it kept.
@@ -39,7 +41,8 @@ def test_rollback_keeps_each_rows_state_at_its_own_length(hybrid):
     fed = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]])
     kept = torch.tensor([0, 1, 2, 3])
     length = STATE_HISTORY + 12
-    runner = ModelRunner(hybrid, batch=4, length=length, dtype=torch.float32, device=CPU)
+    model = tiny_model(model_type)
+    runner = ModelRunner(model, batch=4, length=length, dtype=torch.float32, device=CPU)
     tokens = torch.zeros(4, length, dtype=torch.long)
     for b, row in enumerate(rows):
         tokens[b, : len(row)] = torch.tensor(row)
@@ -51,7 +54,7 @@ def test_rollback_keeps_each_rows_state_at_its_own_length(hybrid):
     logits = runner.feed(slice(0, 4), nxt)[:, 0]  # [4, V]
     for b, row in enumerate(rows):
         sequence = row + fed[b, : kept[b]].tolist() + nxt[b].tolist()
-        torch.testing.assert_close(logits[b], hf_next_logits(hybrid, sequence), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits[b], hf_next_logits(model, sequence), atol=1e-4, rtol=1e-4)
 
 
 def test_noisy_drafter_rows_accept_different_lengths_and_match_hf(hybrid):

@@ -1,0 +1,47 @@
+"""Mamba and Falcon-Mamba mixers over the ragged cache: per-row conv window and selective-scan state.
+
+The selective SSM of Mamba (Gu & Dao, 2023), per row and token t, on the conv output x_t [I]:
+`h ← exp(Δ_t A) h + Δ_t B_t x_t` (h [I, S], A = −exp(A_log)), `y_t = h C_t + D x_t`, gated by
+silu(z_t); Δ_t = softplus(dt_proj(x_proj(x_t)) + bias). HF's mixer scans a whole forward and keeps
+the state after its last token only, padding included; this forward scans from each row's state at
+its `start` and snapshots h after every real token (`linear_state.RaggedStateLayer`), so rollback
+to any kept length is exact. Falcon-Mamba is the same mixer with weightless RMS norms on Δ, B and C
+before the scan. `mixers.install_ragged_mixers` makes the modules run it with the ragged cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
+from transformers.models.mamba.modeling_mamba import MambaMixer
+
+from .linear_state import RaggedStateLayer, causal_conv
+
+
+def ragged_forward(module: nn.Module, hidden: torch.Tensor, layer: RaggedStateLayer) -> torch.Tensor:
+    """The mixer's output [n, Q, H] for the planned rows; reads and writes `layer`'s per-row state."""
+    x, gate = module.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)  # [n, I, Q] each
+    x = causal_conv(layer, module.conv1d, x, module.activation)  # [n, I, Q]
+    step, B, C = torch.split(module.x_proj(x.transpose(1, 2)),
+                             [module.time_step_rank, module.ssm_state_size, module.ssm_state_size], dim=-1)
+    if isinstance(module, FalconMambaMixer):
+        step, B, C = module.dt_layernorm(step), module.b_layernorm(B), module.c_layernorm(C)
+    dt = module.dt_proj.weight @ step.transpose(1, 2)  # [n, I, Q]
+    if module.dt_proj.bias is not None:
+        dt = dt + module.dt_proj.bias.float()[:, None]
+    dt = F.softplus(dt)
+    A = -torch.exp(module.A_log.float())  # [I, S]
+    state = layer.initial_state().float()  # [n, I, S]
+    ys = []
+    for i in range(x.shape[2]):
+        state = torch.exp(A * dt[:, :, i, None]) * state + dt[:, :, i, None] * B[:, i, None, :].float() * \
+            x[:, :, i, None].float()
+        ys.append((state.to(x.dtype) @ C[:, i, :, None]).squeeze(-1))  # [n, I]
+        layer.write_state(i, state)
+    y = (torch.stack(ys, dim=-1) + x * module.D.float()[None, :, None]) * F.silu(gate)  # [n, I, Q]
+    return module.out_proj(y.transpose(1, 2).to(hidden.dtype))
+
+
+RAGGED_FORWARDS = {MambaMixer: ragged_forward, FalconMambaMixer: ragged_forward}
