@@ -67,7 +67,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-GammaSetting = int | Literal["auto"]
+GammaSetting = int | Literal["auto", "auto_simple"]
 SamplerName = Literal["rejection", "invariant"]
 SAMPLER_NAMES = ("rejection", "invariant")
 DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "medusa"]
@@ -171,8 +171,8 @@ class EngineConfig:
             "max_seq_len", self.max_seq_len, "an int >= 2",
         )
         require(
-            self.gamma == "auto" or (isinstance(self.gamma, int) and self.gamma >= 0),
-            "gamma", self.gamma, "an int >= 0 (0 = plain decoding) or 'auto'",
+            self.gamma in ("auto", "auto_simple") or (isinstance(self.gamma, int) and self.gamma >= 0),
+            "gamma", self.gamma, "an int >= 0 (0 = plain decoding), 'auto' or 'auto_simple'",
         )
         require(
             isinstance(self.max_gamma, int) and self.max_gamma >= 1, "max_gamma", self.max_gamma,

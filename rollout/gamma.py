@@ -30,6 +30,7 @@ import torch
 from .break_even import break_even_acceptance
 from .config import EngineConfig
 from .cost_model import CALIBRATION_CONTEXT, CostModel, calibrate
+from .gamma_rate import RateGamma
 from .runner import ModelRunner
 
 if TYPE_CHECKING:
@@ -349,10 +350,11 @@ class AutoGamma:
 
 
 def make_gamma_policy(config: EngineConfig, target: ModelRunner, drafter: Drafter | None) -> GammaPolicy:
-    if config.gamma != "auto":
+    if isinstance(config.gamma, int):
         return FixedGamma(config.gamma)
     if drafter is None:
         return FixedGamma(0)
     cost = calibrate(target, drafter, config.max_batch_size, config.max_gamma, config.cost_model_budget_s,
                      config.calibration_cache)
-    return AutoGamma(cost, config.max_gamma, config.acceptance_ema)
+    policy = RateGamma if config.gamma == "auto_simple" else AutoGamma
+    return policy(cost, config.max_gamma, config.acceptance_ema)

@@ -1,0 +1,125 @@
+"""`RateGamma`: the γ with the most expected tokens per second, from the calibration and a running
+per-position acceptance — the simple auto-γ policy behind `GammaPolicy`.
+
+Before each step, for the live batch size n and the KV length the step reads:
+
+    tokens(γ) = 1 + Σ_{k=1..γ} Π_{j≤k} α_j                 expected tokens per row
+    time(γ)   = verify(n, γ + 1, context) + s · draft(n, γ) + o(n)
+    γ         = argmax_γ tokens(γ) / time(γ)                0 when no γ beats plain decoding
+
+`verify` and `draft` are the calibrated forward times (`cost_model.calibrate`). Two corrections are
+learnt from the steps run, because a step is not its calibrated forwards: `s`, the measured ÷
+calibrated drafting time (the drafter's weights fall out of the caches while the target runs), and
+`o(n)`, the seconds a step at n rows spends beyond its forwards (sampling, verification,
+bookkeeping; it hardly depends on γ), both as moving averages. α_j = P(draft j kept | drafts < j kept)
+comes from exponentially decayed counts (per greedy / sampled), shrunk toward the pooled rate of all
+positions so that one rejection at a deep position cannot rule it out. Acceptance is only measured
+while drafting, so after `PROBE_EVERY` plain steps in a row one step runs the best γ ≥ 1.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .break_even import break_even_acceptance
+from .cost_model import CostModel
+
+if TYPE_CHECKING:
+    from .gamma import StepOutcome, StepShape
+
+PRIOR_ACCEPTANCE = 0.6  # the pooled α before any observation ...
+PRIOR_ROWS = 2  # ... worth this many rows of evidence
+SHRINK_ROWS = 16  # pseudo-rows pulling each position's α toward the pooled one
+COST_EMA = 0.8  # weight of the old value in the time corrections (memory ~5 steps)
+PROBE_EVERY = 32  # plain steps between probes of the best γ ≥ 1
+
+
+class RateGamma:
+    adaptive = True
+
+    def __init__(self, cost: CostModel, max_gamma: int, decay: float):
+        self.cost, self.max_gamma, self.decay = cost, max_gamma, decay
+        self.kept = {True: [0.0] * max_gamma, False: [0.0] * max_gamma}  # per mode (greedy?), per position
+        self.reached = {True: [0.0] * max_gamma, False: [0.0] * max_gamma}
+        self.draft_scale = 1.0
+        self.overhead: dict[int, float] = {}  # live rows → o(n)
+        self.plain_steps = 0
+        self._forwards: dict[int, tuple[list[float], list[float], list[float]]] = {}
+
+    def alpha(self, greedy: bool) -> list[float]:
+        kept, reached = self.kept[greedy], self.reached[greedy]
+        pooled = (sum(kept) + PRIOR_ACCEPTANCE * PRIOR_ROWS) / (sum(reached) + PRIOR_ROWS)
+        return [(k + SHRINK_ROWS * pooled) / (r + SHRINK_ROWS) for k, r in zip(kept, reached)]
+
+    def expected_tokens(self, greedy: bool) -> list[float]:
+        """tokens(γ) per row for γ = 0..max_gamma."""
+        out, survive = [1.0], 1.0
+        for a in self.alpha(greedy):
+            survive *= a
+            out.append(out[-1] + survive)
+        return out
+
+    def _calibrated(self, rows: int, context: int) -> tuple[list[float], list[float]]:
+        """Calibrated (verify, draft) seconds for γ = 0..max_gamma; the grid lookups are kept per batch
+        size (the policy asks every step, and a slow policy eats a small model's gain)."""
+        parts = self._forwards.get(rows)
+        if parts is None:
+            gammas = range(self.max_gamma + 1)
+            target = [self.cost.target_parts(rows, g + 1) for g in gammas]
+            parts = self._forwards[rows] = ([s for s, _ in target], [a for _, a in target],
+                                            [self.cost.draft_time(rows, g) for g in gammas])
+        short, added, draft = parts
+        w = self.cost.context_weight(context)
+        return [s + w * a for s, a in zip(short, added)], draft
+
+    def _overhead(self, rows: int) -> float:
+        if rows in self.overhead or not self.overhead:
+            return self.overhead.get(rows, 0.0)
+        return self.overhead[min(self.overhead, key=lambda n: abs(n - rows))]
+
+    def step_times(self, rows: int, context: int) -> list[float]:
+        """Predicted step seconds for γ = 0..max_gamma."""
+        verify, draft = self._calibrated(rows, context)
+        extra = self._overhead(rows)
+        return [max(v + extra + self.draft_scale * d, 1e-7) for v, d in zip(verify, draft)]
+
+    def rates(self, shape: StepShape, greedy: bool) -> list[float]:
+        """Expected tokens per second per row for γ = 0..max_gamma."""
+        return [t / s for t, s in zip(self.expected_tokens(greedy), self.step_times(shape.rows, shape.context))]
+
+    def choose(self, shape: StepShape, greedy: bool) -> int:
+        if not any(self.reached[greedy]):
+            return self.max_gamma  # one step at max_gamma measures every position
+        rates = self.rates(shape, greedy)
+        best = max(range(len(rates)), key=rates.__getitem__)
+        if best:
+            return best
+        self.plain_steps += 1
+        if self.plain_steps % PROBE_EVERY:
+            return 0
+        return max(range(1, len(rates)), key=rates.__getitem__)
+
+    def narrow(self, shape: StepShape, expected_kept: list[float]) -> int:
+        """The drafts are made: the width whose verification pays best for the drafts expected kept."""
+        verify, _ = self._calibrated(shape.rows, shape.context)
+        rates = [(shape.rows + kept) / verify[min(w, self.max_gamma)] for w, kept in enumerate(expected_kept)]
+        return max(range(len(rates)), key=rates.__getitem__)
+
+    def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
+        if outcome.counts:  # [reached, kept] per start state: this policy pools the states
+            reached = [a + b for a, b in zip(outcome.counts[0], outcome.counts[2])]
+            kept = [a + b for a, b in zip(outcome.counts[1], outcome.counts[3])]
+            old_k, old_r = self.kept[greedy], self.reached[greedy]
+            for j in range(len(old_k)):
+                old_k[j] = self.decay * old_k[j] + (kept[j] if j < len(kept) else 0)
+                old_r[j] = self.decay * old_r[j] + (reached[j] if j < len(reached) else 0)
+        verify, draft = self._calibrated(shape.rows, shape.context)
+        draft_seconds = outcome.draft_seconds if outcome.draft_seconds is not None else 0.0
+        if outcome.gamma and draft[outcome.gamma] > 0:
+            self.draft_scale = COST_EMA * self.draft_scale + (1 - COST_EMA) * draft_seconds / draft[outcome.gamma]
+        extra = outcome.seconds - draft_seconds - verify[outcome.gamma]
+        old = self.overhead.get(shape.rows)
+        self.overhead[shape.rows] = extra if old is None else COST_EMA * old + (1 - COST_EMA) * extra
+
+    def break_even_acceptance(self, rows: int, context: int) -> float:
+        return break_even_acceptance(self.step_times(rows, context))
