@@ -59,6 +59,10 @@ from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
 from .scoring import DrafterScorer
 
+# Batches drawn at once, then grouped by length: more groups tighter lengths, but a draw is only taken
+# from the data buffered when it is made (a round takes ~5-20 steps on the demo).
+_BATCHES_PER_DRAW = 4
+
 
 class DraftLearner:
     """Online drafter distillation with a paired publish gate and a watchdog (see module doc)."""
@@ -272,6 +276,7 @@ class DraftLearner:
         started = time.perf_counter()
         self.model.train()
         loss_fn = LOSSES[cfg.loss]
+        batches: list = []  # drawn a few at a time, grouped by length (`DraftBuffer.sample_batches`)
         for step in range(cfg.max_steps):
             # Stop before a step that would end past the deadline (a step is not short: the LM head's
             # backward over a batch of full contexts), judged by the mean step so far — or, before this
@@ -279,7 +284,9 @@ class DraftLearner:
             per_step = (time.perf_counter() - started) / step if step else self._step_s
             if deadline is not None and time.perf_counter() + per_step >= deadline:
                 break
-            batch = self.buffer.sample(cfg.batch_size, self._generator).to(self.device)
+            if not batches:
+                batches = self.buffer.sample_batches(_BATCHES_PER_DRAW, cfg.batch_size, self._generator)
+            batch = batches.pop().to(self.device)
             per_position = loss_fn(self.scorer.log_q(self.model, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
             loss = (per_position * batch.weights).sum() / batch.weights.shape[0]
             self._optimizer.zero_grad(set_to_none=True)

@@ -67,6 +67,23 @@ def test_sampling_favours_newer_versions_by_recency_decay():
     assert abs(old_share - 0.2) < 0.04
 
 
+def test_batches_group_rollouts_by_length_and_draw_them_as_sample_does():
+    """8 rollouts of 1..8 positions, drawn ∝ their total weight (n / 36) as `sample` draws them: 1600
+    draws into 400 batches of 4. Each batch spans ~1 length (random batches of 4: ~4); each rollout's
+    share is n / 36 ± 0.04 (≥ 3.8σ at n = 1600); the batches come in random order, not by length."""
+    buffer = DraftBuffer(BufferConfig(rejected_weight=1.0))
+    buffer.add([entry(0, num_pos=n, first_token=10 * n) for n in range(1, 9)])
+    batches = buffer.sample_batches(400, 4, torch.Generator().manual_seed(0))
+    assert len(batches) == 400 and all(b.input_ids.shape[0] == 4 for b in batches)
+    lengths = [sorted((b.weights > 0).sum(1).tolist()) for b in batches]
+    assert sum(ls[-1] - ls[0] for ls in lengths) / len(lengths) <= 1.0
+    firsts = torch.cat([b.input_ids[:, 0] for b in batches])
+    shares = torch.stack([(firsts == 10 * n).float().mean() for n in range(1, 9)])
+    assert torch.all((shares - torch.arange(1, 9) / 36).abs() < 0.04), shares
+    assert lengths != sorted(lengths)
+    assert torch.allclose(torch.cat([b.weights.sum(1) for b in batches]), torch.ones(1600))
+
+
 def test_rejected_positions_weigh_more_and_weights_sum_to_one_per_rollout():
     buffer = DraftBuffer(BufferConfig(rejected_weight=3.0))
     buffer.add([entry(0, rejected_at=(1,))])

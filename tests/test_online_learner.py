@@ -10,6 +10,8 @@ import torch
 from online_fixtures import tiny_llama
 
 from specroll.online_drafter import DraftLearner, LearnerConfig, bucketed_kl, bucketed_tv, expected_acceptance
+from specroll.online_drafter.buffer import to_buffered
+from specroll.online_drafter.scoring import DrafterScorer
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 V = 32
@@ -162,9 +164,10 @@ def test_probe_scores_served_and_frozen_paired_without_buffering(setup):
 
 
 def test_a_harmful_learning_rate_never_serves_a_drafter_worse_than_frozen(setup):
-    """lr = 1 wrecks every candidate: the gate must refuse them all (checked on a probe each round)."""
+    """lr = 10 wrecks every candidate (judged unaveraged): the gate must refuse them all (checked on a probe
+    each round)."""
     engine, drafter, _ = setup
-    learner = DraftLearner(drafter, small_config(lr=1.0, max_steps=20))
+    learner = DraftLearner(drafter, small_config(lr=10.0, max_steps=20, ema_decay=0.0))
     prompts = [[i % V, (5 * i + 1) % V] for i in range(16)]
     probe_prompts = [[(7 * i + 3) % V, i % V] for i in range(8)]
     engine.update_drafter(learner.published_state_dict(), learner.version)
@@ -193,3 +196,18 @@ def test_save_and_load_resume_the_same_run(setup, tmp_path):
     a, b = learner.train_round(), resumed.train_round()
     assert a.published == b.published and a.version == b.version
     assert a.acceptance_after == pytest.approx(b.acceptance_after, abs=1e-5)
+
+
+def test_scoring_batched_by_length_keeps_each_entry_its_own_score(setup):
+    """Entries of 3..12 positions scored together (batched by length) == each scored alone."""
+    _, drafter, rollouts = setup
+    entries = []
+    for i, rollout in enumerate(rollouts[:10]):
+        e, n = to_buffered(rollout), 12 - i
+        entries.append(dataclasses.replace(e, token_ids=e.token_ids[: e.prompt_len + n], topk_ids=e.topk_ids[:n],
+                                           topk_probs=e.topk_probs[:n], rejected=e.rejected[:n]))
+    scorer = DrafterScorer(1.0, 4, 0.5, torch.device("cpu"))
+    together = scorer.score_entries(drafter, entries)
+    alone = torch.cat([scorer.score_entries(drafter, [e]) for e in entries])
+    assert together[:, 1].tolist() == [float(12 - i) for i in range(10)]
+    assert torch.allclose(together, alone, atol=1e-5)
