@@ -67,6 +67,8 @@ EXTRA = {
     "deepseek_v2": dict(num_key_value_heads=4),
     "deepseek_v3": dict(num_key_value_heads=4),
     "gemma4_text": dict(global_head_dim=16, num_global_key_value_heads=1),
+    # Mamba-2 in tiny Falcon-H1: a µP input gain so that its state moves the logits (see STATE_GAIN).
+    "falcon_h1": dict(mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, ssm_in_multiplier=10.0),
 }
 
 
@@ -116,8 +118,9 @@ def tiny_model(model_type: str, seed: int = 0) -> PreTrainedModel:
         for module in model.modules():
             if isinstance(getattr(module, "A_log", None), torch.nn.Parameter):
                 module.A_log.uniform_(*LONG_MEMORY_A).log_()
-                if isinstance(getattr(module, "out_proj", None), torch.nn.Linear):
-                    module.out_proj.weight.mul_(STATE_GAIN)
+                for proj in ("in_proj", "out_proj"):  # an SSM's state term is quadratic in its (tiny) inputs
+                    if isinstance(getattr(module, proj, None), torch.nn.Linear):
+                        getattr(module, proj).weight.mul_(STATE_GAIN)
     return model
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin
 
 from .linear_state import RaggedStateLayer, StateShape
 
@@ -49,10 +49,18 @@ class LayerShape:
     value_dim: int
 
 
+@dataclass(frozen=True)
+class HybridShape:
+    """A layer that writes attention K/V and keeps a recurrent state (Falcon-H1's parallel mixers)."""
+
+    attention: LayerShape
+    state: StateShape
+
+
 @torch.inference_mode()
-def probe_layer_shapes(model: PreTrainedModel) -> list[LayerShape | StateShape | None]:
-    """Each cache layer's `LayerShape` (`StateShape` for a linear-attention layer, None where the layer
-    writes nothing), from one 1-token forward.
+def probe_layer_shapes(model: PreTrainedModel) -> list[LayerShape | StateShape | HybridShape | None]:
+    """Each cache layer's `LayerShape` (`StateShape` for a linear-attention layer, `HybridShape` for
+    one with both, None where the layer writes nothing), from one 1-token forward.
 
     Raises `ValueError` for a recurrent layer whose state is not one conv window and one recurrent
     matrix (e.g. a conv-only layer, or several states per layer).
@@ -63,17 +71,21 @@ def probe_layer_shapes(model: PreTrainedModel) -> list[LayerShape | StateShape |
     return [_layer_shape(model, index, layer) for index, layer in enumerate(probe.layers)]
 
 
-def _layer_shape(model: PreTrainedModel, index: int, layer: CacheLayerMixin) -> LayerShape | StateShape | None:
-    if isinstance(layer, LinearAttentionCacheLayerMixin):
-        conv, state = layer.conv_states.get(0), layer.recurrent_states.get(0)
-        if layer.number_of_states != 1 or conv is None or state is None or isinstance(layer, DynamicLayer):
-            raise ValueError(
-                f"{model.config.model_type!r} layer {index} keeps a recurrent/conv state ({type(layer).__name__}) "
-                "the ragged cache cannot hold: it holds attention K/V, or one conv window and one recurrent state"
-            )
-        return StateShape(conv.shape[1], conv.shape[2], tuple(state.shape[1:]), state.dtype)
+def _layer_shape(model: PreTrainedModel, index: int, layer: CacheLayerMixin
+                 ) -> LayerShape | StateShape | HybridShape | None:
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-    return None if keys is None or keys.numel() == 0 else LayerShape(keys.shape[1], keys.shape[3], values.shape[3])
+    attention = None if keys is None or keys.numel() == 0 else LayerShape(keys.shape[1], keys.shape[3],
+                                                                            values.shape[3])
+    if not isinstance(layer, LinearAttentionCacheLayerMixin):
+        return attention
+    conv, state = layer.conv_states.get(0), layer.recurrent_states.get(0)
+    if layer.number_of_states != 1 or conv is None or state is None:
+        raise ValueError(
+            f"{model.config.model_type!r} layer {index} keeps a recurrent/conv state ({type(layer).__name__}) "
+            "the ragged cache cannot hold: it holds attention K/V, and one conv window and one recurrent state"
+        )
+    state_shape = StateShape(conv.shape[1], conv.shape[2], tuple(state.shape[1:]), state.dtype)
+    return state_shape if attention is None else HybridShape(attention, state_shape)
 
 
 @dataclass
@@ -167,27 +179,35 @@ class RaggedKVCache(Cache):
     row can be rolled back at most that far; further raises at the next forward.
     """
 
-    def __init__(self, shapes: list[LayerShape | StateShape | None], batch: int, length: int, dtype: torch.dtype,
-                 device: torch.device, history: int = STATE_HISTORY):
+    def __init__(self, shapes: list[LayerShape | StateShape | HybridShape | None], batch: int, length: int,
+                 dtype: torch.dtype, device: torch.device, history: int = STATE_HISTORY):
         def buffer(heads: int, dim: int) -> torch.Tensor:
             # Zero-init, and zero again on reset: masked slots get 0 attention weight, and 0 × NaN is NaN.
             return torch.zeros(batch, heads, length, dim, dtype=dtype, device=device)
 
-        def layer(shape: LayerShape | StateShape | None) -> CacheLayerMixin:
-            if isinstance(shape, StateShape):
-                return RaggedStateLayer(self, shape, batch, history, dtype, device)
+        def attention(shape: LayerShape | None) -> RaggedLayer:
             if shape is None:
                 return RaggedLayer(self, None, None)
             return RaggedLayer(self, buffer(shape.num_heads, shape.key_dim), buffer(shape.num_heads, shape.value_dim))
 
-        super().__init__(layers=[layer(shape) for shape in shapes])
+        # A linear-attention layer is its state; a hybrid layer's state sits beside its K/V.
+        self.states_by_layer = {
+            index: RaggedStateLayer(self, shape.state if isinstance(shape, HybridShape) else shape, batch, history,
+                                    dtype, device)
+            for index, shape in enumerate(shapes) if isinstance(shape, StateShape | HybridShape)
+        }
+        super().__init__(layers=[
+            self.states_by_layer[index] if isinstance(shape, StateShape)
+            else attention(shape.attention if isinstance(shape, HybridShape) else shape)
+            for index, shape in enumerate(shapes)
+        ])
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)
         # Per row, a bound on the slots written since the row was last reset; slots past it are zero.
         self.written = torch.zeros(batch, dtype=torch.long)
         self.length = length
         self.history = history
         self.plan: WritePlan | None = None
-        self.state_layers = [layer for layer in self.layers if isinstance(layer, RaggedStateLayer)]
+        self.state_layers = list(self.states_by_layer.values())
         # Linear-attention rows: the furthest length fed since reset, and whether a rollback went
         # further back than the state history holds (checked at the next forward's host sync).
         self.reach = torch.zeros(batch, dtype=torch.long, device=device)

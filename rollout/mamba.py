@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Mixer
 from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
 from transformers.models.mamba.modeling_mamba import MambaMixer
 
@@ -44,4 +45,32 @@ def ragged_forward(module: nn.Module, hidden: torch.Tensor, layer: RaggedStateLa
     return module.out_proj(y.transpose(1, 2).to(hidden.dtype))
 
 
-RAGGED_FORWARDS = {MambaMixer: ragged_forward, FalconMambaMixer: ragged_forward}
+def ragged_forward_mamba2(module: nn.Module, hidden: torch.Tensor, layer: RaggedStateLayer) -> torch.Tensor:
+    """Falcon-H1's Mamba-2 mixer [n, Q, H] for the planned rows (per-head scalar decay, grouped B/C,
+    µP multipliers); reads and writes `layer`'s per-row state h [heads, head_dim, S]."""
+    n, query_len = hidden.shape[:2]
+    projected = module.in_proj(hidden * module.ssm_in_multiplier) * module.mup_vector  # [n, Q, 2I + 2GS + heads]
+    gate, xbc, dt = projected.split([module.intermediate_size, module.conv_dim, module.num_heads], dim=-1)
+    xbc = causal_conv(layer, module.conv1d, xbc.transpose(1, 2), module.activation).transpose(1, 2)  # [n, Q, C]
+    groups_state = module.n_groups * module.ssm_state_size
+    x, B, C = torch.split(xbc, [module.intermediate_size, groups_state, groups_state], dim=-1)
+    x = x.reshape(n, query_len, module.num_heads, module.head_dim).float()  # [n, Q, heads, P]
+    per_group = module.num_heads // module.n_groups
+    B, C = (t.reshape(n, query_len, module.n_groups, -1).float().repeat_interleave(per_group, dim=2)
+            for t in (B, C))  # [n, Q, heads, S]
+    dt = F.softplus(dt + module.dt_bias).clamp(*module.time_step_limit).float()  # [n, Q, heads]
+    A = -torch.exp(module.A_log.float())  # [heads]
+    state = layer.initial_state().float()  # [n, heads, P, S]
+    ys = []
+    for i in range(query_len):
+        decay = torch.exp(dt[:, i] * A)[..., None, None]  # [n, heads, 1, 1]
+        state = decay * state + (dt[:, i, :, None] * x[:, i])[..., None] * B[:, i, :, None, :]
+        ys.append((state * C[:, i, :, None, :]).sum(-1))  # [n, heads, P]
+        layer.write_state(i, state)
+    y = torch.stack(ys, dim=1) + module.D.float()[:, None] * x  # [n, Q, heads, P]
+    y = y.reshape(n, query_len, -1)
+    y = module.norm(y, gate) if module.mamba_rms_norm else y * F.silu(gate)
+    return module.out_proj(y.to(hidden.dtype))
+
+
+RAGGED_FORWARDS = {MambaMixer: ragged_forward, FalconMambaMixer: ragged_forward, FalconH1Mixer: ragged_forward_mamba2}

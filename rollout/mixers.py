@@ -37,7 +37,7 @@ class RaggedMixer:
         if not isinstance(cache, RaggedKVCache):
             return type(self.module).forward(self.module, hidden_states, cache=cache, attention_mask=attention_mask,
                                              **kwargs)
-        return self.ragged(self.module, hidden_states, cache.layers[self.module.layer_idx])
+        return self.ragged(self.module, hidden_states, cache.states_by_layer[self.module.layer_idx])
 
 
 def install_ragged_mixers(model: nn.Module) -> set[int]:

@@ -20,13 +20,16 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .cache import RaggedKVCache, StateShape, probe_layer_shapes
+from .cache import HybridShape, RaggedKVCache, StateShape, probe_layer_shapes
 from .lean import lean_decoder, unsupported_reason
 from .mixers import install_ragged_mixers
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 # Layers that keep a per-row state in the cache instead of reading K/V slots: they take no mask.
 STATE_LAYER_TYPES = ("linear_attention",)
+# Layers with attention and a recurrent mixer side by side (Falcon-H1): HF's decoder gives them the
+# full-attention mask and the linear-attention one.
+HYBRID_LAYER_TYPES = {"hybrid": ("full_attention", "linear_attention")}
 
 
 def attention_windows(config) -> dict[str, int | None]:
@@ -37,7 +40,7 @@ def attention_windows(config) -> dict[str, int | None]:
     """
     text = config.get_text_config()
     window = getattr(text, "sliding_window", None) or None
-    kinds = sorted(set(getattr(text, "layer_types", None) or ()) - set(STATE_LAYER_TYPES))
+    kinds = sorted(_mask_kinds(text) - set(STATE_LAYER_TYPES))
     if not kinds:
         return {"full_attention": window}
     unknown = [kind for kind in kinds if kind not in MASKED_LAYER_TYPES]
@@ -48,19 +51,26 @@ def attention_windows(config) -> dict[str, int | None]:
 
 
 def state_layer_kinds(config) -> list[str]:
-    """The `STATE_LAYER_TYPES` among `config`'s layer types."""
-    kinds = set(getattr(config.get_text_config(), "layer_types", None) or ())
+    """The `STATE_LAYER_TYPES` among the masks `config`'s layers read."""
+    kinds = _mask_kinds(config.get_text_config())
     return [kind for kind in STATE_LAYER_TYPES if kind in kinds]
+
+
+def _mask_kinds(text_config) -> set[str]:
+    """The kinds of mask the layers read (a hybrid layer reads two)."""
+    kinds = set(getattr(text_config, "layer_types", None) or ())
+    return {read for kind in kinds for read in HYBRID_LAYER_TYPES.get(kind, (kind,))}
 
 
 def check_state_layers(model: PreTrainedModel, shapes: list) -> None:
     """Raise `ValueError` if a layer keeps a recurrent/conv state that no ragged forward handles
     (`mixers.install_ragged_mixers` covers Gated DeltaNet and Mamba layers; installs it on the way)."""
     covered = install_ragged_mixers(model)
-    missing = [index for index, shape in enumerate(shapes) if isinstance(shape, StateShape) and index not in covered]
+    missing = [index for index, shape in enumerate(shapes)
+               if isinstance(shape, StateShape | HybridShape) and index not in covered]
     if missing:
         raise ValueError(f"{model.config.model_type!r} layers {missing} keep a recurrent/conv state that the ragged "
-                         "cache has no forward for (it has: Gated DeltaNet, Mamba)")
+                         "cache has no forward for (it has: Gated DeltaNet, Mamba, Falcon-H1's Mamba-2)")
 
 
 class ModelRunner:

@@ -1,8 +1,9 @@
 """Recurrent-layer state in the ragged cache: padding, rollback, and its limit.
 
 Tiny random fp32 models from `arch_sweep.tiny_model` (slow decays, so the state matters): Qwen3-Next
-(one Gated DeltaNet and one attention layer) and, for the per-row rollback, Mamba too. The reference
-is HF's own forward over each row's whole sequence, without a cache.
+(one Gated DeltaNet and one attention layer) and, for the per-row rollback, Mamba and Falcon-H1
+(attention and Mamba-2 side by side in each layer) too. The reference is HF's own forward over each
+row's whole sequence, without a cache.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def hf_next_logits(model, sequence: list[int]) -> torch.Tensor:
     return model(input_ids=torch.tensor([sequence])).logits[0, -1]
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba"])
+@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba", "falcon_h1"])
 def test_rollback_keeps_each_rows_state_at_its_own_length(model_type):
     # A ragged prefill (right padding, the longest row past the state rings so padding could wrap
     # onto the short rows' states), then 4 fed tokens of which each row keeps another prefix (0..3),
