@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             for loss, learner in learners.items():
                 learner.config.max_steps = block - done
                 learner.train_round()
-                scores[loss] = scorer.score_groups(learner.model, entries, keys)
+                scores[loss] = scorer.score_groups(learner.candidate.model, entries, keys)
             done = block
             d = paired_gain(scores["tv"], scores["kl"])
             dk, dt = paired_gain(scores["kl"], frozen), paired_gain(scores["tv"], frozen)

@@ -15,7 +15,7 @@ from collections import deque
 
 import torch
 
-from .head_data import FeatureSequence
+from .head_data import FeatureBatch, FeatureSequence, collate
 from .learner_config import BufferConfig
 
 
@@ -39,11 +39,15 @@ class FeatureBuffer:
         while self.num_positions > self.config.max_positions and len(self.sequences) > 1:
             self.num_positions -= self.sequences.popleft().num_positions
 
-    def sample(self, size: int, generator: torch.Generator) -> list[FeatureSequence]:
-        """`size` sequences (with replacement), version v weighted `recency_decay ** (newest − v)`."""
+    def sample_batches(self, num_batches: int, batch_size: int, generator: torch.Generator) -> list[FeatureBatch]:
+        """`num_batches` batches of `batch_size` sequences (with replacement, version v weighted
+        `recency_decay ** (newest − v)`), grouped by length as `DraftBuffer.sample_batches` groups them
+        (a batch is padded to its longest sequence); the batches come in random order."""
         if not self.sequences:
             raise ValueError("sample from an empty feature buffer: add rollouts first")
         versions = torch.tensor([s.policy_version for s in self.sequences], dtype=torch.float64)  # [N]
         weights = self.config.recency_decay ** (versions.max() - versions)
-        picked = torch.multinomial(weights, size, replacement=True, generator=generator)
-        return [self.sequences[i] for i in picked.tolist()]
+        picks = torch.multinomial(weights, num_batches * batch_size, replacement=True, generator=generator)
+        picked = sorted(picks.tolist(), key=lambda i: self.sequences[i].token_ids.shape[0])
+        order = torch.randperm(num_batches, generator=generator).tolist()
+        return [collate([self.sequences[i] for i in picked[b * batch_size:(b + 1) * batch_size]]) for b in order]

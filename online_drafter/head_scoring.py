@@ -47,13 +47,15 @@ class HeadScorer:
     def score_entries(self, head: nn.Module, entries: list[FeatureSequence]) -> torch.Tensor:
         """Expected acceptance sum and completion-position count of each entry: [N, 2] float64."""
         per_entry = torch.zeros(len(entries), 2, dtype=torch.float64)  # [N, (sum, count)]
+        by_length = torch.tensor(sorted(range(len(entries)), key=lambda i: entries[i].token_ids.shape[0]))
         for start in range(0, len(entries), self.batch_size):
-            batch = collate(entries[start : start + self.batch_size]).to(self.device)
+            rows = by_length[start : start + self.batch_size]  # [B] entry indices, batched by length
+            batch = collate([entries[i] for i in rows.tolist()]).to(self.device)
             log_q = self.objective(head, batch, self.temperature).log_q  # [B, D, L, V]
             acc = torch.stack([expected_acceptance(log_q[:, d], batch.topk_ids, batch.topk_probs)
                                for d in range(log_q.shape[1])], 1).mean(1)  # [B, L]
-            per_entry[start : start + self.batch_size, 0] = (acc * batch.weights).sum(1).double().cpu()
-            per_entry[start : start + self.batch_size, 1] = batch.weights.sum(1).double().cpu()
+            per_entry[rows, 0] = (acc * batch.weights).sum(1).double().cpu()
+            per_entry[rows, 1] = batch.weights.sum(1).double().cpu()
         return per_entry
 
     def group(self, per_entry: torch.Tensor, keys: list[GroupKey]) -> GroupScores:

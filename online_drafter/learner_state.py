@@ -8,11 +8,12 @@ checking every weight set against the learner's architecture (`copy_into` raises
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from specroll.rollout.weights import copy_into
+
+from .candidate import weights_of
 
 if TYPE_CHECKING:
     from .learner import DraftLearner
@@ -21,19 +22,15 @@ CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "candidate", "ave
                    "holdout", "generator")
 
 
-def _weights(model) -> dict:
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-
 def state_of(learner: DraftLearner) -> dict[str, Any]:
     return {
         "config": asdict(learner.config),
         "version": learner.version,
         "published": learner.published_state_dict(),
-        "frozen": _weights(learner.frozen),
-        "candidate": _weights(learner.model),
-        "averaged": _weights(learner.averaged),
-        "optimizer": learner._optimizer.state_dict(),
+        "frozen": weights_of(learner.frozen),
+        "candidate": weights_of(learner.candidate.model),
+        "averaged": weights_of(learner.candidate.averaged),
+        "optimizer": learner.candidate.optimizer.state_dict(),
         "buffer": learner.buffer.state_dict(),
         "holdout": learner.holdout.state_dict(),
         "generator": learner._generator.get_state(),
@@ -41,11 +38,12 @@ def state_of(learner: DraftLearner) -> dict[str, Any]:
 
 
 def restore(learner: DraftLearner, state: dict[str, Any], where: str) -> None:
-    for model, key in ((learner.frozen, "frozen"), (learner.model, "candidate"), (learner.averaged, "averaged"),
-                       (copy.deepcopy(learner.model), "published")):
+    candidate = learner.candidate
+    for model, key in ((learner.frozen, "frozen"), (candidate.model, "candidate"), (candidate.averaged, "averaged"),
+                       (learner.published, "published")):
         copy_into(model, state[key], f"{where}: the drafter")
-    learner._published = state["published"]
-    learner._optimizer.load_state_dict(state["optimizer"])
+    learner._published_weights = state["published"]
+    candidate.optimizer.load_state_dict(state["optimizer"])
     learner.version = state["version"]
     learner.holdout.load_state_dict(state["holdout"])
     learner.newest_policy_version = max([e.policy_version for e in learner.holdout.entries]

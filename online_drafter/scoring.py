@@ -8,12 +8,16 @@ for the paired comparisons of `paired.py`, weighing a group of policy version v 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .divergence import expected_acceptance
 from .draft_batch import BufferedRollout, DraftBatch, collate
 from .holdout import GroupKey
 from .paired import GroupScores
+
+Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (log q, top-k ids, probs) -> [B, T]
 
 
 class DrafterScorer:
@@ -28,6 +32,12 @@ class DrafterScorer:
         logits = drafter(input_ids=batch.input_ids).logits  # [B, L, V]
         index = batch.loss_index[..., None].expand(-1, -1, logits.shape[-1])  # [B, T, V]
         return (logits.gather(1, index).float() / self.temperature).log_softmax(-1)
+
+    def loss(self, drafter: torch.nn.Module, batch: DraftBatch, loss_fn: Loss) -> torch.Tensor:
+        """The batch's distillation loss: per-position `loss_fn` weighted (weights sum to 1 per rollout),
+        averaged over rollouts."""
+        per_position = loss_fn(self.log_q(drafter, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
+        return (per_position * batch.weights).sum() / batch.weights.shape[0]
 
     @torch.inference_mode()
     def score_entries(self, drafter: torch.nn.Module, entries: list[BufferedRollout]) -> torch.Tensor:

@@ -11,6 +11,7 @@ from online_fixtures import tiny_llama
 
 from specroll.online_drafter import DraftLearner, LearnerConfig, bucketed_kl, bucketed_tv, expected_acceptance
 from specroll.online_drafter.buffer import to_buffered
+from specroll.online_drafter.candidate import weights_of
 from specroll.online_drafter.scoring import DrafterScorer
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
@@ -91,7 +92,7 @@ def test_target_parameters_bit_identical_after_learner_rounds(setup):
     for _ in range(2):
         learner.train_round()
     target_ptrs = {p.data_ptr() for p in engine.target.model.parameters()}
-    learner_ptrs = {p.data_ptr() for m in (learner.model, learner.frozen) for p in m.parameters()}
+    learner_ptrs = {p.data_ptr() for m in (learner.candidate.model, learner.frozen) for p in m.parameters()}
     assert not target_ptrs & learner_ptrs  # the learner does not even hold the target
     for name, param in engine.target.model.named_parameters():
         assert torch.equal(param, before[name]), name
@@ -108,7 +109,7 @@ def test_a_rejected_candidate_keeps_training_and_the_published_drafter_stays(set
     assert first.acceptance_frozen_shadow == pytest.approx(first.acceptance_before)
     for name, tensor in learner.published_state_dict().items():
         assert torch.equal(tensor, published_before[name])
-    candidate = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    candidate = {n: p.detach().clone() for n, p in learner.candidate.model.named_parameters()}
     assert any(not torch.equal(candidate[n], published_before[n]) for n in candidate)  # not reset
     second = learner.train_round()
     assert second.acceptance_after > first.acceptance_after  # gains accumulate over rejected rounds
@@ -131,17 +132,17 @@ def test_watchdog_reverts_a_served_drafter_below_the_frozen_one(setup):
     learner = DraftLearner(drafter, small_config(max_steps=1, lr=1e-9))  # a round that changes nothing
     learner.add_rollouts(rollouts)
     with torch.no_grad():  # the served version (and the candidate, its average) drifted somewhere bad
-        for param, average in zip(learner.model.parameters(), learner.averaged.parameters()):
+        for param, average in zip(learner.candidate.model.parameters(), learner.candidate.averaged.parameters()):
             param.add_(0.5 * torch.randn_like(param))
             average.copy_(param)
-    learner._published = learner._snapshot()
+    learner._set_published(weights_of(learner.candidate.averaged))
     report = learner.train_round()
     assert report.published and report.version == 1
     assert "below the frozen drafter" in report.event and "reverted to the frozen drafter" in report.event
     assert report.acceptance_frozen_shadow > report.acceptance_before
     for name, param in learner.frozen.named_parameters():
         assert torch.equal(learner.published_state_dict()[name], param)
-        assert torch.equal(dict(learner.model.named_parameters())[name], param)
+        assert torch.equal(dict(learner.candidate.model.named_parameters())[name], param)
 
 
 def test_watchdog_reverts_below_break_even(setup):
