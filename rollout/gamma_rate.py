@@ -114,12 +114,19 @@ class RateGamma:
                 old_k[j] = self.decay * old_k[j] + (kept[j] if j < len(kept) else 0)
                 old_r[j] = self.decay * old_r[j] + (reached[j] if j < len(reached) else 0)
         verify, draft = self._calibrated(shape.rows, shape.context)
-        draft_seconds = outcome.draft_seconds if outcome.draft_seconds is not None else 0.0
-        if outcome.gamma and draft[outcome.gamma] > 0:
-            self.draft_scale = COST_EMA * self.draft_scale + (1 - COST_EMA) * draft_seconds / draft[outcome.gamma]
-        extra = outcome.seconds - draft_seconds - verify[outcome.gamma]
-        old = self.overhead.get(shape.rows)
-        self.overhead[shape.rows] = extra if old is None else COST_EMA * old + (1 - COST_EMA) * extra
+        gamma, drafting = outcome.gamma, outcome.draft_seconds or 0.0
+        # One stalled step (GC, another process) moves a correction by at most 2× or one forward's worth;
+        # the draft scale is only measured while drafting, so a stall must not talk it out of drafting.
+        if gamma and draft[gamma] > 0:
+            ratio = min(max(drafting / draft[gamma], self.draft_scale / 2), 2 * self.draft_scale)
+            self.draft_scale = COST_EMA * self.draft_scale + (1 - COST_EMA) * ratio
+        extra = outcome.seconds - drafting - verify[gamma]
+        if not self.overhead:
+            self.overhead[shape.rows] = extra
+            return
+        old = self._overhead(shape.rows)  # a batch size not run yet starts from the nearest one's
+        extra = min(extra, max(old, 0.0) + verify[gamma])
+        self.overhead[shape.rows] = COST_EMA * old + (1 - COST_EMA) * extra
 
     def break_even_acceptance(self, rows: int, context: int) -> float:
         return break_even_acceptance(self.step_times(rows, context))

@@ -94,6 +94,22 @@ def test_slow_drafts_and_a_step_overhead_are_learnt_from_measured_steps():
     assert policy.step_times(5, 64)[0] == pytest.approx(policy._calibrated(5, 64)[0][0] + 5e-3, rel=1e-3)
 
 
+def test_one_stalled_step_moves_the_corrections_little():
+    policy = RateGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=4, decay=0.9)
+    verify, draft = policy._calibrated(4, 64)
+
+    def step(slow: float) -> None:
+        policy.observe(StepShape(4), StepOutcome(gamma=2, rows=4, counts=counts([4, 4], [3, 3]), emitted=0,
+                                                 stopped=0, seconds=slow * (verify[2] + 5e-3 + draft[2]),
+                                                 draft_seconds=slow * draft[2]), True)
+
+    for _ in range(30):
+        step(1.0)
+    before = policy.step_times(4, 64)
+    step(100.0)  # a stalled step (GC, another process)
+    assert all(1.0 <= after / b < 1.25 for after, b in zip(policy.step_times(4, 64), before))
+
+
 def test_a_fixed_step_overhead_makes_longer_drafts_pay():
     cost = synthetic(lambda b, q: 1e-2 + 1e-3 * b * q, lambda b, q: 1e-3)
     policy = observed(RateGamma(cost, max_gamma=8, decay=0.9), [10] * 8, [8] * 8, rows=16)
