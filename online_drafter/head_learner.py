@@ -28,11 +28,15 @@ Layer-skip self-speculation has nothing to train: its draft is the policy itself
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
+from specroll.rollout import Rollout
+
 from .head_buffer import FeatureBuffer
-from .head_data import from_rollout
+from .head_data import FeatureSequence, from_rollout
 from .head_objectives import objective_for
 from .head_scoring import HeadScorer
 from .learner import DraftLearner
@@ -46,8 +50,12 @@ class HeadLearner(DraftLearner):
         config = config or LearnerConfig()
         scorer = HeadScorer(objective_for(head, embed, lm_head), config.temperature, config.eval_batch_size,
                             config.holdout_recency_decay, torch.device(config.device))
-        super().__init__(head, config, FeatureBuffer(config.buffer), scorer,
-                         lambda rollout: from_rollout(rollout) if rollout.completion_ids else None)
+        super().__init__(head, config, FeatureBuffer(config.buffer), scorer, _entry)
+
+    def add(self, sequences: Iterable[FeatureSequence]) -> None:
+        """Buffer feature sequences that come without a rollout (offline: `head_data.from_target`, or the
+        demo's cached samples) exactly as `add_rollouts` buffers a rollout's."""
+        self.add_rollouts(list(sequences))
 
     def save(self, path) -> None:
         raise ValueError("HeadLearner has no checkpoint (its buffer holds the policy's hidden states, which a "
@@ -56,3 +64,11 @@ class HeadLearner(DraftLearner):
     @classmethod
     def load(cls, path, drafter) -> DraftLearner:
         raise ValueError("HeadLearner has no checkpoint to load: only DraftLearner.save/load resume")
+
+
+def _entry(item: Rollout | FeatureSequence) -> FeatureSequence | None:
+    """What the learner keeps of a rollout (its features; None for an empty completion), or a feature
+    sequence as it is (`add`)."""
+    if isinstance(item, FeatureSequence):
+        return item
+    return from_rollout(item) if item.completion_ids else None

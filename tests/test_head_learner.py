@@ -60,3 +60,16 @@ def test_trained_head_accepts_more_in_the_engine(kind):
     before_update = engine.stats.totals()
     engine.generate(PROMPTS, SamplingParams(max_new_tokens=24, temperature=1.0, seed=4), n=4)
     assert engine.stats.since(before_update).acceptance_rate - before > 0.05
+
+
+def test_feature_sequences_are_buffered_as_their_rollouts_are():
+    model = target()
+    head = EagleHead.for_target(model.config, seed=1)
+    _, out = rollouts(model, head, n=2)
+    from_rollouts, from_features = (HeadLearner(head, model.get_input_embeddings(), model.get_output_embeddings())
+                                    for _ in range(2))
+    from_rollouts.add_rollouts(out)
+    from_features.add(from_rollout(r) for r in out if r.completion_ids)  # offline: cached samples
+    assert len(from_features.holdout) == len(from_rollouts.holdout) > 0
+    assert len(from_features.buffer) == len(from_rollouts.buffer) > 0
+    assert from_features.holdout.keys == from_rollouts.holdout.keys
