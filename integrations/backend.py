@@ -1,8 +1,10 @@
 """The `RolloutBackend` protocol: what the TRL hook and the main job need from a rollout service.
 
-Two implementations stand behind it: an in-process one (one `SpecEngine` plus an online
-`DraftLearner` in the trainer's process) and a Ray one (a controller over `RolloutWorker` actors and
-a `DraftLearner` actor). Callers never know which they hold.
+Two implementations stand behind it: an in-process one (one `SpecEngine` plus an
+`online_drafter.OnlineLearner` in the trainer's process) and a Ray one (a controller over
+`RolloutWorker` actors and a `LearnerActor`). Callers never know which they hold, and neither backend
+knows which learner it hosts: a `DraftLearner` for a drafter LM, a `HeadLearner` for an EAGLE / Medusa
+head.
 
 Both report what a `generate` call did the same way: `batch_stats()` is its `BatchStats` (the
 engine's counters over the call, summed over Ray workers) and `rollout_metrics` names them, so one set
