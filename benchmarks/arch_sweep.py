@@ -46,6 +46,7 @@ LOGIT_SCALE = 30.0  # peaked logits: no greedy near-ties between a batched and a
 # unseen; these keep ~90% of it per token.
 LONG_MEMORY_A = (0.01, 0.1)
 STATE_GAIN = 10.0  # and their output projections scaled up, so what the state holds moves the logits
+SSM_INPUT_GAIN = 100.0  # an SSM's state term is a product of its (tiny at init) inputs x, B and C
 
 # Small sizes, applied where the type's config has the attribute. K and V head dims of MLA differ
 # on purpose (v_head_dim != qk head dim), as they do in DeepSeek-V2/V3.
@@ -67,8 +68,14 @@ EXTRA = {
     "deepseek_v2": dict(num_key_value_heads=4),
     "deepseek_v3": dict(num_key_value_heads=4),
     "gemma4_text": dict(global_head_dim=16, num_global_key_value_heads=1),
-    # Mamba-2 in tiny Falcon-H1: a µP input gain so that its state moves the logits (see STATE_GAIN).
-    "falcon_h1": dict(mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, ssm_in_multiplier=10.0),
+    "falcon_h1": dict(mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8),
+    "mamba2": dict(num_heads=8, state_size=8),
+    # Hybrid Mamba-2 stacks default to Mamba layers only: one attention layer of the two.
+    "bamba": dict(mamba_n_heads=8, mamba_d_head=8, mamba_d_state=8, attn_layer_indices=[1]),
+    "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_head=8, mamba_d_state=8,
+                             layer_types=["linear_attention", "full_attention"]),
+    "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=8, n_groups=1,
+                       layer_types=["linear_attention", "full_attention", "mlp"]),
 }
 
 
@@ -87,7 +94,7 @@ def tiny_config(model_type: str):
     kwargs = {k: v for k, v in SMALL.items() if _settable(text, k)}
     kinds = list(dict.fromkeys(getattr(text, "layer_types", None) or ()))
     if len(kinds) > 1:
-        kwargs["layer_types"] = [kinds[i % len(kinds)] for i in range(kwargs["num_hidden_layers"])]
+        kwargs["layer_types"] = [kinds[i % len(kinds)] for i in range(SMALL["num_hidden_layers"])]
     kwargs |= EXTRA.get(model_type, {})
     if text is default:
         return AutoConfig.for_model(model_type, **kwargs)
@@ -109,8 +116,8 @@ def _settable(config, key: str) -> bool:
 
 def tiny_model(model_type: str, seed: int = 0) -> PreTrainedModel:
     """A fresh tiny fp32 model of `model_type`, output embeddings scaled by LOGIT_SCALE; in every
-    mixer with a recurrent decay (an `A_log` parameter) the decay slowed to LONG_MEMORY_A and the
-    output projection scaled by STATE_GAIN."""
+    mixer with a recurrent decay (an `A_log` parameter) the decay slowed to LONG_MEMORY_A, the
+    output projection scaled by STATE_GAIN and an SSM's input projection by SSM_INPUT_GAIN."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type)).float().eval()
     with torch.no_grad():
@@ -118,9 +125,9 @@ def tiny_model(model_type: str, seed: int = 0) -> PreTrainedModel:
         for module in model.modules():
             if isinstance(getattr(module, "A_log", None), torch.nn.Parameter):
                 module.A_log.uniform_(*LONG_MEMORY_A).log_()
-                for proj in ("in_proj", "out_proj"):  # an SSM's state term is quadratic in its (tiny) inputs
+                for proj, gain in (("in_proj", SSM_INPUT_GAIN), ("out_proj", STATE_GAIN)):
                     if isinstance(getattr(module, proj, None), torch.nn.Linear):
-                        getattr(module, proj).weight.mul_(STATE_GAIN)
+                        getattr(module, proj).weight.mul_(gain)
     return model
 
 

@@ -27,17 +27,15 @@ VERIFIED_MODEL_TYPES = frozenset({
     "cohere", "cohere2", "ernie4_5", "exaone4", "gemma3", "gemma4", "glm", "glm4", "glm4_moe", "gpt_bigcode",
     "gpt_oss", "granite", "granitemoe", "helium", "hunyuan_v1_dense", "internlm3", "ministral", "ministral3", "olmo",
     "olmo3", "olmoe", "opt", "phi", "phimoe", "seed_oss", "smollm3", "stablelm", "starcoder2",
-    # recurrent layers with per-row state in the ragged cache: Gated DeltaNet (rollout.gated_delta), Mamba and
-    # Falcon-H1's Mamba-2 (rollout.mamba)
-    "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "mamba", "falcon_mamba", "falcon_h1",
+    # recurrent layers with per-row state in the ragged cache (rollout.mixers): Gated DeltaNet, Mamba, Mamba-2
+    "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "mamba", "falcon_mamba", "mamba2",
+    "falcon_h1", "nemotron_h", "bamba", "granitemoehybrid",
 })
 
 # Why a family users ask for is not verified (what is missing); other types are simply not swept.
 _RECURRENT = ("keep a recurrent/conv state per row, which the ragged cache holds only for the mixers it has a "
-              "ragged forward for (rollout.mixers: Gated DeltaNet, Mamba, Falcon-H1's Mamba-2)")
+              "ragged forward for (rollout.mixers: Gated DeltaNet, Mamba, Mamba-2)")
 KNOWN_GAPS = {
-    "mamba2": f"its Mamba-2 layers {_RECURRENT}",
-    "nemotron_h": f"its Mamba-2 mixers {_RECURRENT}",
     "recurrent_gemma": f"its RG-LRU layers {_RECURRENT}",
     "bloom": "ALiBi: the forward builds its own bias and rejects the runner's 4D mask",
 }

@@ -14,9 +14,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.bamba.modeling_bamba import BambaMixer
 from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Mixer
 from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
+from transformers.models.granitemoehybrid.modeling_granitemoehybrid import GraniteMoeHybridMambaLayer
 from transformers.models.mamba.modeling_mamba import MambaMixer
+from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
 
 from .linear_state import RaggedStateLayer, causal_conv
 
@@ -46,10 +50,15 @@ def ragged_forward(module: nn.Module, hidden: torch.Tensor, layer: RaggedStateLa
 
 
 def ragged_forward_mamba2(module: nn.Module, hidden: torch.Tensor, layer: RaggedStateLayer) -> torch.Tensor:
-    """Falcon-H1's Mamba-2 mixer [n, Q, H] for the planned rows (per-head scalar decay, grouped B/C,
-    µP multipliers); reads and writes `layer`'s per-row state h [heads, head_dim, S]."""
+    """A Mamba-2 mixer's output [n, Q, H] for the planned rows (per-head scalar decay, grouped B/C);
+    reads and writes `layer`'s per-row state h [heads, head_dim, S]. Falcon-H1's adds µP multipliers
+    on its input and projections, and may skip the gated norm."""
     n, query_len = hidden.shape[:2]
-    projected = module.in_proj(hidden * module.ssm_in_multiplier) * module.mup_vector  # [n, Q, 2I + 2GS + heads]
+    falcon_h1 = isinstance(module, FalconH1Mixer)
+    if falcon_h1:
+        projected = module.in_proj(hidden * module.ssm_in_multiplier) * module.mup_vector  # [n, Q, 2I + 2GS + heads]
+    else:
+        projected = module.in_proj(hidden)
     gate, xbc, dt = projected.split([module.intermediate_size, module.conv_dim, module.num_heads], dim=-1)
     xbc = causal_conv(layer, module.conv1d, xbc.transpose(1, 2), module.activation).transpose(1, 2)  # [n, Q, C]
     groups_state = module.n_groups * module.ssm_state_size
@@ -69,8 +78,13 @@ def ragged_forward_mamba2(module: nn.Module, hidden: torch.Tensor, layer: Ragged
         layer.write_state(i, state)
     y = torch.stack(ys, dim=1) + module.D.float()[:, None] * x  # [n, Q, heads, P]
     y = y.reshape(n, query_len, -1)
-    y = module.norm(y, gate) if module.mamba_rms_norm else y * F.silu(gate)
+    y = y * F.silu(gate) if falcon_h1 and not module.mamba_rms_norm else module.norm(y, gate)
     return module.out_proj(y.to(hidden.dtype))
 
 
-RAGGED_FORWARDS = {MambaMixer: ragged_forward, FalconMambaMixer: ragged_forward, FalconH1Mixer: ragged_forward_mamba2}
+RAGGED_FORWARDS = {
+    MambaMixer: ragged_forward, FalconMambaMixer: ragged_forward,
+    Mamba2Mixer: ragged_forward_mamba2, BambaMixer: ragged_forward_mamba2,
+    GraniteMoeHybridMambaLayer: ragged_forward_mamba2, NemotronHMamba2Mixer: ragged_forward_mamba2,
+    FalconH1Mixer: ragged_forward_mamba2,
+}

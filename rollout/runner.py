@@ -27,6 +27,8 @@ from .mixers import install_ragged_mixers
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 # Layers that keep a per-row state in the cache instead of reading K/V slots: they take no mask.
 STATE_LAYER_TYPES = ("linear_attention",)
+# Layers that mix no tokens (Nemotron-H's MLP / MoE blocks): no mask, no cache.
+MIXERLESS_LAYER_TYPES = ("mlp", "moe")
 # Layers with attention and a recurrent mixer side by side (Falcon-H1): HF's decoder gives them the
 # full-attention mask and the linear-attention one.
 HYBRID_LAYER_TYPES = {"hybrid": ("full_attention", "linear_attention")}
@@ -40,9 +42,10 @@ def attention_windows(config) -> dict[str, int | None]:
     """
     text = config.get_text_config()
     window = getattr(text, "sliding_window", None) or None
-    kinds = sorted(_mask_kinds(text) - set(STATE_LAYER_TYPES))
-    if not kinds:
-        return {"full_attention": window}
+    declared = _mask_kinds(text)
+    kinds = sorted(declared - set(STATE_LAYER_TYPES) - set(MIXERLESS_LAYER_TYPES))
+    if not kinds:  # no layer types declared: all full attention; only state layers: no attention mask
+        return {} if declared else {"full_attention": window}
     unknown = [kind for kind in kinds if kind not in MASKED_LAYER_TYPES]
     if unknown:
         raise ValueError(f"{text.model_type!r} has layer types {unknown}: the runner builds masks for "
@@ -64,13 +67,13 @@ def _mask_kinds(text_config) -> set[str]:
 
 def check_state_layers(model: PreTrainedModel, shapes: list) -> None:
     """Raise `ValueError` if a layer keeps a recurrent/conv state that no ragged forward handles
-    (`mixers.install_ragged_mixers` covers Gated DeltaNet and Mamba layers; installs it on the way)."""
+    (`mixers.install_ragged_mixers` covers Gated DeltaNet, Mamba and Mamba-2 mixers; installs it on the way)."""
     covered = install_ragged_mixers(model)
     missing = [index for index, shape in enumerate(shapes)
                if isinstance(shape, StateShape | HybridShape) and index not in covered]
     if missing:
         raise ValueError(f"{model.config.model_type!r} layers {missing} keep a recurrent/conv state that the ragged "
-                         "cache has no forward for (it has: Gated DeltaNet, Mamba, Falcon-H1's Mamba-2)")
+                         "cache has no forward for (it has: Gated DeltaNet, Mamba, Mamba-2)")
 
 
 class ModelRunner:
@@ -117,8 +120,10 @@ class ModelRunner:
         position_ids = self.cache.plan_write(rows, start, query_len, count)  # [n, Q]
         kv_len = self.cache.plan.kv_len
         masks = {kind: self._mask(position_ids, kv_len, window) for kind, window in self.windows.items()}
-        masks |= dict.fromkeys(self.unmasked)
-        mask = masks if len(masks) > 1 else next(iter(masks.values()))
+        if masks:
+            masks |= dict.fromkeys(self.unmasked)
+        # One kind: its tensor; none (state layers only, e.g. Mamba-2): no mask, which those layers ignore.
+        mask = masks if len(masks) > 1 else next(iter(masks.values()), None)
         input_ids = input_ids.clamp_max(self.max_input_id)
         hidden_out = None if hidden is None else _writer(hidden, rows, position_ids.clamp_max(hidden.shape[1] - 1))
         try:
