@@ -5,7 +5,10 @@ runs the model once on one token through HF's own `DynamicCache` and reads each 
 shapes. Configs do not say it reliably — Falcon's multi-query attention writes 1 K/V head where
 `num_key_value_heads` says more, MLA (DeepSeek-V2/V3) writes K and V of different head dims, Gemma 4
 gives full and sliding layers different head dims and K/V heads. A layer that writes nothing in the
-probe (a KV-sharing layer reading another layer's K/V) gets no buffers.
+probe (a KV-sharing layer reading another layer's K/V) gets no buffers. A recurrent layer (Gated
+DeltaNet, Mamba) gets per-row state rings instead (`linear_state.RaggedStateLayer`, `StateShape`), a
+layer with attention and a recurrent mixer side by side (Falcon-H1) both (`HybridShape`); the
+probe reads their shapes from HF's conv and recurrent states.
 
 A forward over rows `rows` with Q new tokens per row writes K/V of query q of row b at slot
 `start[b] + q` and attends over slots `[0, max(start) + Q)`; the 4D mask built by the runner hides

@@ -1,13 +1,14 @@
-"""Per-row conv and recurrent state of a linear-attention layer (Gated DeltaNet), kept per length.
+"""Per-row conv and recurrent state of a recurrent layer (Gated DeltaNet, Mamba, Mamba-2), kept per length.
 
-A linear-attention layer folds every token it is fed into one state per row: a short causal conv
-over its last `K - 1` inputs, and a recurrent matrix `S` ([H_v, D_k, D_v]). The engine feeds ragged
-right-padded rows and then keeps a different prefix of each row (`ModelRunner.rollback`), so the
-state it needs is each row's *at its own kept length*. This layer therefore keeps both as rings
-indexed by length, the way `RaggedLayer` keeps K/V by slot: the conv input of position `p` lives
-in conv slot `p mod W`, the recurrent state after `l` tokens in state slot `l mod R`. A forward
-reads the state at each row's `start` and writes a snapshot after every real token it feeds;
-rolling back is setting `lens`, as for K/V — nothing is copied or recomputed.
+A linear-attention or SSM layer folds every token it is fed into one state per row: a short causal
+conv over its last `K - 1` inputs, and a recurrent state (Gated DeltaNet's matrix `S` [H_v, D_k, D_v],
+an SSM's `h`). The engine feeds ragged right-padded rows and then keeps a different prefix of each
+row (`ModelRunner.rollback`), so the state it needs is each row's *at its own kept length*. This
+layer therefore keeps both as rings indexed by length, the way `RaggedLayer` keeps K/V by slot: the
+conv input of position `p` lives in conv slot `p mod W`, the recurrent state after `l` tokens in
+state slot `l mod R`. A forward reads the state at each row's `start` and writes a snapshot after
+every real token it feeds; rolling back is setting `lens`, as for K/V — nothing is copied or
+recomputed. The mixers' ragged forwards (`rollout.mixers`) are the only readers and writers.
 
 `R` (`history`) bounds how far a row can be rolled back: to any of the last `R` lengths it was fed
 (the engine needs γ + 1: a verification keeps 1 to γ + 1 of the γ + 1 tokens it fed; the drafter
@@ -32,19 +33,20 @@ from transformers.cache_utils import CacheLayerMixin
 
 @dataclass(frozen=True)
 class StateShape:
-    """What one linear-attention layer keeps per row: conv channels and kernel, recurrent state dims."""
+    """What one recurrent layer keeps per row: conv channels and kernel, recurrent state dims."""
 
     conv_dim: int
     conv_kernel: int
-    state: tuple[int, ...]  # [H_v, D_k, D_v] for Gated DeltaNet, [I, S] for Mamba
+    state: tuple[int, ...]  # [H_v, D_k, D_v] Gated DeltaNet, [I, S] Mamba, [heads, head_dim, S] Mamba-2
     state_dtype: torch.dtype  # HF keeps the recurrent state in fp32 whatever the model dtype
 
 
 class RaggedStateLayer(CacheLayerMixin):
-    """One linear-attention layer's conv-input and recurrent-state rings (see the module docstring).
+    """One recurrent layer's conv-input and recurrent-state rings (see the module docstring).
 
-    The layer's ragged forward (`rollout.gated_delta`) calls `conv_window` and `initial_state` to read
-    each row's state at its `start`, then `write_conv_inputs` and `write_state` (once per fed token).
+    The layer's ragged forward (`causal_conv`, then its scan) calls `conv_window` and `initial_state`
+    to read each row's state at its `start`, then `write_conv_inputs` and `write_state` (once per fed
+    token).
     """
 
     is_compileable = False
