@@ -58,12 +58,18 @@ def test_rollback_keeps_each_rows_state_at_its_own_length(model_type):
         torch.testing.assert_close(logits[b], hf_next_logits(model, sequence), atol=1e-4, rtol=1e-4)
 
 
-def test_noisy_drafter_rows_accept_different_lengths_and_match_hf(hybrid):
-    drafter = copy.deepcopy(hybrid)
+def noisy_copy(model, noise: float = 0.5):
+    """`model` with Gaussian noise (`noise` × the weights' std) on its LM head: a partly agreeing drafter."""
+    drafter = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         w = drafter.lm_head.weight
-        w.add_(0.5 * w.std() * torch.randn(w.shape, generator=gen))
+        w.add_(noise * w.std() * torch.randn(w.shape, generator=gen))
+    return drafter
+
+
+def test_noisy_drafter_rows_accept_different_lengths_and_match_hf(hybrid):
+    drafter = noisy_copy(hybrid)
     rows = prompts()
     engine = SpecEngine(hybrid, drafter, EngineConfig(max_batch_size=4, max_seq_len=32, gamma=3))
     dropped = []  # per verification step, the tokens each row's rollback drops
@@ -77,6 +83,25 @@ def test_noisy_drafter_rows_accept_different_lengths_and_match_hf(hybrid):
     out = engine.generate(rows, SamplingParams(max_new_tokens=12, temperature=0))
     assert [r.completion_ids for r in out] == hf_greedy(hybrid, rows, new_tokens=12)
     assert any(len(set(step)) > 1 for step in dropped), dropped  # rows rolled back by different amounts
+
+
+def test_refilled_slots_start_from_a_fresh_state(hybrid):
+    # 8 prompts through 3 slots: finished rows' slots are reset for new requests and a live row is
+    # moved to keep the batch packed (rows finish apart: the noisy drafter's acceptance varies).
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(3, 64, (n,), generator=gen).tolist() for n in (1, 7, 3, 12, 5, 9, 2, 6)]
+    engine = SpecEngine(hybrid, noisy_copy(hybrid), EngineConfig(max_batch_size=3, max_seq_len=24, gamma=3))
+    moves = []
+    move_row = engine.target.cache.move_row
+
+    def spy(src: int, dst: int) -> None:
+        moves.append((src, dst))
+        move_row(src, dst)
+
+    engine.target.cache.move_row = spy
+    out = engine.generate(rows, SamplingParams(max_new_tokens=8, temperature=0))
+    assert [r.completion_ids for r in out] == hf_greedy(hybrid, rows, new_tokens=8)
+    assert moves
 
 
 def test_rollback_past_the_state_history_raises(hybrid):
