@@ -1,5 +1,5 @@
-"""`RateGamma`: the γ with the most expected tokens per second, from the calibration and a running
-per-position acceptance — the simple auto-γ policy behind `GammaPolicy`.
+"""`RateGamma` (`EngineConfig.gamma = "auto"`): the γ with the most expected tokens per second, from
+the calibrated forward times and a running per-position acceptance.
 
 Before each step, for the live batch size n and the KV length the step reads:
 
@@ -8,10 +8,13 @@ Before each step, for the live batch size n and the KV length the step reads:
     γ         = argmax_γ tokens(γ) / time(γ)                0 when no γ beats plain decoding
 
 `verify` and `draft` are the calibrated forward times (`cost_model.calibrate`). Two corrections are
-learnt from the steps run, because a step is not its calibrated forwards: `s`, the measured ÷
-calibrated drafting time (the drafter's weights fall out of the caches while the target runs), and
-`o(n)`, the seconds a step at n rows spends beyond its forwards (sampling, verification,
-bookkeeping; it hardly depends on γ), both as moving averages. α_j = P(draft j kept | drafts < j kept)
+learnt from the steps run, because a step is not its calibrated forwards (demo models on this
+project's CPU: each draft ~2× its calibrated forward, the drafter's weights falling out of the caches
+while the target runs; +4–16 ms a step at 1–16 rows for sampling, verification and bookkeeping,
+hardly depending on γ): `s`, the measured ÷ calibrated drafting time, and `o(n)`, the seconds a step
+at n rows spends beyond its forwards (the nearest measured batch size's where n was not run yet),
+both as moving averages. One factor for the whole step would make each query token look dearer than
+it is. α_j = P(draft j kept | drafts < j kept)
 comes from exponentially decayed counts (per greedy / sampled), shrunk toward the pooled rate of all
 positions so that one rejection at a deep position cannot rule it out. Acceptance is only measured
 while drafting, so after `PROBE_EVERY` plain steps in a row one step runs the best γ ≥ 1.
@@ -106,9 +109,8 @@ class RateGamma:
         return max(range(len(rates)), key=rates.__getitem__)
 
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
-        if outcome.counts:  # [reached, kept] per start state: this policy pools the states
-            reached = [a + b for a, b in zip(outcome.counts[0], outcome.counts[2])]
-            kept = [a + b for a, b in zip(outcome.counts[1], outcome.counts[3])]
+        if outcome.counts:
+            reached, kept = outcome.counts
             old_k, old_r = self.kept[greedy], self.reached[greedy]
             for j in range(len(old_k)):
                 old_k[j] = self.decay * old_k[j] + (kept[j] if j < len(kept) else 0)
