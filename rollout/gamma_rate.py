@@ -14,10 +14,14 @@ while the target runs; +4–16 ms a step at 1–16 rows for sampling, verificati
 hardly depending on γ): `s`, the measured ÷ calibrated drafting time, and `o(n)`, the seconds a step
 at n rows spends beyond its forwards (the nearest measured batch size's where n was not run yet),
 both as moving averages. One factor for the whole step would make each query token look dearer than
-it is. α_j = P(draft j kept | drafts < j kept)
-comes from exponentially decayed counts (per greedy / sampled), shrunk toward the pooled rate of all
-positions so that one rejection at a deep position cannot rule it out. Acceptance is only measured
-while drafting, so after `PROBE_EVERY` plain steps in a row one step runs the best γ ≥ 1.
+it is. α_j = P(draft j kept | drafts < j kept) comes from exponentially decayed counts (per greedy /
+sampled), shrunk toward the pooled rate of all positions so that one rejection at a deep position
+cannot rule it out. The first step drafts `max_gamma` (it measures every position); acceptance is only
+measured while drafting, so after `PROBE_EVERY` plain steps one step runs the best γ ≥ 1.
+
+Deliberately left out: each row's remaining length budget, stop tokens, and the lower acceptance of
+steps that start right after a rejection. A policy that modelled them (with per-γ overhead offsets
+and rules for sticking to and trying γ) was not faster in paired runs (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ PROBE_EVERY = 32  # plain steps between probes of the best γ ≥ 1
 
 
 class RateGamma:
+    """The `GammaPolicy` of `EngineConfig.gamma = "auto"` (see the module docstring); `decay` is
+    `EngineConfig.acceptance_ema`, the per-step decay of the acceptance counts."""
+
     adaptive = True
 
     def __init__(self, cost: CostModel, max_gamma: int, decay: float):
@@ -62,7 +69,7 @@ class RateGamma:
             out.append(out[-1] + survive)
         return out
 
-    def _calibrated(self, rows: int, context: int) -> tuple[list[float], list[float]]:
+    def calibrated_times(self, rows: int, context: int) -> tuple[list[float], list[float]]:
         """Calibrated (verify, draft) seconds for γ = 0..max_gamma; the grid lookups are kept per batch
         size (the policy asks every step, and a slow policy eats a small model's gain)."""
         parts = self._forwards.get(rows)
@@ -82,7 +89,7 @@ class RateGamma:
 
     def step_times(self, rows: int, context: int) -> list[float]:
         """Predicted step seconds for γ = 0..max_gamma."""
-        verify, draft = self._calibrated(rows, context)
+        verify, draft = self.calibrated_times(rows, context)
         extra = self._overhead(rows)
         return [max(v + extra + self.draft_scale * d, 1e-7) for v, d in zip(verify, draft)]
 
@@ -104,7 +111,7 @@ class RateGamma:
 
     def narrow(self, shape: StepShape, expected_kept: list[float]) -> int:
         """The drafts are made: the width whose verification pays best for the drafts expected kept."""
-        verify, _ = self._calibrated(shape.rows, shape.context)
+        verify, _ = self.calibrated_times(shape.rows, shape.context)
         rates = [(shape.rows + kept) / verify[min(w, self.max_gamma)] for w, kept in enumerate(expected_kept)]
         return max(range(len(rates)), key=rates.__getitem__)
 
@@ -115,7 +122,7 @@ class RateGamma:
             for j in range(len(old_k)):
                 old_k[j] = self.decay * old_k[j] + (kept[j] if j < len(kept) else 0)
                 old_r[j] = self.decay * old_r[j] + (reached[j] if j < len(reached) else 0)
-        verify, draft = self._calibrated(shape.rows, shape.context)
+        verify, draft = self.calibrated_times(shape.rows, shape.context)
         gamma, drafting = outcome.gamma, outcome.draft_seconds or 0.0
         # One stalled step (GC, another process) moves a correction by at most 2× or one forward's worth;
         # the draft scale is only measured while drafting, so a stall must not talk it out of drafting.

@@ -42,7 +42,7 @@ def test_staircase_in_query_length_kept_and_context_cost_interpolated():
     policy = RateGamma(cost, max_gamma=8, decay=0.9)
     for rows in (1, 3, 16):
         for context in (10, 64, 300, 700):
-            verify, draft = policy._calibrated(rows, context)
+            verify, draft = policy.calibrated_times(rows, context)
             assert verify == pytest.approx([cost.target_time(rows, g + 1, context) for g in range(9)])
             assert draft == pytest.approx([cost.draft_time(rows, g) for g in range(9)])
 

@@ -25,7 +25,7 @@ def observed(policy: RateGamma, reached: list[int], kept: list[int], greedy: boo
     """Fold `steps` identical steps of drafts into the policy, each timed exactly as calibrated."""
     gamma = len(reached)
     for _ in range(steps):
-        verify, draft = policy._calibrated(rows, 64)
+        verify, draft = policy.calibrated_times(rows, 64)
         policy.observe(StepShape(rows), StepOutcome(gamma=gamma, rows=rows, counts=[reached, kept],
                                                     seconds=verify[gamma] + draft[gamma], draft_seconds=draft[gamma]),
                        greedy)
@@ -79,19 +79,19 @@ def test_long_contexts_make_verification_dearer():
 def test_slow_drafts_and_a_step_overhead_are_learnt_from_measured_steps():
     # Measured steps: drafts twice their calibrated time and 5 ms per step beyond the forwards at 4 rows.
     policy = RateGamma(synthetic(lambda b, q: 1e-2 + 1e-3 * b * q, lambda b, q: 1e-3), max_gamma=8, decay=0.9)
-    verify, draft = policy._calibrated(4, 64)
+    verify, draft = policy.calibrated_times(4, 64)
     for _ in range(60):
         policy.observe(StepShape(4), StepOutcome(gamma=2, rows=4, counts=[[4, 4], [3, 3]],
                                                  seconds=verify[2] + 5e-3 + 2 * draft[2], draft_seconds=2 * draft[2]),
                        True)
     expect = [v + 5e-3 + 2 * d for v, d in zip(verify, draft)]
     assert policy.step_times(4, 64) == pytest.approx(expect, rel=1e-3)
-    assert policy.step_times(5, 64)[0] == pytest.approx(policy._calibrated(5, 64)[0][0] + 5e-3, rel=1e-3)
+    assert policy.step_times(5, 64)[0] == pytest.approx(policy.calibrated_times(5, 64)[0][0] + 5e-3, rel=1e-3)
 
 
 def test_one_stalled_step_moves_the_corrections_little():
     policy = RateGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=4, decay=0.9)
-    verify, draft = policy._calibrated(4, 64)
+    verify, draft = policy.calibrated_times(4, 64)
 
     def step(slow: float) -> None:
         policy.observe(StepShape(4), StepOutcome(gamma=2, rows=4, counts=[[4, 4], [3, 3]],
