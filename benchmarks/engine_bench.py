@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-batch", type=int, default=16)
     parser.add_argument("--rollout-cap", type=int, default=512)
     parser.add_argument("--rollout-repeats", type=int, default=1)
+    parser.add_argument("--auto-policies", default="auto",
+                        help="comma-separated auto-γ policies (EngineConfig.gamma names), 'auto' first")
     parser.add_argument("--out", default="bench_results/engine_bench.json")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--sampler", default="rejection",

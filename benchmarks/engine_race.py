@@ -99,7 +99,7 @@ def race(contenders: list[Contender], batches: list[list[list[int]]], budgets: l
     for c in contenders:
         entry = {"tokens": tokens[c.name], "seconds": seconds[c.name],
                  "tokens_per_s": tokens[c.name] / seconds[c.name], "per_repeat_tokens_per_s": per_repeat[c.name]}
-        if c.name in gammas and c.name.endswith("auto"):
+        if c.name in gammas and c.name.startswith("specroll_auto"):
             entry["mean_gamma"] = statistics.fmean(gammas[c.name]) if gammas[c.name] else 0.0
         out[c.name] = entry
     return out
@@ -119,14 +119,37 @@ def paired_ratio(a: list[float], b: list[float]) -> dict[str, float]:
     return {"mean": mean, "lo": mean - half, "hi": mean + half, "repeats": len(ratios)}
 
 
-def auto_vs_best(results: dict[str, dict]) -> dict[str, float] | None:
-    """`specroll_auto` ÷ the fastest fixed γ > 0 of this setting (by total tokens/s), paired per repeat."""
+def auto_vs_best(results: dict[str, dict], name: str = "specroll_auto") -> dict[str, float] | None:
+    """`name` (an auto-γ contender) ÷ the fastest fixed γ > 0 of this setting (by total tokens/s),
+    paired per repeat."""
     fixed = {k: v for k, v in results.items() if k.startswith("specroll_gamma_")}
-    if "specroll_auto" not in results or not fixed:
+    if name not in results or not fixed:
         return None
     best = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
-    out = paired_ratio(results["specroll_auto"]["per_repeat_tokens_per_s"], fixed[best]["per_repeat_tokens_per_s"])
+    out = paired_ratio(results[name]["per_repeat_tokens_per_s"], fixed[best]["per_repeat_tokens_per_s"])
     return {"best": best, **out}
+
+
+def auto_policies(args) -> list[str]:
+    """The auto-γ policies raced (`--auto-policies`: `EngineConfig.gamma` names)."""
+    return args.auto_policies.split(",")
+
+
+def _auto_contenders(models: BenchModels, args, max_batch: int, max_seq: int) -> list[Contender]:
+    return [specroll(models.target, models.drafter, policy, max_batch, max_seq, name=f"specroll_{policy}",
+                     sampler=args.sampler) for policy in auto_policies(args)]
+
+
+def compare_autos(results: dict[str, dict], args) -> dict[str, dict]:
+    """Each further auto policy ÷ the best fixed γ and ÷ `auto`, paired per repeat."""
+    out = {}
+    for policy in auto_policies(args)[1:]:
+        name = f"specroll_{policy}"
+        if name in results:
+            out[policy] = {"vs_best": auto_vs_best(results, name),
+                           "vs_auto": paired_ratio(results[name]["per_repeat_tokens_per_s"],
+                                                   results["specroll_auto"]["per_repeat_tokens_per_s"])}
+    return out
 
 
 def _print_table(title: str, rows: list[dict], names: list[str], baseline: str) -> None:
@@ -147,8 +170,15 @@ def _print_table(title: str, rows: list[dict], names: list[str], baseline: str) 
     for row in rows:
         vs = row.get("auto_vs_best")
         if vs:
-            print(f"  {row['setting']}: auto ÷ {vs['best']} = {vs['mean']:.3f}, 95% CI [{vs['lo']:.3f}, "
-                  f"{vs['hi']:.3f}] over {vs['repeats']} paired repeats")
+            print(f"  {row['setting']}: auto ÷ {vs['best']} = {_interval(vs)}")
+        for policy, ratios in row.get("other_autos", {}).items():
+            if ratios["vs_best"]:
+                print(f"  {row['setting']}: {policy} ÷ {ratios['vs_best']['best']} = {_interval(ratios['vs_best'])}")
+            print(f"  {row['setting']}: {policy} ÷ auto = {_interval(ratios['vs_auto'])}")
+
+
+def _interval(vs: dict) -> str:
+    return f"{vs['mean']:.3f}, 95% CI [{vs['lo']:.3f}, {vs['hi']:.3f}] over {vs['repeats']} paired repeats"
 
 
 def grid(models: BenchModels, args, gammas: list[int], record: Record) -> list[dict]:
@@ -160,8 +190,7 @@ def grid(models: BenchModels, args, gammas: list[int], record: Record) -> list[d
     contenders += [specroll(models.target, None, 0, max_batch, max_seq)]
     contenders += [specroll(models.target, models.drafter, g, max_batch, max_seq, sampler=args.sampler)
                    for g in gammas]
-    contenders += [specroll(models.target, models.drafter, "auto", max_batch, max_seq, name="specroll_auto",
-                            sampler=args.sampler)]
+    contenders += _auto_contenders(models, args, max_batch, max_seq)
     rows = []
     for mode in args.modes.split(","):
         for batch in batch_sizes:
@@ -180,7 +209,7 @@ def grid(models: BenchModels, args, gammas: list[int], record: Record) -> list[d
             active = [c for c in contenders if c.max_batch is None or batch <= c.max_batch]
             results = race(active, batches, [args.max_new_tokens] * batch, params, args.repeats)
             rows.append({"setting": f"{mode} b={batch}", "mode": mode, "batch": batch, "results": results,
-                         "auto_vs_best": auto_vs_best(results)})
+                         "auto_vs_best": auto_vs_best(results), "other_autos": compare_autos(results, args)})
             record(rows)
             print(f"  {mode} b={batch}: " + ", ".join(f"{k}={v['tokens_per_s']:.0f}" for k, v in results.items()),
                   flush=True)
@@ -205,14 +234,14 @@ def rollout_workload(models: BenchModels, args, gammas: list[int], record: Recor
     contenders = [specroll(models.target, None, 0, args.rollout_batch, max_seq)]
     contenders += [specroll(models.target, models.drafter, g, args.rollout_batch, max_seq, sampler=args.sampler)
                    for g in gammas]
-    contenders += [specroll(models.target, models.drafter, "auto", args.rollout_batch, max_seq,
-                            name="specroll_auto", sampler=args.sampler)]
+    contenders += _auto_contenders(models, args, args.rollout_batch, max_seq)
     rows = []
     for mode in args.modes.split(","):
         params = SamplingParams(max_new_tokens=args.rollout_cap, temperature=MODES[mode], seed=1)
         results = race(contenders, [prompts], budgets, params, args.rollout_repeats)
         rows.append({"setting": f"{mode} {len(budgets)} req, p50={p50} p90={p90}, slots={args.rollout_batch}",
-                     "mode": mode, "p50": p50, "p90": p90, "results": results, "auto_vs_best": auto_vs_best(results)})
+                     "mode": mode, "p50": p50, "p90": p90, "results": results, "auto_vs_best": auto_vs_best(results),
+                     "other_autos": compare_autos(results, args)})
         record(rows)
     _print_table("Rollout-shaped workload (continuous batching)", rows, [c.name for c in contenders],
                  "specroll_plain")

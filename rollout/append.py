@@ -68,19 +68,21 @@ def append_kept(rows: RowBuffers, live: slice, step: VerifiedStep, params: Sampl
     rows.stopped[live] |= stopped
     rows.num_drafted[live] += drafted_len
     rows.num_accepted[live] += verdict.accepted_len
-    if count_evidence:  # what the policy learns from: each row's verdict and how far it mattered
-        evidence = [verdict.accepted_len, torch.minimum(num_emit, drafted_len)]
+    if count_evidence:  # what the policy learns from: each row's verdict, reach and start state
+        evidence = [verdict.accepted_len, torch.minimum(num_emit, drafted_len), rows.rejected[live].long()]
+        # A row that drafted nothing says nothing about where the drafter stands: it keeps its state.
+        rows.rejected[live] = torch.where(drafted_len > 0, verdict.accepted_len < drafted_len, rows.rejected[live])
     finished = rows.stopped[live] | (new_len >= rows.max_len[live]) | failed  # [n]
     proposed = step.proposal.lengths if step.proposal.lengths is not None else torch.full_like(drafted_len, gamma)
     dropped = (proposed > 0) & (drafted_len == 0)  # [n]: rows whose non-finite q was dropped
     kinds = len(drafter_names) if gamma else 0
     # One device→host copy for everything the host needs from this step.
-    parts = [torch.stack([num_emit.sum(), failed.sum(), dropped.sum()]), verdict.accepted.sum(0),
+    parts = [torch.stack([num_emit.sum(), stopped.sum(), failed.sum(), dropped.sum()]), verdict.accepted.sum(0),
              usable.sum(0), _by_drafter(step.proposal.source, drafted_len, verdict.accepted_len, kinds),
              finished.long(), new_len]
     values = torch.cat([*parts, *evidence] if count_evidence else parts).tolist()
-    emitted, num_failed, num_dropped = values[:3]
-    cut = [3, 3 + gamma, 3 + 2 * gamma, 3 + 2 * gamma + 3 * kinds]
+    emitted, num_stopped, num_failed, num_dropped = values[:4]
+    cut = [4, 4 + gamma, 4 + 2 * gamma, 4 + 2 * gamma + 3 * kinds]
     kept, drafted, by_drafter = values[cut[0] : cut[1]], values[cut[1] : cut[2]], values[cut[2] : cut[3]]
     per_row = [values[i : i + n] for i in range(cut[3], len(values), n)]
     done, rows.host_seq_len[:n] = per_row[0], per_row[1]
@@ -88,10 +90,10 @@ def append_kept(rows: RowBuffers, live: slice, step: VerifiedStep, params: Sampl
         rows.record_failures(live, failed, verdict.accepted_len, step.logits)
     # Drafts past a row's stop token or length limit were verified but never used: they are no
     # evidence about acceptance (counting them as kept would reward drafting across the end).
-    counts = acceptance_counts(per_row[2], per_row[3], gamma) if count_evidence else None
+    counts = acceptance_counts(per_row[2], per_row[3], per_row[4], gamma) if count_evidence else None
     return StepSummary(
-        finished=[slot for slot, end in enumerate(done) if end], emitted=emitted, dropped_rows=num_dropped,
-        kept_per_position=kept, drafted_per_position=drafted,
+        finished=[slot for slot, end in enumerate(done) if end], emitted=emitted, stopped=num_stopped,
+        dropped_rows=num_dropped, kept_per_position=kept, drafted_per_position=drafted,
         by_drafter={name: by_drafter[3 * k : 3 * k + 3] for k, name in enumerate(drafter_names[:kinds])},
         counts=counts,
     )

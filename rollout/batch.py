@@ -31,9 +31,11 @@ class RowBuffers:
         self.num_drafted = zeros(batch)  # [B]
         self.num_accepted = zeros(batch)  # [B]
         self.stopped = zeros(batch, dtype=torch.bool)  # [B] emitted a stop token
-        # A host copy of seq_len, kept in step by the engine, so that a step's shape costs no
-        # device→host copy of its own.
+        self.rejected = zeros(batch, dtype=torch.bool)  # [B] the last speculative step ended in a rejection
+        # Host copies of seq_len and max_len, kept in step by the engine, so that a step's shape costs
+        # no device→host copy of its own.
         self.host_seq_len = [0] * batch
+        self.host_max_len = [0] * batch
         self.host_error: list[str | None] = [None] * batch  # why the row failed (set only when it does)
         self.signal_top_k = signal_top_k
         if signal_top_k:
@@ -48,7 +50,7 @@ class RowBuffers:
     def _fields(self) -> list[torch.Tensor]:
         fields = [
             self.tokens, self.seq_len, self.prompt_len, self.max_len, self.keys, self.logprobs,
-            self.num_drafted, self.num_accepted, self.stopped,
+            self.num_drafted, self.num_accepted, self.stopped, self.rejected,
         ]
         if self.signal_top_k:
             fields += [self.topk_ids, self.topk_probs, self.draft_ids, self.draft_accepted]
@@ -65,7 +67,7 @@ class RowBuffers:
         self.prompt_len[slot] = n
         self.max_len[slot] = n + max_new_tokens
         self.keys[slot] = key
-        self.host_seq_len[slot] = n
+        self.host_seq_len[slot], self.host_max_len[slot] = n, n + max_new_tokens
         self.host_error[slot] = None
         if self.signal_top_k:
             self.draft_ids[slot] = -1
@@ -73,7 +75,7 @@ class RowBuffers:
     def move_row(self, src: int, dst: int) -> None:
         for t in self._fields():
             t[dst] = t[src]
-        self.host_seq_len[dst] = self.host_seq_len[src]
+        self.host_seq_len[dst], self.host_max_len[dst] = self.host_seq_len[src], self.host_max_len[src]
         self.host_error[dst] = self.host_error[src]
 
     def record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, accepted: torch.Tensor,

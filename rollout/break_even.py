@@ -3,8 +3,7 @@
     alpha_min = break_even_acceptance(policy.step_times(rows, context))   # step seconds for γ = 0..max
 
 The online learner's watchdog reverts a drafter whose held-out acceptance falls below it
-(`SpecEngine.break_even_acceptance` asks the γ policy, `GammaPolicy.break_even_acceptance`, at the
-live batch size).
+(`SpecEngine.break_even_acceptance` asks the auto-γ cost model for the live batch shape).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-GammaSetting = int | Literal["auto"]
+GammaSetting = int | Literal["auto", "auto_simple"]
 SamplerName = Literal["rejection", "invariant"]
 SAMPLER_NAMES = ("rejection", "invariant")
 DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "medusa"]
@@ -146,7 +146,11 @@ class EngineConfig:
     signal_top_k: int = 16
     calibration_cache: str | None = None
     cost_model_budget_s: float = 8.0
-    # Per-step decay of auto-γ's acceptance counts (`gamma_rate.RateGamma`; memory ~10 steps).
+    # Per-step decay of auto-γ's acceptance counts (memory ~10 steps; steps of fewer than 4 rows decay
+    # less, see `gamma.MEMORY_ROWS`). 0.98 (~50 steps) measured better on the long-running rollout
+    # workload (greedy 0.992× vs 0.968× of γ = 4, lockstep) and worse on short sampled batches with a
+    # stop token (b = 4: 0.89–0.91× vs 1.01×) — though those cells later proved to be mostly each
+    # contender's sampling luck (see the README's benchmark notes); not re-measured since.
     acceptance_ema: float = 0.9
     lean_forward: bool = True
     stats_trace_steps: int = TRACE_STEPS
@@ -167,8 +171,8 @@ class EngineConfig:
             "max_seq_len", self.max_seq_len, "an int >= 2",
         )
         require(
-            self.gamma == "auto" or (isinstance(self.gamma, int) and self.gamma >= 0),
-            "gamma", self.gamma, "an int >= 0 (0 = plain decoding) or 'auto'",
+            self.gamma in ("auto", "auto_simple") or (isinstance(self.gamma, int) and self.gamma >= 0),
+            "gamma", self.gamma, "an int >= 0 (0 = plain decoding), 'auto' or 'auto_simple'",
         )
         require(
             isinstance(self.max_gamma, int) and self.max_gamma >= 1, "max_gamma", self.max_gamma,

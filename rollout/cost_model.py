@@ -3,8 +3,12 @@
 `calibrate` times target and drafter forwards through their ragged caches over a grid of live
 batch sizes and query lengths (≤ `budget_s` seconds, fastest of a few runs per point) and
 `CostModel` interpolates that grid piecewise-linearly. The result is cached on disk per model shape,
-weight layout, device, dtype and thread count, so a restarted engine does not measure again. What a
-real step costs beyond these forwards the γ policy learns online (`gamma_rate.RateGamma`).
+weight layout, device, dtype and thread count, so a restarted engine does not measure again. The
+engine then refines it online from the steps it runs (`CostModel.observe`): a measured slow-down of
+the drafts and a measured per-step overhead on top of the target's forward.
+
+Over ~300 lines, one concept (what a step costs on this hardware): the calibration, its cache and
+`AutoGamma`'s online corrections; the timing helpers are what every drafter's `time_drafts` uses.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 CALIBRATION_CONTEXT = 64  # tokens already in the cache while timing ...
 DRAFT_PARAMS = SamplingParams(max_new_tokens=1, temperature=1.0)
 LONG_CONTEXT = 512  # ... and again at this many (the model interpolates in between, extrapolates past)
+OFFSET_MEMORY = 100  # steps (at one batch size) over which a per-γ overhead offset fades when γ is not run
 
 
 @dataclass
@@ -66,13 +71,28 @@ def _bracket(grid: list[int], x: float) -> tuple[int, int, float]:
 
 @dataclass
 class CostModel:
-    """Calibrated forward times: the target's (interpolated in the KV length between the two
-    calibrated contexts) and the drafter's."""
+    """Predicted step times: the target's forward (interpolated in the KV length between the two
+    calibrated contexts) plus the step's measured overhead, and γ drafter forwards times their
+    measured slow-down.
+
+    Measured on this project's CPU (demo models), a step differs from its calibrated forwards in two
+    ways that do not share one factor: each draft costs ~2× its calibrated forward at every batch
+    size and γ (a small model's weights and activations fall out of the caches while the target
+    runs), while the verification part costs its forward plus a per-step overhead that hardly
+    depends on γ (+4–9 ms at 1 row, +11–16 ms at 16: sampling, verification, bookkeeping, colder
+    weights). One factor for the whole step made each extra query token look up to 1.4× dearer than
+    it is and the policy drafted too little; hence a multiplicative correction for the drafts and an
+    additive one, per live batch size, for the rest.
+    """
 
     target: ForwardTimes  # at `contexts[0]` tokens already cached
     drafter: ForwardTimes
     target_long: ForwardTimes | None = None  # at `contexts[1]`; None: context-independent
     contexts: tuple[int, int] = (CALIBRATION_CONTEXT, CALIBRATION_CONTEXT)
+    draft_scale: float | None = None  # measured / calibrated drafting time; None until measured
+    overhead: dict[int, float] = field(default_factory=dict)  # live rows → step seconds beyond the forwards
+    overhead_offsets: dict[int, list[float]] = field(default_factory=dict)  # live rows → per-γ offsets from it
+    ema: float = 0.8
 
     def context_weight(self, context: int) -> float:
         """Where `context` lies between the two calibrated contexts (0 at the short one; the time is
@@ -101,6 +121,70 @@ class CostModel:
     def draft_time(self, batch: int, gamma: int) -> float:
         """Calibrated seconds of γ drafts: a catch-up forward of up to two tokens, then γ - 1 of one."""
         return self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1) if gamma else 0.0
+
+    def raw_step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> tuple[float, float]:
+        """Calibrated (verify, draft) seconds of a step with γ drafts for `batch` live rows."""
+        return self.target_time(batch, gamma + 1, context), self.draft_time(batch, gamma)
+
+    def step_overheads(self, batch: int, max_gamma: int) -> list[float]:
+        """Measured seconds a step spends beyond its calibrated forwards at `batch` live rows, for
+        γ = 0..max_gamma: the batch size's (the nearest measured one's; 0 before any step) plus each
+        (batch, γ)'s own offset where one was measured."""
+        if batch in self.overhead:
+            pooled = self.overhead[batch]
+        elif self.overhead:
+            pooled = self.overhead[min(self.overhead, key=lambda b: abs(b - batch))]
+        else:
+            pooled = 0.0
+        offsets = self.overhead_offsets.get(batch)
+        if offsets is None:
+            return [pooled] * (max_gamma + 1)
+        return [pooled + (offsets[g] if g < len(offsets) else 0.0) for g in range(max_gamma + 1)]
+
+    def corrected(self, batch: int, verify: list[float], draft: list[float]) -> list[float]:
+        """Predicted step seconds for γ = 0, 1, … from their calibrated (verify, draft) parts."""
+        overheads, scale = self.step_overheads(batch, len(verify) - 1), self.draft_scale or 1.0
+        return [v + o + scale * d for v, o, d in zip(verify, overheads, draft)]
+
+    def step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> float:
+        """Predicted seconds of one engine step with γ drafts for `batch` live rows."""
+        parts = [self.raw_step_time(batch, g, context) for g in range(gamma + 1)]
+        return self.corrected(batch, [v for v, _ in parts], [d for _, d in parts])[gamma]
+
+    def observe(self, batch: int, gamma: int, seconds: float, context: int = CALIBRATION_CONTEXT,
+                draft_seconds: float | None = None, predicted: tuple[float, float] | None = None) -> None:
+        """Fold one measured step into the corrections. `draft_seconds`: the part of `seconds` spent
+        drafting (None: unknown, taken as predicted); `predicted`: the step's `raw_step_time`, if the
+        caller has it at hand."""
+        verify, draft = predicted or self.raw_step_time(batch, gamma, context)
+        if draft_seconds is None:
+            draft_seconds = (self.draft_scale or 1.0) * draft
+        elif gamma:
+            ratio = draft_seconds / draft
+            old = self.draft_scale
+            # One stalled step (GC, another process) must not make drafting look dear for good.
+            if old is not None:
+                ratio = self.ema * old + (1 - self.ema) * min(max(ratio, old / 2), old * 2)
+            self.draft_scale = ratio
+        extra = seconds - draft_seconds - verify
+        old = self.overhead.get(batch)
+        if old is None:
+            self.overhead[batch] = extra
+            return
+        extra = min(max(extra, -verify / 2), 2 * max(old, 0.0) + verify / 10)  # ... nor a step look slow
+        self.overhead[batch] = self.ema * old + (1 - self.ema) * extra
+        # The calibrated forwards get the growth with γ right only to a few ms (e.g. one row at 450
+        # tokens of context: 3.3 ms over for γ = 0, 0.4 ms for γ = 4), so each (batch, γ) also learns
+        # an offset from the batch size's overhead; offsets of γ not run fade (memory ~OFFSET_MEMORY
+        # steps at that batch size), so one unlucky measurement cannot rule a γ out for good.
+        offsets = self.overhead_offsets.setdefault(batch, [0.0] * (gamma + 1))
+        if len(offsets) <= gamma:
+            offsets.extend([0.0] * (gamma + 1 - len(offsets)))
+        fade = 1.0 - 1.0 / OFFSET_MEMORY
+        for g in range(len(offsets)):
+            if g != gamma:
+                offsets[g] *= fade
+        offsets[gamma] = self.ema * offsets[gamma] + (1 - self.ema) * (extra - self.overhead[batch])
 
 
 def _query_grid(max_gamma: int) -> list[int]:

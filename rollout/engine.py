@@ -42,7 +42,7 @@ from .config import EngineConfig, SamplingParams
 from .cost_model import CALIBRATION_CONTEXT
 from .drafter import Drafter, Proposal
 from .drafter_factory import DrafterWeights, make_drafter
-from .gamma import GammaPolicy, StepOutcome, StepShape, make_gamma_policy
+from .gamma import AutoGamma, GammaPolicy, StepOutcome, StepShape, make_gamma_policy
 from .randomness import draw_seed
 from .request import Request, Rollout, make_requests
 from .runner import ModelRunner
@@ -154,11 +154,16 @@ class SpecEngine:
         return [req.rollout for req in requests]
 
     def _shape(self, live: int) -> StepShape:
-        """The live batch as an adaptive γ policy sees it (from the host copies; skipped for a fixed γ).
-        Attention reads every row up to the longest one: that is the step's KV length."""
+        """The live batch as an adaptive γ policy sees it (from the host copies; skipped for a fixed γ)."""
         if not (self.drafter and self.gamma_policy.adaptive):
             return StepShape(live)
-        return StepShape(live, max(self.rows.host_seq_len[:live]))
+        lens, limits, top = self.rows.host_seq_len[:live], self.rows.host_max_len[:live], self.config.max_gamma
+        # Attention reads every row up to the longest one: that is the step's KV length. A row with
+        # r tokens left can use r - 1 drafts.
+        room = [0] * (top + 1)
+        for length, limit in zip(lens, limits):
+            room[min(max(limit - length - 1, 0), top)] += 1
+        return StepShape(live, max(lens), room)
 
     def _warn_nonfinite_drafter(self, rows: int) -> None:
         if rows > 0:
@@ -176,11 +181,12 @@ class SpecEngine:
 
     def break_even_acceptance(self) -> float | None:
         """Per-draft acceptance below which speculation stops paying at this engine's recent batch shape,
-        from the γ policy's cost model (None for a fixed γ: there is no cost model to ask)."""
-        if self.drafter is None:
+        from the auto-γ cost model (None for a fixed γ: there is no cost model to ask)."""
+        policy = self.gamma_policy
+        if not isinstance(policy, AutoGamma) or self.drafter is None:
             return None
         rows = max(1, round(self.stats.mean_live_rows)) if self.stats.steps else self.config.max_batch_size
-        return self.gamma_policy.break_even_acceptance(rows, CALIBRATION_CONTEXT)
+        return policy.break_even_acceptance(rows, CALIBRATION_CONTEXT)
 
     def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (all or some parameters, by name) between `generate` calls."""
@@ -224,8 +230,8 @@ class SpecEngine:
         self.stats.record_step(gamma, n, summary, context=max(self.rows.host_seq_len[:n]))
         if self.gamma_policy.adaptive:
             self.gamma_policy.observe(shape, StepOutcome(
-                gamma=gamma, rows=n, counts=summary.counts, seconds=time.perf_counter() - started,
-                draft_seconds=drafted - started,
+                gamma=gamma, rows=n, counts=summary.counts, emitted=summary.emitted, stopped=summary.stopped,
+                seconds=time.perf_counter() - started, draft_seconds=drafted - started,
             ), params.greedy)
         return summary.finished
 

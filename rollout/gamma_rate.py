@@ -1,5 +1,6 @@
-"""`RateGamma` (`EngineConfig.gamma = "auto"`): the γ with the most expected tokens per second, from
-the calibrated forward times and a running per-position acceptance.
+"""`RateGamma` (`EngineConfig.gamma = "auto_simple"`): the γ with the most expected tokens per second,
+from the calibrated forward times and a running per-position acceptance — the simple alternative to
+`gamma.AutoGamma` (`"auto"`).
 
 Before each step, for the live batch size n and the KV length the step reads:
 
@@ -19,9 +20,12 @@ sampled), shrunk toward the pooled rate of all positions so that one rejection a
 cannot rule it out. The first step drafts `max_gamma` (it measures every position); acceptance is only
 measured while drafting, so after `PROBE_EVERY` plain steps one step runs the best γ ≥ 1.
 
-Deliberately left out: each row's remaining length budget, stop tokens, and the lower acceptance of
-steps that start right after a rejection. A policy that modelled them (with per-γ overhead offsets
-and rules for sticking to and trying γ) was not faster in paired runs (docs/benchmarks.md).
+Left out, against `AutoGamma`: each row's remaining length budget, stop tokens, the lower acceptance
+of steps that start right after a rejection (the two start states' counts are pooled here), per-γ
+overhead offsets and rules for sticking to and trying γ. In paired runs it drafted longer than
+`AutoGamma` at 16 rows and more (its one overhead per batch size makes long drafts look cheap) and was
+slower there, by an interval excluding 1 at sampled b = 16 (docs/benchmarks.md), so "auto" stays
+`AutoGamma`.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ PROBE_EVERY = 32  # plain steps between probes of the best γ ≥ 1
 
 
 class RateGamma:
-    """The `GammaPolicy` of `EngineConfig.gamma = "auto"` (see the module docstring); `decay` is
+    """The `GammaPolicy` of `EngineConfig.gamma = "auto_simple"` (see the module docstring); `decay` is
     `EngineConfig.acceptance_ema`, the per-step decay of the acceptance counts."""
 
     adaptive = True
@@ -116,8 +120,9 @@ class RateGamma:
         return max(range(len(rates)), key=rates.__getitem__)
 
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
-        if outcome.counts:
-            reached, kept = outcome.counts
+        if outcome.counts:  # [reached, kept] per start state (`acceptance_counts`), pooled here
+            reached = [a + b for a, b in zip(outcome.counts[0], outcome.counts[2])]
+            kept = [a + b for a, b in zip(outcome.counts[1], outcome.counts[3])]
             old_k, old_r = self.kept[greedy], self.reached[greedy]
             for j in range(len(old_k)):
                 old_k[j] = self.decay * old_k[j] + (kept[j] if j < len(kept) else 0)

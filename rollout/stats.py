@@ -25,6 +25,7 @@ class StepSummary:
 
     finished: list[int]  # slots whose row ended this step
     emitted: int  # tokens appended, all rows
+    stopped: int  # rows that emitted a stop token
     dropped_rows: int  # rows whose drafts were dropped (non-finite q)
     kept_per_position: list[int]  # [γ] rows whose draft i was kept
     drafted_per_position: list[int]  # [γ] rows that proposed a draft i

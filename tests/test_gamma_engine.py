@@ -1,12 +1,16 @@
 """Auto γ inside the engine: greedy exactness when γ changes from step to step, the calibration
-cache, and what the engine feeds the policy (step times, drafting times, the KV length)."""
+cache, and what the engine feeds the policy (cost corrections, host-side acceptance counts and row
+lengths)."""
 
 from __future__ import annotations
 
+import torch
 from conftest import make_prompts, noisy_copy, tiny_lm
+from gamma_helpers import with_acceptance
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.cost_model import calibrate
+from specroll.rollout.gamma import acceptance_counts
 
 
 def test_calibration_is_cached_per_model_shape(tmp_path):
@@ -28,26 +32,42 @@ def test_auto_gamma_greedy_output_equals_plain_decoding(tmp_path):
     auto = SpecEngine(target, drafter, EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto", max_gamma=4,
                                                     calibration_cache=str(tmp_path), cost_model_budget_s=1.0))
     # Force the policy through several γ values, plain steps included, within one call.
+    policy = with_acceptance(auto.gamma_policy, 0.9)
     schedule = iter([4, 0, 0, 3, 1, 0, 2] * 100)
-    auto.gamma_policy.choose = lambda shape, greedy: next(schedule)
+    policy.choose = lambda shape, greedy: next(schedule)
     out = auto.generate(prompts, params)
     assert [r.completion_ids for r in out] == [r.completion_ids for r in plain]
     assert set(auto.stats.gamma_per_step) == {0, 1, 2, 3, 4}
 
 
-def test_engine_feeds_the_time_corrections(tmp_path):
+def test_engine_feeds_the_cost_corrections(tmp_path):
     engine = SpecEngine(tiny_lm("llama"), noisy_copy("llama"),
                         EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto", max_gamma=4,
                                      calibration_cache=str(tmp_path), cost_model_budget_s=1.0))
     engine.generate(make_prompts(4, 2, 9), SamplingParams(max_new_tokens=16, temperature=0))
-    policy = engine.gamma_policy
-    assert policy.draft_scale != 1.0 and policy.draft_scale > 0  # drafting was timed on its own
-    assert set(policy.overhead) <= {1, 2, 3, 4} and 4 in policy.overhead
-    assert any(policy.reached[True]) and not any(policy.reached[False])  # greedy evidence only
+    cost = engine.gamma_policy.cost
+    assert cost.draft_scale is not None and cost.draft_scale > 0  # drafting was timed on its own
+    assert set(cost.overhead) <= {1, 2, 3, 4} and 4 in cost.overhead
+
+
+def test_host_tally_matches_counting_every_draft():
+    # The engine hands the policy per-row integers (kept prefix, decided prefix, start state); the
+    # tally must equal counting each draft position of each row by hand.
+    gen = torch.Generator().manual_seed(0)
+    for gamma in (1, 3, 6):
+        n = 40
+        kept = torch.randint(0, gamma + 1, (n,), generator=gen)
+        decided = torch.randint(1, gamma + 2, (n,), generator=gen)  # num_emit: 1 … γ + 1
+        state = torch.randint(0, 2, (n,), generator=gen)
+        j = torch.arange(gamma)
+        reached = (j <= kept[:, None]) & (j < decided[:, None])
+        accepted = (j < kept[:, None]) & (j < decided[:, None])
+        expect = [(m & (state[:, None] == s)).sum(0).tolist() for s in (0, 1) for m in (reached, accepted)]
+        assert acceptance_counts(kept.tolist(), decided.tolist(), state.tolist(), gamma) == expect
 
 
 def test_engine_host_lengths_follow_the_device_through_continuous_batching(tmp_path):
-    # The policy's view of the batch (its KV length) comes from host copies of the row lengths; they
+    # The policy's view of the batch (context, room) comes from host copies of the row lengths; they
     # must match the device buffers after every step, through finishes, moves and admissions.
     engine = SpecEngine(tiny_lm("llama"), noisy_copy("llama"),
                         EngineConfig(max_batch_size=3, max_seq_len=64, gamma="auto", max_gamma=2,
@@ -62,8 +82,11 @@ def test_engine_host_lengths_follow_the_device_through_continuous_batching(tmp_p
         except StopIteration:
             break
         assert rows.host_seq_len[:live] == rows.seq_len[:live].tolist()
+        assert rows.host_max_len[:live] == rows.max_len[:live].tolist()
         if live:
             shape = engine._shape(live)
+            room = (rows.max_len[:live] - rows.seq_len[:live] - 1).clamp(0, 2)
+            assert shape.room == torch.bincount(room, minlength=3).tolist()
             assert shape.context == int(rows.seq_len[:live].max())
             checked += 1
     assert checked > 5  # 57 tokens in 3 slots at most 3 tokens per row-step (γ ≤ 2): at least 7 steps

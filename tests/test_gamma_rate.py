@@ -1,4 +1,4 @@
-"""`RateGamma`, the auto-γ policy: its choice on synthetic cost models, its acceptance
+"""`RateGamma`, the simple auto-γ policy: its choice on synthetic cost models, its acceptance
 estimate and its time corrections (deterministic: synthetic times and counts, no clock)."""
 
 from __future__ import annotations
@@ -20,15 +20,20 @@ def synthetic(target_time, drafter_time) -> CostModel:
     return CostModel(target=t, drafter=d)
 
 
+def counts(reached: list[int], kept: list[int]) -> list[list[int]]:
+    """`acceptance_counts`' layout with every row in start state 0."""
+    return [reached, kept, [0] * len(reached), [0] * len(kept)]
+
+
 def observed(policy: RateGamma, reached: list[int], kept: list[int], greedy: bool = True, steps: int = 50,
              rows: int = 4) -> RateGamma:
     """Fold `steps` identical steps of drafts into the policy, each timed exactly as calibrated."""
     gamma = len(reached)
     for _ in range(steps):
         verify, draft = policy.calibrated_times(rows, 64)
-        policy.observe(StepShape(rows), StepOutcome(gamma=gamma, rows=rows, counts=[reached, kept],
-                                                    seconds=verify[gamma] + draft[gamma], draft_seconds=draft[gamma]),
-                       greedy)
+        policy.observe(StepShape(rows), StepOutcome(gamma=gamma, rows=rows, counts=counts(reached, kept),
+                                                    emitted=0, stopped=0, seconds=verify[gamma] + draft[gamma],
+                                                    draft_seconds=draft[gamma]), greedy)
     return policy
 
 
@@ -81,9 +86,9 @@ def test_slow_drafts_and_a_step_overhead_are_learnt_from_measured_steps():
     policy = RateGamma(synthetic(lambda b, q: 1e-2 + 1e-3 * b * q, lambda b, q: 1e-3), max_gamma=8, decay=0.9)
     verify, draft = policy.calibrated_times(4, 64)
     for _ in range(60):
-        policy.observe(StepShape(4), StepOutcome(gamma=2, rows=4, counts=[[4, 4], [3, 3]],
-                                                 seconds=verify[2] + 5e-3 + 2 * draft[2], draft_seconds=2 * draft[2]),
-                       True)
+        policy.observe(StepShape(4), StepOutcome(gamma=2, rows=4, counts=counts([4, 4], [3, 3]), emitted=0,
+                                                 stopped=0, seconds=verify[2] + 5e-3 + 2 * draft[2],
+                                                 draft_seconds=2 * draft[2]), True)
     expect = [v + 5e-3 + 2 * d for v, d in zip(verify, draft)]
     assert policy.step_times(4, 64) == pytest.approx(expect, rel=1e-3)
     assert policy.step_times(5, 64)[0] == pytest.approx(policy.calibrated_times(5, 64)[0][0] + 5e-3, rel=1e-3)
@@ -94,8 +99,8 @@ def test_one_stalled_step_moves_the_corrections_little():
     verify, draft = policy.calibrated_times(4, 64)
 
     def step(slow: float) -> None:
-        policy.observe(StepShape(4), StepOutcome(gamma=2, rows=4, counts=[[4, 4], [3, 3]],
-                                                 seconds=slow * (verify[2] + 5e-3 + draft[2]),
+        policy.observe(StepShape(4), StepOutcome(gamma=2, rows=4, counts=counts([4, 4], [3, 3]), emitted=0,
+                                                 stopped=0, seconds=slow * (verify[2] + 5e-3 + draft[2]),
                                                  draft_seconds=slow * draft[2]), True)
 
     for _ in range(30):

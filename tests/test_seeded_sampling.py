@@ -99,7 +99,7 @@ def test_auto_gamma_learns_each_samplers_acceptance(calibration):
         spec = engine(sampler, "auto", calibration, draft_model=drafter(noise=0.6))
         spec.gamma_policy.choose = lambda shape, greedy: 2
         spec.generate(make_prompts(16, 2, 9, seed=9), SamplingParams(max_new_tokens=40, temperature=1.0, seed=4))
-        estimates[sampler] = spec.gamma_policy.alpha(False)[0]
+        estimates[sampler] = spec.gamma_policy.estimates[False].alpha[0]
         observed[sampler] = spec.stats.acceptance_per_position[0]  # the first draft: conditional = marginal
         assert estimates[sampler] == pytest.approx(observed[sampler], abs=0.1)
     assert observed["invariant"] < observed["rejection"] - 0.05
