@@ -108,10 +108,11 @@ class EngineConfig:
 
     `max_batch_size` is the number of batch slots (rows decoded together); more requests than slots
     queue and refill finished slots. `max_seq_len` bounds prompt + completion per row. `gamma` is the
-    number of drafted tokens per step (0 = plain decoding) or `"auto"` (chosen per step from a
-    measured cost model, up to `max_gamma`). `record_signals` keeps the target's top-`signal_top_k`
-    processed probabilities at each generated position for online draft learning. `lean_forward`
-    runs Llama-family models (Llama, Mistral, Qwen2, Qwen3 with sdpa) through `rollout.lean`'s
+    number of drafted tokens per step (0 = plain decoding), `"auto"` (chosen per step from a
+    measured cost model, up to `max_gamma`: `gamma.AutoGamma`) or `"auto_simple"` (the same aim with
+    a simpler model, `gamma_rate.RateGamma`; slower in paired runs). `record_signals` keeps the
+    target's top-`signal_top_k` processed probabilities at each generated position for online draft
+    learning. `lean_forward` runs Llama-family models (Llama, Mistral, Qwen2, Qwen3 with sdpa) through `rollout.lean`'s
     fused forward instead of HF's module tree (same weights and math, far fewer kernel calls);
     other models always use HF's forward. `stats_trace_steps` bounds the per-step traces of
     `EngineStats` (the last that many steps; totals are unbounded counters).
