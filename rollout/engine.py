@@ -42,7 +42,7 @@ from .config import EngineConfig, SamplingParams
 from .cost_model import CALIBRATION_CONTEXT
 from .drafter import Drafter, Proposal
 from .drafter_factory import DrafterWeights, make_drafter
-from .gamma import AutoGamma, GammaPolicy, StepOutcome, StepShape, make_gamma_policy
+from .gamma import GammaPolicy, StepOutcome, StepShape, make_gamma_policy
 from .randomness import draw_seed
 from .request import Request, Rollout, make_requests
 from .runner import ModelRunner
@@ -181,12 +181,11 @@ class SpecEngine:
 
     def break_even_acceptance(self) -> float | None:
         """Per-draft acceptance below which speculation stops paying at this engine's recent batch shape,
-        from the auto-γ cost model (None for a fixed γ: there is no cost model to ask)."""
-        policy = self.gamma_policy
-        if not isinstance(policy, AutoGamma) or self.drafter is None:
+        from the γ policy's cost model (None for a fixed γ: there is no cost model to ask)."""
+        if self.drafter is None:
             return None
         rows = max(1, round(self.stats.mean_live_rows)) if self.stats.steps else self.config.max_batch_size
-        return policy.break_even_acceptance(rows, CALIBRATION_CONTEXT)
+        return self.gamma_policy.break_even_acceptance(rows, CALIBRATION_CONTEXT)
 
     def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (all or some parameters, by name) between `generate` calls."""

@@ -109,6 +109,11 @@ class GammaPolicy(Protocol):
         the first w are (`expected_kept[w]`, w = 0..width): the width whose step pays best."""
         ...
 
+    def break_even_acceptance(self, rows: int, context: int) -> float | None:
+        """The per-draft acceptance below which no γ ≥ 1 beats plain decoding at this batch shape
+        (`break_even`); None without a cost model to ask."""
+        ...
+
 
 class FixedGamma:
     """Always the configured γ (0 = plain decoding)."""
@@ -126,6 +131,9 @@ class FixedGamma:
 
     def narrow(self, shape: StepShape, expected_kept: list[float]) -> int:
         return len(expected_kept) - 1  # no cost model to weigh a column against
+
+    def break_even_acceptance(self, rows: int, context: int) -> float | None:
+        return None
 
 
 class AcceptanceEstimate:

@@ -90,3 +90,13 @@ def test_engine_host_lengths_follow_the_device_through_continuous_batching(tmp_p
             assert shape.context == int(rows.seq_len[:live].max())
             checked += 1
     assert checked > 5  # 57 tokens in 3 slots at most 3 tokens per row-step (γ ≤ 2): at least 7 steps
+
+
+def test_break_even_acceptance_comes_from_either_auto_policy(tmp_path):
+    target, drafter = tiny_lm("llama"), noisy_copy("llama")
+    for gamma in ("auto", "auto_simple"):
+        engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=4, max_seq_len=64, gamma=gamma, max_gamma=3,
+                                                          calibration_cache=str(tmp_path), cost_model_budget_s=1.0))
+        assert 0.0 < engine.break_even_acceptance() <= 1.0
+    fixed = SpecEngine(target, drafter, EngineConfig(max_batch_size=4, max_seq_len=64, gamma=2))
+    assert fixed.break_even_acceptance() is None
