@@ -226,3 +226,9 @@ class EngineConfig:
     def cache_len(self) -> int:
         """Slots per row in the KV buffers: room for the longest row plus one step of drafts."""
         return self.max_seq_len + self.max_gamma + 2
+
+    @property
+    def state_history(self) -> int:
+        """Lengths a recurrent layer's per-row state is kept at (`cache.RaggedKVCache`): a step rolls a
+        row back by at most `max_gamma` of the γ + 1 tokens it fed."""
+        return self.max_gamma + 1

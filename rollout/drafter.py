@@ -31,6 +31,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .batch import RowBuffers
+from .cache import STATE_HISTORY
 from .config import SamplingParams
 from .cost_model import DRAFT_PARAMS, ForwardTimes, draft_noise, model_cost_key, time_forwards
 from .runner import ModelRunner
@@ -104,8 +105,8 @@ class ModelDrafter:
     wants_hidden = False
 
     def __init__(self, model: PreTrainedModel, slots: int, length: int, dtype: torch.dtype, device: torch.device,
-                 target_vocab_size: int, lean: bool = True):
-        self.runner = ModelRunner(model, slots, length, dtype, device, lean)
+                 target_vocab_size: int, lean: bool = True, state_history: int = STATE_HISTORY):
+        self.runner = ModelRunner(model, slots, length, dtype, device, lean, state_history)
         self.target_vocab_size = target_vocab_size
 
     @property

@@ -60,7 +60,8 @@ def _model_kind(kinds: tuple[str, ...], drafter: DrafterWeights | None, config: 
     slots, length, dtype, device = config.max_batch_size, config.cache_len, config.dtype, target.device
     model = target.model
     if "model" in kinds:
-        return ModelDrafter(drafter, slots, length, dtype, device, target.vocab_size, config.lean_forward)
+        return ModelDrafter(drafter, slots, length, dtype, device, target.vocab_size, config.lean_forward,
+                            config.state_history)
     if "layer_skip" in kinds:
         layers = config.layer_skip_layers or max(1, model.config.get_text_config().num_hidden_layers // 2)
         return LayerSkipDrafter(target, layers)

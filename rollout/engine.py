@@ -75,7 +75,8 @@ class SpecEngine:
             check_vocab_compatible(target, drafter, target_tokenizer, drafter_tokenizer)
         self.device = torch.device(config.device)
         slots, length = config.max_batch_size, config.cache_len
-        self.target = ModelRunner(target, slots, length, config.dtype, self.device, config.lean_forward)
+        self.target = ModelRunner(target, slots, length, config.dtype, self.device, config.lean_forward,
+                                  config.state_history)
         self.vocab_size = self.target.vocab_size
         self.drafter: Drafter | None = make_drafter(drafter, config, self.target)
         wants_hidden = self.drafter is not None and self.drafter.wants_hidden

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .cache import HybridShape, RaggedKVCache, StateShape, probe_layer_shapes
+from .cache import STATE_HISTORY, HybridShape, RaggedKVCache, StateShape, probe_layer_shapes
 from .lean import lean_decoder, unsupported_reason
 from .mixers import install_ragged_mixers
 
@@ -80,13 +80,13 @@ class ModelRunner:
     """One model (target or drafter) with its ragged cache."""
 
     def __init__(self, model: PreTrainedModel, batch: int, length: int, dtype: torch.dtype, device: torch.device,
-                 lean: bool = True):
+                 lean: bool = True, state_history: int = STATE_HISTORY):
         self.model = model.to(device=device, dtype=dtype).eval()
         self.lean = lean_decoder(self.model) if lean else None
         self.device = device
         shapes = probe_layer_shapes(self.model)
         check_state_layers(self.model, shapes)
-        self.cache = RaggedKVCache(shapes, batch, length, dtype, device)
+        self.cache = RaggedKVCache(shapes, batch, length, dtype, device, state_history)
         self.windows = attention_windows(self.model.config)
         self.unmasked = state_layer_kinds(self.model.config)
         # A drafter may have fewer embedding rows than the target (both padded past the same tokenizer

@@ -127,3 +127,12 @@ def test_outside_the_engine_the_model_runs_hf_forward(hybrid):
     cached = hybrid.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
                              eos_token_id=None, pad_token_id=0)
     assert hf_next_logits(hybrid, cached[0, :-1].tolist()).argmax() == cached[0, -1]
+
+
+def test_state_history_follows_max_gamma(hybrid):
+    """A recurrent target's state rings hold max_gamma + 1 lengths, for any max_gamma (not a fixed 16)."""
+    for max_gamma in (2, 20):
+        engine = SpecEngine(hybrid, copy.deepcopy(hybrid), EngineConfig(max_batch_size=2, max_seq_len=32,
+                                                                        gamma=max_gamma, max_gamma=max_gamma))
+        assert engine.target.cache.history == max_gamma + 1
+        assert engine.drafter.runner.cache.history == max_gamma + 1
