@@ -1,6 +1,10 @@
 """A seeded Ray rollout does not depend on the worker count: each row's random numbers are keyed by its
 prompt's index in the whole call (the controller passes it with every chunk), not by worker or slot.
-Invariant sampling: identical tokens whatever the workers; rejection sampling at a fixed γ: the same."""
+Invariant sampling: identical tokens whatever the workers; rejection sampling at a fixed γ: the same.
+
+One worker serving the whole call is an engine built from the same paths as a worker builds its own,
+run in this process (a 1-worker controller would cost a worker start for the same tokens); two workers
+split the call into chunks."""
 
 from __future__ import annotations
 
@@ -8,23 +12,27 @@ import dataclasses
 
 import pytest
 from ray_fixtures import make_config
+from transformers import AutoModelForCausalLM
 
+from specroll.integrations.model_source import load_drafter, tokenizer_pair
 from specroll.integrations.ray_backend.controller import RolloutController
-from specroll.rollout import SamplingParams
+from specroll.rollout import SamplingParams, SpecEngine
 
 
 @pytest.mark.parametrize("sampler", ["invariant", "rejection"])
 def test_one_and_two_workers_give_the_same_rollouts(ray_cluster, tiny_model_paths, sampler):
     prompts = [[3 + i, 7, (5 * i) % 64, 11] for i in range(6)]
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=1234)
-    completions = {}
-    for workers in (1, 2):
-        config = make_config(tiny_model_paths, num_workers=workers)
-        config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, sampler=sampler))
-        controller = RolloutController(config)
-        try:
-            completions[workers] = [r.completion_ids for r in controller.generate(prompts, params, n=3)]
-        finally:
-            controller.shutdown()
-    assert completions[1] == completions[2]
-    assert len({tuple(c) for c in completions[1]}) > 6  # sampled: siblings differ, so the check has teeth
+    config = make_config(tiny_model_paths, num_workers=2)
+    config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, sampler=sampler))
+    target = AutoModelForCausalLM.from_pretrained(config.models.target, dtype=config.engine.dtype)
+    one_worker = SpecEngine(target, load_drafter(config.models, config.engine, target), config.engine,
+                            *tokenizer_pair(config.models))  # what `RolloutWorker.__init__` builds
+    whole_call = [r.completion_ids for r in one_worker.generate(prompts, params, n=3)]
+    controller = RolloutController(config)
+    try:
+        chunked = [r.completion_ids for r in controller.generate(prompts, params, n=3)]
+    finally:
+        controller.shutdown()
+    assert chunked == whole_call
+    assert len({tuple(c) for c in whole_call}) > 6  # sampled: siblings differ, so the check has teeth
