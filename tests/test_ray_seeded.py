@@ -4,14 +4,15 @@ Invariant sampling: identical tokens whatever the workers; rejection sampling at
 
 One worker serving the whole call is an engine built from the same paths as a worker builds its own,
 run in this process (a 1-worker controller would cost a worker start for the same tokens); two workers
-split the call into chunks."""
+split the call into chunks. Rejection sampling is the session controller's sampler: it serves that case
+once given back the saved weights (other tests sync their own); the invariant case starts a controller."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from ray_fixtures import make_config
+from ray_fixtures import make_config, tiny_llama
 from transformers import AutoModelForCausalLM
 
 from specroll.integrations.model_source import load_drafter, tokenizer_pair
@@ -19,8 +20,19 @@ from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.rollout import SamplingParams, SpecEngine
 
 
+def two_workers(request, config) -> RolloutController:
+    if config == make_config(request.getfixturevalue("tiny_model_paths")):
+        shared = request.getfixturevalue("controller")
+        shared.sync_policy(tiny_llama(32, 2, seed=0).state_dict(), shared.policy_version + 1)  # the saved pair
+        shared.sync_drafter(tiny_llama(16, 1, seed=1).state_dict(), shared.drafter_version + 1)
+        return shared
+    controller = RolloutController(config)
+    request.addfinalizer(controller.shutdown)
+    return controller
+
+
 @pytest.mark.parametrize("sampler", ["invariant", "rejection"])
-def test_one_and_two_workers_give_the_same_rollouts(ray_cluster, tiny_model_paths, sampler):
+def test_one_and_two_workers_give_the_same_rollouts(request, ray_cluster, tiny_model_paths, sampler):
     prompts = [[3 + i, 7, (5 * i) % 64, 11] for i in range(6)]
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=1234)
     config = make_config(tiny_model_paths, num_workers=2)
@@ -29,10 +41,6 @@ def test_one_and_two_workers_give_the_same_rollouts(ray_cluster, tiny_model_path
     one_worker = SpecEngine(target, load_drafter(config.models, config.engine, target), config.engine,
                             *tokenizer_pair(config.models))  # what `RolloutWorker.__init__` builds
     whole_call = [r.completion_ids for r in one_worker.generate(prompts, params, n=3)]
-    controller = RolloutController(config)
-    try:
-        chunked = [r.completion_ids for r in controller.generate(prompts, params, n=3)]
-    finally:
-        controller.shutdown()
+    chunked = [r.completion_ids for r in two_workers(request, config).generate(prompts, params, n=3)]
     assert chunked == whole_call
     assert len({tuple(c) for c in whole_call}) > 6  # sampled: siblings differ, so the check has teeth
