@@ -9,13 +9,14 @@ import torch
 from ray_fixtures import GREEDY, generate_killing_a_worker, make_config, prompts_for, tiny_llama, versions_once_alive
 
 from specroll.integrations.backend import RolloutError
-from specroll.integrations.ray_backend.controller import RolloutController, _split_groups
+from specroll.integrations.ray_backend.controller import RolloutController
+from specroll.integrations.ray_backend.dispatch import split_groups
 from specroll.rollout import EngineConfig
 
 
 def test_split_groups_is_contiguous_and_balanced():
-    assert _split_groups(5, 2) == [range(0, 3), range(3, 5)]
-    assert _split_groups(1, 4) == [range(0, 1)]
+    assert split_groups(5, 2) == [range(0, 3), range(3, 5)]
+    assert split_groups(1, 4) == [range(0, 1)]
 
 
 def test_generate_keeps_input_order_and_groups(controller):

@@ -8,7 +8,7 @@ Usage (in the driver: the trainer's process or `ray_job`)::
     controller.start_learner_round(budget_s=5.0)     # runs on the learner actor; returns at once
     done = controller.finish_learner_round()         # before the next rollout: publishes if it moved
 
-`generate` cuts the prompts into one chunk of whole groups (all n samples of a prompt) per worker, so
+`generate` cuts the prompts into one chunk of whole groups (all n samples of a prompt) per worker (`dispatch`), so
 siblings share an engine, and hands chunks to idle workers. A chunk whose worker died is re-sent —
 to the restarted worker or to another idle one — and its result is kept exactly once, so every
 prompt gets exactly n completions in input order. Restarted workers reload the current weights from
@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
 from collections.abc import Mapping
-from typing import Any
 
 import ray
 import torch
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
+from ray.exceptions import GetTimeoutError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -46,12 +44,12 @@ from specroll.integrations.model_source import trained_drafter_kind
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.stats import BatchStats
 
+from .dispatch import run_chunks, split_groups
 from .learner_actor import LearnerActor
 from .service_names import BOARD_NAME, LEARNER_NAME, lookup_actor, named, worker_name
 from .settings import ControllerConfig
 from .weight_board import WeightBoard
 from .weight_sync import (
-    RESTART_PROBE_INTERVAL_S,
     ObjectStoreTransport,
     WeightSyncError,
     commit_weights,
@@ -61,7 +59,7 @@ from .weight_sync import (
     stage_weights,
     wait_for_workers,
 )
-from .worker import RolloutWorker, WorkerBatch
+from .worker import RolloutWorker
 
 
 class RolloutController:
@@ -153,8 +151,9 @@ class RolloutController:
         if n < 1:
             raise ValueError(f"n={n!r} is invalid: an int >= 1")
         started = time.perf_counter()
-        chunks = _split_groups(len(prompts), len(self.workers))
-        results = self._run_chunks(chunks, prompts, params, n)
+        chunks = split_groups(len(prompts), len(self.workers))
+        results = run_chunks(self.workers, chunks, prompts, params, n, self.config.topology.max_resends,
+                             self._count_resend)
         batches = [results[chunk_id][1] for chunk_id in range(len(chunks))]
         rollouts = [r for batch in batches for r in batch.rollouts]
         stale = {r.policy_version for r in rollouts} - {self.policy_version}
@@ -218,7 +217,7 @@ class RolloutController:
             raise RuntimeError("start_learner_round called twice: finish_learner_round collects the running round")
         probe_ref = None
         if probe is not None:
-            chunks = _split_groups(len(probe.prompts), len(self.workers))
+            chunks = split_groups(len(probe.prompts), len(self.workers))
             refs = [self.workers[i].generate.remote([probe.prompts[j] for j in chunk], probe.params, probe.n,
                                                     list(chunk)) for i, chunk in enumerate(chunks)]
             probe_ref = self.learner.probe.remote(refs)
@@ -273,53 +272,8 @@ class RolloutController:
         return PlacementGroupSchedulingStrategy(placement_group=self.placement_group,
                                                 placement_group_bundle_index=index)
 
-    def _run_chunks(self, chunks: list[range], prompts: list[list[int]], params: SamplingParams,
-                    n: int) -> dict[int, tuple[ray.ObjectRef, WorkerBatch]]:
-        """Run every chunk once to completion on some worker, re-sending chunks whose worker died.
-
-        A worker that failed goes back to the idle pool only once a probe call succeeds (Ray has
-        restarted it and its `__init__` reloaded the current weights); one that Ray gave up on is
-        dropped for this call.
-        """
-        pending, idle = deque(range(len(chunks))), deque(self.workers)
-        inflight: dict[ray.ObjectRef, tuple[Any, int | None]] = {}  # chunk None = a liveness probe
-        resends = [0] * len(chunks)
-        results: dict[int, tuple[ray.ObjectRef, WorkerBatch]] = {}
-        while pending or any(chunk is not None for _, chunk in inflight.values()):
-            while pending and idle:
-                chunk_id, worker = pending.popleft(), idle.popleft()
-                batch = [prompts[i] for i in chunks[chunk_id]]
-                # Global prompt indices: a row's random numbers do not depend on which worker or chunk ran it.
-                inflight[worker.generate.remote(batch, params, n, list(chunks[chunk_id]))] = (worker, chunk_id)
-            if not inflight:
-                raise RuntimeError(f"no live rollout worker left for {len(pending)} chunks")
-            ready, _ = ray.wait(list(inflight), num_returns=1)
-            worker, chunk_id = inflight.pop(ready[0])
-            try:
-                value = ray.get(ready[0])
-            except ActorUnavailableError:  # restarting: probe again shortly
-                time.sleep(RESTART_PROBE_INTERVAL_S)
-                inflight[worker.versions.remote()] = (worker, None)
-                if chunk_id is not None:
-                    pending.appendleft(self._count_resend(chunk_id, resends))
-                continue
-            except RayActorError as err:
-                if chunk_id is None:  # Ray gave up restarting it
-                    continue
-                pending.appendleft(self._count_resend(chunk_id, resends, err))
-                inflight[worker.versions.remote()] = (worker, None)
-                continue
-            if chunk_id is not None:
-                results[chunk_id] = (ready[0], value)
-            idle.append(worker)
-        return results
-
-    def _count_resend(self, chunk_id: int, resends: list[int], err: Exception | None = None) -> int:
-        resends[chunk_id] += 1
+    def _count_resend(self) -> None:
         self.num_resends += 1
-        if resends[chunk_id] > self.config.topology.max_resends:
-            raise RuntimeError(f"chunk {chunk_id} failed on {resends[chunk_id]} workers") from err
-        return chunk_id
 
     def _sync(self, role: str, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Wait for restarting workers, stage on all, post on the board (the commit point), commit on all.
@@ -348,16 +302,6 @@ class RolloutController:
 
 def _has_learner(config: ControllerConfig) -> bool:
     return config.learner is not None and trained_drafter_kind(config.models, config.engine) is not None
-
-
-def _split_groups(num_prompts: int, num_workers: int) -> list[range]:
-    """Contiguous, near-equal ranges of prompt indices, at most one per worker, none empty."""
-    num_chunks = max(1, min(num_prompts, num_workers))
-    base, extra = divmod(num_prompts, num_chunks)
-    bounds = [0]
-    for i in range(num_chunks):
-        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
-    return [range(bounds[i], bounds[i + 1]) for i in range(num_chunks)]
 
 
 __all__ = ["RolloutController", "WeightSyncError"]
