@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .acceptance import acceptance_counts
 from .batch import RowBuffers
 from .config import SamplingParams
 from .drafter import Proposal
-from .gamma import acceptance_counts
 from .sampling import Verdict
 from .stats import StepSummary
 

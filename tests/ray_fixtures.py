@@ -4,7 +4,8 @@
 node and a second node on this machine, both on 127.0.0.1), which also serves the multi-node
 placement test. The fixtures reach every test module through `pytest_plugins` in conftest.py: never
 import `ray_cluster` into a test module (a second definition of a session fixture is a second cluster,
-which shuts this one down under every other module's actors). The Ray tests' shared helpers (prompts, a killed worker, a restarted one's versions) live here too.
+which shuts this one down under every other module's actors). The Ray tests' shared helpers (prompts,
+a killed worker, a restarted one's versions) live here too.
 """
 
 from __future__ import annotations

@@ -7,14 +7,9 @@ import pytest
 import torch
 from gamma_helpers import with_acceptance
 
+from specroll.rollout.acceptance import MEMORY_ROWS, AcceptanceEstimate
 from specroll.rollout.cost_model import CostModel, ForwardTimes
-from specroll.rollout.gamma import (
-    MEMORY_ROWS,
-    STICK_WITHIN,
-    AcceptanceEstimate,
-    AutoGamma,
-    StepShape,
-)
+from specroll.rollout.gamma import STICK_WITHIN, AutoGamma, StepShape
 
 BATCHES = [1, 4, 16, 64]
 QUERIES = [1, 2, 3, 5, 9]

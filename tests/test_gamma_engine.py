@@ -9,8 +9,8 @@ from conftest import make_prompts, noisy_copy, tiny_lm
 from gamma_helpers import with_acceptance
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.acceptance import acceptance_counts
 from specroll.rollout.cost_model import calibrate
-from specroll.rollout.gamma import acceptance_counts
 
 
 def test_calibration_is_cached_per_model_shape(tmp_path):
