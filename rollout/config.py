@@ -148,7 +148,7 @@ class EngineConfig:
     calibration_cache: str | None = None
     cost_model_budget_s: float = 8.0
     # Per-step decay of auto-γ's acceptance counts (memory ~10 steps; steps of fewer than 4 rows decay
-    # less, see `gamma.MEMORY_ROWS`). 0.98 (~50 steps) measured better on the long-running rollout
+    # less, see `acceptance.MEMORY_ROWS`). 0.98 (~50 steps) measured better on the long-running rollout
     # workload (greedy 0.992× vs 0.968× of γ = 4, lockstep) and worse on short sampled batches with a
     # stop token (b = 4: 0.89–0.91× vs 1.01×) — though those cells later proved to be mostly each
     # contender's sampling luck (see the README's benchmark notes); not re-measured since.

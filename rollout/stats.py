@@ -30,7 +30,7 @@ class StepSummary:
     kept_per_position: list[int]  # [γ] rows whose draft i was kept
     drafted_per_position: list[int]  # [γ] rows that proposed a draft i
     by_drafter: dict[str, list[int]]  # kind → [rows it proposed for, drafts proposed, drafts kept]
-    counts: list[list[int]] | None = None  # `gamma.acceptance_counts`, for an adaptive γ policy
+    counts: list[list[int]] | None = None  # `acceptance.acceptance_counts`, for an adaptive γ policy
 
 
 @dataclass(frozen=True)
