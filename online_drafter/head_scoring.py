@@ -10,8 +10,6 @@ policy version v weighed `recency_decay ** (newest − v)` by `scoring.DrafterSc
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -20,9 +18,7 @@ from .head_data import FeatureBatch, FeatureSequence, collate
 from .head_objectives import HeadObjective
 from .holdout import GroupKey
 from .paired import GroupScores
-from .scoring import DrafterScorer
-
-Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (log q, top-k ids, probs) -> [B, L]
+from .scoring import DrafterScorer, Loss
 
 
 class HeadScorer:

@@ -17,7 +17,7 @@ from .draft_batch import BufferedRollout, DraftBatch, collate
 from .holdout import GroupKey
 from .paired import GroupScores
 
-Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (log q, top-k ids, probs) -> [B, T]
+Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (log q, top-k ids, p) -> per position
 
 
 class DrafterScorer:

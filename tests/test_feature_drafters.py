@@ -31,9 +31,11 @@ def plain(target) -> list[list[int]]:
 @pytest.mark.parametrize("kinds", KINDS, ids="+".join)
 @pytest.mark.parametrize("gamma", [3, "auto"])
 def test_greedy_equals_plain_decoding(kinds, gamma, attn):
-    if attn == "eager" and "layer_skip" in kinds:
-        pytest.skip("layer-skip runs on the lean forward only")
     target = tiny_lm("llama", attn, layers=3)
+    if attn == "eager" and "layer_skip" in kinds:  # layer-skip runs on the lean forward (sdpa) only: refused
+        with pytest.raises(ValueError, match="layer_skip' needs the lean forward"):
+            SpecEngine(target, None, EngineConfig(max_batch_size=5, max_seq_len=40, gamma=gamma, drafters=kinds))
+        return
     engine = SpecEngine(target, None, EngineConfig(max_batch_size=5, max_seq_len=40, gamma=gamma, drafters=kinds,
                                                    cost_model_budget_s=0.3))
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == plain(target)
