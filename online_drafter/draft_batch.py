@@ -49,6 +49,23 @@ class DraftBatch:
         )))
 
 
+def length_batches(lengths: list[int], max_rows: int, slack: float = 1.25) -> list[list[int]]:
+    """Indices of `lengths` in batches of similar length for scoring: ascending, at most `max_rows` a batch,
+    and a batch closes before the next entry would pad it past `slack` × its real tokens (a batch is padded
+    to its longest context; on the demo one batch of 64 held-out rollouts padded to its longest cost 2.4×
+    batches of 16, measured)."""
+    batches: list[list[int]] = []
+    rows: list[int] = []
+    tokens = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if rows and (len(rows) == max_rows or (len(rows) + 1) * lengths[i] > slack * (tokens + lengths[i])):
+            batches.append(rows)
+            rows, tokens = [], 0
+        rows.append(i)
+        tokens += lengths[i]
+    return [*batches, rows] if rows else batches
+
+
 def collate(entries: list[BufferedRollout], position_weights: list[torch.Tensor] | None = None) -> DraftBatch:
     """Pad `entries` into one batch; `position_weights[i]` [T_i] defaults to 1 at every position."""
     if not entries:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .divergence import expected_acceptance
+from .draft_batch import length_batches
 from .head_data import FeatureBatch, FeatureSequence, collate
 from .head_objectives import HeadObjective
 from .holdout import GroupKey
@@ -43,9 +44,8 @@ class HeadScorer:
     def score_entries(self, head: nn.Module, entries: list[FeatureSequence]) -> torch.Tensor:
         """Expected acceptance sum and completion-position count of each entry: [N, 2] float64."""
         per_entry = torch.zeros(len(entries), 2, dtype=torch.float64)  # [N, (sum, count)]
-        by_length = torch.tensor(sorted(range(len(entries)), key=lambda i: entries[i].token_ids.shape[0]))
-        for start in range(0, len(entries), self.batch_size):
-            rows = by_length[start : start + self.batch_size]  # [B] entry indices, batched by length
+        for chunk in length_batches([e.token_ids.shape[0] for e in entries], self.batch_size):
+            rows = torch.tensor(chunk)  # [B] entry indices, batched by length
             batch = collate([entries[i] for i in rows.tolist()]).to(self.device)
             log_q = self.objective(head, batch, self.temperature).log_q  # [B, D, L, V]
             acc = torch.stack([expected_acceptance(log_q[:, d], batch.topk_ids, batch.topk_probs)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from .divergence import expected_acceptance
-from .draft_batch import BufferedRollout, DraftBatch, collate
+from .draft_batch import BufferedRollout, DraftBatch, collate, length_batches
 from .holdout import GroupKey
 from .paired import GroupScores
 
@@ -43,11 +43,8 @@ class DrafterScorer:
     def score_entries(self, drafter: torch.nn.Module, entries: list[BufferedRollout]) -> torch.Tensor:
         """Expected acceptance sum and position count of each entry: [N, 2] float64."""
         per_entry = torch.zeros(len(entries), 2, dtype=torch.float64)  # [N, (sum, count)]
-        # Batched by length (a batch is padded to its longest context): on the demo, half of a batch in
-        # arrival order was padding.
-        by_length = torch.tensor(sorted(range(len(entries)), key=lambda i: entries[i].token_ids.shape[0]))
-        for start in range(0, len(entries), self.batch_size):
-            rows = by_length[start : start + self.batch_size]  # [B] entry indices
+        for chunk in length_batches([e.token_ids.shape[0] for e in entries], self.batch_size):
+            rows = torch.tensor(chunk)  # [B] entry indices
             batch = collate([entries[i] for i in rows.tolist()]).to(self.device)
             acc = expected_acceptance(self.log_q(drafter, batch), batch.topk_ids, batch.topk_probs)  # [B, T]
             per_entry[rows, 0] = (acc * batch.weights).sum(1).double().cpu()

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import types
 
 import pytest
 import torch
 from online_fixtures import tiny_llama
 
+import specroll.online_drafter.candidate as candidate_module
+import specroll.online_drafter.learner as learner_module
 from specroll.online_drafter import DraftLearner, LearnerConfig, bucketed_kl, bucketed_tv, expected_acceptance
 from specroll.online_drafter.buffer import to_buffered
 from specroll.online_drafter.candidate import weights_of
+from specroll.online_drafter.draft_batch import length_batches
 from specroll.online_drafter.scoring import DrafterScorer
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
@@ -151,6 +155,55 @@ def test_watchdog_reverts_below_break_even(setup):
     learner.add_rollouts(rollouts)
     report = learner.train_round(break_even=1.01)  # nothing reaches it: the best known is published
     assert "break-even" in report.event
+
+
+def test_watchdog_keeps_a_served_drafter_that_is_still_the_frozen_one(setup):
+    """Nothing reaches break-even and served == frozen: no new version, and the candidate keeps training
+    (a tie used to republish the frozen drafter and restart the candidate, losing what it had learnt)."""
+    _, drafter, rollouts = setup
+    learner = DraftLearner(drafter, small_config(max_steps=5, lr=10.0, ema_decay=0.0, reset_margin=1.0))
+    learner.add_rollouts(rollouts)
+    report = learner.train_round(break_even=1.01)
+    assert "kept it" in report.event and report.version == learner.version == 0
+    frozen = dict(learner.frozen.named_parameters())
+    assert any(not torch.equal(p, frozen[n]) for n, p in learner.candidate.model.named_parameters())
+
+
+def test_a_due_gate_runs_where_it_does_not_fit_the_round(setup, monkeypatch):
+    """Rounds whose budget is below one gate's cost still gate once the candidate has trained that long
+    (virtual clock: a training forward costs 10 ms, a scoring forward 30 ms); the overrun is one gate."""
+    _, drafter, rollouts = setup
+    clock = types.SimpleNamespace(t=0.0)
+    fake_time = types.SimpleNamespace(perf_counter=lambda: clock.t)
+    monkeypatch.setattr(learner_module, "time", fake_time)
+    monkeypatch.setattr(candidate_module, "time", fake_time)
+    learner = DraftLearner(drafter, small_config(max_steps=1000))
+    log_q = learner.scorer.log_q
+
+    def timed_log_q(model, batch):
+        clock.t += 0.01 if torch.is_grad_enabled() else 0.03
+        return log_q(model, batch)
+
+    monkeypatch.setattr(learner.scorer, "log_q", timed_log_q)
+    learner.add_rollouts(rollouts)
+    assert learner.train_round(budget_s=0.5).gated  # learns what a gate costs (one scoring batch here)
+    reports = [learner.train_round(budget_s=0.02) for _ in range(8)]  # below a gate's 1.2 x 30 ms
+    gated = [r for r in reports if r.gated]
+    assert gated and not reports[0].gated, [(r.gated, r.num_steps) for r in reports]
+    assert all(r.round_time_s <= 0.02 + 1e-9 for r in reports if not r.gated)
+    assert all(r.round_time_s <= 0.02 + 0.036 + 1e-9 for r in gated)
+
+
+def test_scoring_batches_are_sorted_bounded_and_pad_little():
+    lengths = [40, 5, 6, 90, 7, 41, 5, 6, 39, 100, 8, 6]
+    batches = length_batches(lengths, max_rows=4, slack=1.25)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat) and all(len(b) <= 4 for b in batches)
+    for b in batches:
+        padded, real = len(b) * max(lengths[i] for i in b), sum(lengths[i] for i in b)
+        assert padded <= 1.25 * real
+    assert length_batches([], 4) == []
 
 
 def test_probe_scores_served_and_frozen_paired_without_buffering(setup):
