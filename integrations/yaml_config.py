@@ -28,6 +28,12 @@ class ConfigError(ValueError):
 
 def load_config(path: str | Path, cls: type[T]) -> T:
     """Read a YAML file into the dataclass `cls` (an empty file gives the defaults); see the module doc."""
+    return from_dict(cls, read_yaml(path))
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The file's YAML ({} when empty); an unreadable file or bad YAML is a `ConfigError` naming `path`.
+    Imports nothing heavy: a job checks its file with it before loading torch."""
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
@@ -35,7 +41,7 @@ def load_config(path: str | Path, cls: type[T]) -> T:
         raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from err
-    return from_dict(cls, {} if data is None else data)
+    return {} if data is None else data
 
 
 def from_dict(cls: type[T], data: Any, where: str = "") -> T:

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specroll.integrations.yaml_config import read_yaml
+
+    read_yaml(args.config)  # a missing file or bad YAML fails now, not after seconds of imports
     import torch
     import yaml
 
