@@ -46,18 +46,18 @@ class Candidate:
         self.step_s = 0.0  # the mean optimizer step of the last round that took one
 
     def train(self, draw: Callable[[int], list[Any]], loss: Callable[[nn.Module, Any], torch.Tensor],
-              deadline: float | None) -> TrainResult:
-        """Optimizer steps until `config.max_steps` or before one would end past `deadline`
-        (`time.perf_counter()` seconds); `draw(n)` returns n batches, `loss(model, batch)` a scalar."""
+              deadline: float | None, clock: Callable[[], float] = time.perf_counter) -> TrainResult:
+        """Optimizer steps until `config.max_steps` or before one would end past `deadline` (`clock()`
+        seconds); `draw(n)` returns n batches, `loss(model, batch)` a scalar."""
         cfg, result = self.config, TrainResult()
-        started = time.perf_counter()
+        started = clock()
         batches: list[Any] = []
         self.model.train()
         for step in range(cfg.max_steps):
             # Judged by the mean step so far, or before this round's first by the last round's (a round
             # with too little budget for one step takes none).
-            per_step = (time.perf_counter() - started) / step if step else self.step_s
-            if deadline is not None and time.perf_counter() + per_step >= deadline:
+            per_step = (clock() - started) / step if step else self.step_s
+            if deadline is not None and clock() + per_step >= deadline:
                 break
             if not batches:
                 batches = draw(BATCHES_PER_DRAW)
@@ -72,7 +72,7 @@ class Candidate:
             result.losses.append(float(value.detach()))
             result.num_positions += int((batch.weights > 0).sum())
         self.model.eval()
-        result.seconds = time.perf_counter() - started
+        result.seconds = clock() - started
         if result.losses:
             self.step_s = smoothed(self.step_s, result.seconds / len(result.losses))
         return result

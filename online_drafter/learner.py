@@ -85,6 +85,9 @@ class DraftLearner:
         self.scorer = scorer if scorer is not None else DrafterScorer(
             config.temperature, config.eval_batch_size, config.holdout_recency_decay, self.device)
         self.to_entry = to_entry
+        # Every budget decision reads this clock (seconds); a replay (`benchmarks.learner_replay`) sets a
+        # virtual one that charges each forward a fixed cost.
+        self.clock: Callable[[], float] = time.perf_counter
         self.version = 0
         self.newest_policy_version = -1
         self._published_weights = weights_of(self.published)
@@ -119,7 +122,7 @@ class DraftLearner:
         """
         if not self.holdout:
             raise ValueError("no held-out rollouts yet: add_rollouts(...) before train_round()")
-        started = time.perf_counter()
+        started = self.clock()
         budgets = [b for b in (budget_s, self.config.time_budget_s) if b is not None]
         budget = min(budgets) if budgets else None
         # A gate scores the candidate on every held-out entry and the published and frozen drafters on
@@ -145,14 +148,14 @@ class DraftLearner:
         if not gate:
             nan = math.nan
             return LearnerReport(False, self.version, nan, nan, nan, nan, nan, eval_time_s=0.0,
-                                 round_time_s=time.perf_counter() - started,
+                                 round_time_s=self.clock() - started,
                                  num_holdout_positions=sum(e.num_positions for e in self.holdout.entries),
                                  num_holdout_groups=len(set(self.holdout.keys)), **report)
-        scored = time.perf_counter()
+        scored = self.clock()
         published, frozen = self._cached("published"), self._cached("frozen")
         candidate_entries = self.scorer.score_entries(self.candidate.averaged, self.holdout.entries)
         self._scoring_s_per_entry = smoothed(self._scoring_s_per_entry,
-                                             (time.perf_counter() - scored) / (len(self.holdout) + unscored))
+                                             (self.clock() - scored) / (len(self.holdout) + unscored))
         self._trained_since_gate_s, self._candidate_changed = 0.0, False
         candidate = self._group(candidate_entries)
         gain = paired_gain(candidate, published)
@@ -169,8 +172,8 @@ class DraftLearner:
             event = self._revert(reason, {"served": served, "frozen": frozen, "candidate": candidate},
                                  candidate_entries)
         return LearnerReport(publish or reason is not None, self.version, published.mean, candidate.mean,
-                             frozen.mean, gain.mean, gain.se, eval_time_s=time.perf_counter() - scored,
-                             round_time_s=time.perf_counter() - started,
+                             frozen.mean, gain.mean, gain.se, eval_time_s=self.clock() - scored,
+                             round_time_s=self.clock() - started,
                              num_holdout_positions=published.num_positions,
                              num_holdout_groups=int(published.counts.shape[0]), event=event, **report)
 
@@ -181,7 +184,7 @@ class DraftLearner:
         The rollouts should be fresh samples of a fixed set of prompts at the current policy version,
         generated with `record_signals=True`, and never given to `add_rollouts`.
         """
-        started = time.perf_counter()
+        started = self.clock()
         entries = [e for e in map(self.to_entry, rollouts) if e is not None]
         keys = [_key(e) for e in entries]
         served = self.scorer.group(self.scorer.score_entries(self.published, entries), keys)
@@ -193,7 +196,7 @@ class DraftLearner:
             event = self._revert(reason, {"served": served, "frozen": frozen})
         return ProbeReport(served.mean, frozen.mean, gain.mean, gain.se, served.se, frozen.se, served.num_positions,
                            int(served.counts.shape[0]), max(e.policy_version for e in entries), version, event,
-                           time.perf_counter() - started)
+                           self.clock() - started)
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters of the published version, for `engine.update_drafter(sd, learner.version)`.
@@ -277,7 +280,7 @@ class DraftLearner:
         loss_fn = LOSSES[self.config.loss]
         return self.candidate.train(
             lambda n: self.buffer.sample_batches(n, self.config.batch_size, self._generator),
-            lambda model, batch: self.scorer.loss(model, batch, loss_fn), deadline)
+            lambda model, batch: self.scorer.loss(model, batch, loss_fn), deadline, self.clock)
 
     def _oldest_weighed_version(self) -> int | None:
         """The oldest policy version whose held-out groups still weigh `holdout_min_weight` or more."""

@@ -43,7 +43,9 @@ class LearnerConfig:
     published drafter (beyond the interval) restarts from it. `temperature` must be the rollouts'
     sampling temperature (1.0 for greedy rollouts, whose signals are the T = 1 distribution): q is the
     drafter's softmax at that temperature, as the engine does. `buffer`: the replay store's bounds and
-    weights (YAML `learner.buffer:`).
+    weights (YAML `learner.buffer:`). `record_dir`: a folder to save every input the learner gets
+    (`recording.RecordingLearner`; a drafter LM's learner only), for `python -m
+    specroll.benchmarks.learner_replay`.
     """
 
     lr: float = 1e-4
@@ -68,6 +70,7 @@ class LearnerConfig:
     device: str = "cpu"
     seed: int = 0
     buffer: BufferConfig = field(default_factory=BufferConfig)
+    record_dir: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.buffer, dict):  # from `asdict` (a checkpoint) or a plain mapping

@@ -10,8 +10,6 @@ import pytest
 import torch
 from online_fixtures import tiny_llama
 
-import specroll.online_drafter.candidate as candidate_module
-import specroll.online_drafter.learner as learner_module
 from specroll.online_drafter import DraftLearner, LearnerConfig, bucketed_kl, bucketed_tv, expected_acceptance
 from specroll.online_drafter.buffer import to_buffered
 from specroll.online_drafter.candidate import weights_of
@@ -174,10 +172,8 @@ def test_a_due_gate_runs_where_it_does_not_fit_the_round(setup, monkeypatch):
     (virtual clock: a training forward costs 10 ms, a scoring forward 30 ms); the overrun is one gate."""
     _, drafter, rollouts = setup
     clock = types.SimpleNamespace(t=0.0)
-    fake_time = types.SimpleNamespace(perf_counter=lambda: clock.t)
-    monkeypatch.setattr(learner_module, "time", fake_time)
-    monkeypatch.setattr(candidate_module, "time", fake_time)
     learner = DraftLearner(drafter, small_config(max_steps=1000))
+    learner.clock = lambda: clock.t
     log_q = learner.scorer.log_q
 
     def timed_log_q(model, batch):

@@ -1,0 +1,165 @@
+"""Replay a recorded run's online learner under other settings: how the demo's learner settings are chosen.
+
+    specroll train --config configs/demo.yaml        # with learner.record_dir: rec/ in the YAML
+    python -m specroll.benchmarks.learner_replay rec/ --seeds 0,1,2,3 --set lr=2e-3 --set buffer.recency_decay=0.5
+
+A recording (`online_drafter.recording`) holds every input the learner got: each step's rollouts with
+their signals, each round's budget and break-even, each probe's rollouts. With `engine.sampler:
+invariant` every run of a config produces the same rollouts whatever its learner does, so a replay
+shows what other learner settings would have served on the very same run. What differs between real
+runs of one config is timing (which batches a round gets through), so the replay runs several learner
+seeds and reports the spread: a setting is better only if it wins across seeds.
+
+Time is virtual, so a replay is deterministic and machine load does not bias it: each drafter forward
+costs `fixed + per_token × padded tokens` milliseconds (`--train-cost` with its backward, `--eval-cost`
+without; defaults measured for the demo drafter on one thread of the 2-core machine), scaled by
+`--slow` (in the main job the learner shares the cores with the trainer: `--slow 1.5` gives about its
+step count). Each round gets its recorded budget plus the time the replay's earlier rounds took less than
+the run's (or minus what they took more), as the run's cumulative schedule would have given it.
+
+Prints, per seed, every probe's served − frozen gain (paired s.e.) and the learner's totals; then the
+final probe's gain across seeds. Drafter LMs only (`DraftLearner`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import yaml
+
+from specroll.integrations.yaml_config import from_dict
+from specroll.online_drafter import DraftLearner, LearnerConfig
+from specroll.online_drafter.recording import recorded_calls
+from specroll.online_drafter.reports import ProbeReport
+
+TRAIN_COST_MS = (6.8, 0.106)  # per optimizer step's forward + backward: fixed, per padded token
+EVAL_COST_MS = (2.0, 0.034)  # per scoring forward
+
+
+@dataclass
+class Replay:
+    """One seed's replay: every probe, and the learner's totals."""
+
+    seed: int
+    probes: list[ProbeReport] = field(default_factory=list)
+    num_steps: int = 0
+    num_gates: int = 0
+    num_published: int = 0
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    round_s: float = 0.0
+    events: list[str] = field(default_factory=list)
+
+
+def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
+           train_cost_ms: tuple[float, float] = TRAIN_COST_MS, eval_cost_ms: tuple[float, float] = EVAL_COST_MS,
+           slow: float = 1.0) -> Replay:
+    """Rerun the recorded learner inputs in `folder` with `overrides` of its `LearnerConfig` (dotted keys
+    for the buffer: `buffer.recency_decay`) and learner `seed`, on a virtual clock."""
+    init, calls = recorded_calls(folder)
+    config = apply_overrides(init["config"], {**(overrides or {}), "seed": seed, "record_dir": None})
+    learner = DraftLearner(copy.deepcopy(init["drafter"]), config)
+    clock = [0.0]
+    learner.clock = lambda: clock[0]
+    log_q = learner.scorer.log_q
+
+    def timed_log_q(model, batch):
+        fixed, per_token = train_cost_ms if torch.is_grad_enabled() else eval_cost_ms
+        clock[0] += slow * (fixed + per_token * batch.input_ids.numel()) / 1000
+        return log_q(model, batch)
+
+    learner.scorer.log_q = timed_log_q
+    result, behind_s = Replay(seed), 0.0  # how much less time the replay's rounds took than the run's
+    for call in calls:
+        kind, payload = call["kind"], call["payload"]
+        if kind == "add":
+            learner.add_rollouts(payload)
+        elif kind == "probe":
+            result.probes.append(learner.probe(payload))
+            if result.probes[-1].event:
+                result.events.append(result.probes[-1].event)
+        elif kind == "round":
+            budget = payload["budget_s"]
+            if budget is not None:
+                budget = max(0.0, budget + behind_s)
+            report = learner.train_round(budget_s=budget, break_even=payload["break_even"])
+            behind_s += payload["round_time_s"] - report.round_time_s
+            result.num_steps += report.num_steps
+            result.num_gates += bool(report.gated)
+            result.num_published += bool(report.published)
+            result.train_s += report.train_time_s
+            result.eval_s += report.eval_time_s
+            result.round_s += report.round_time_s
+            if report.event:
+                result.events.append(report.event)
+        else:
+            raise ValueError(f"{folder}: unknown recorded call {kind!r}")
+    return result
+
+
+def apply_overrides(config: dict[str, Any], overrides: dict[str, Any]) -> LearnerConfig:
+    """`LearnerConfig` from a recorded config dict with `overrides` (`buffer.x` keys reach the buffer);
+    an unknown key is a `ValueError` naming the known ones."""
+    merged = {**config, "buffer": dict(config.get("buffer") or {})}
+    for key, value in overrides.items():
+        section, _, name = key.rpartition(".")
+        target = merged["buffer"] if section == "buffer" else merged if not section else None
+        if target is None or name not in target:
+            known = sorted(k for k in merged if k != "buffer") + [f"buffer.{k}" for k in sorted(merged["buffer"])]
+            raise ValueError(f"--set {key}: not a learner setting; allowed: {', '.join(known)}")
+        target[name] = value
+    return from_dict(LearnerConfig, merged, "learner")  # typed as YAML is: "1e-9" is a number
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} is invalid: write key=value, e.g. --set lr=2e-3")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
+def summary_lines(replays: list[Replay]) -> list[str]:
+    lines = []
+    for r in replays:
+        probes = " ".join(f"v{p.policy_version}:{100 * p.gain:+.1f}±{100 * p.gain_se:.1f}" for p in r.probes)
+        lines.append(f"seed {r.seed}: probes {probes} | steps {r.num_steps}, gates {r.num_gates}, published "
+                     f"{r.num_published}, train {r.train_s:.1f} s + scoring {r.eval_s:.1f} s = {r.round_s:.1f} s, "
+                     f"events {len(r.events)}")
+    finals = [100 * r.probes[-1].gain for r in replays if r.probes]
+    if finals:
+        spread = statistics.stdev(finals) if len(finals) > 1 else math.nan
+        lines.append(f"final probe, served − frozen: mean {statistics.mean(finals):+.2f} points, s.d. {spread:.2f} "
+                     f"over {len(finals)} seeds ({', '.join(f'{g:+.1f}' for g in finals)})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", help="a learner recording (learner.record_dir of a run)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a LearnerConfig override (buffer.x for the buffer); repeatable")
+    parser.add_argument("--seeds", default="0,1,2,3", help="learner seeds, comma-separated")
+    parser.add_argument("--train-cost", default=",".join(map(str, TRAIN_COST_MS)), help="ms fixed,per token")
+    parser.add_argument("--eval-cost", default=",".join(map(str, EVAL_COST_MS)), help="ms fixed,per token")
+    parser.add_argument("--slow", type=float, default=1.0, help="scale every cost (1.5: the main job's steps)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    overrides = parse_set(args.set)
+    costs = [tuple(float(x) for x in c.split(",")) for c in (args.train_cost, args.eval_cost)]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    replays = [replay(args.folder, s, overrides, costs[0], costs[1], args.slow) for s in seeds]
+    print("\n".join(summary_lines(replays)))
+
+
+if __name__ == "__main__":
+    main()
