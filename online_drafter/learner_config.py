@@ -30,21 +30,19 @@ class LearnerConfig:
     """Per-round budget (`max_steps`, optional `time_budget_s` for the whole round, evaluation
     included; a caller may pass a smaller budget per round), AdamW settings, the held-out set and the gate.
 
-    `warmup_steps`: linear lr warmup of a fresh (or reset) candidate's optimizer. `ema_decay`: the
-    candidate that is gated and published is this exponential average of the trained weights. `lr` 1e-4: the safe
-    default (the demo's main job, replayed with 8 learner seeds: 1e-4 to 5e-4 end 8.2–9.2 points above
-    the frozen drafter, 1e-3 5.1, 1.5e-3 3.5: docs/online_learning.md; the demo trains at 2e-4). A held-out group of policy version v weighs
+    `warmup_steps`: linear lr warmup of a fresh (or reset) candidate's optimizer. `ema_decay`: the candidate that is
+    gated and published is this exponential average of the trained weights. `lr` 1e-4: the safe default (the demo's
+    main job, replayed with 8 learner seeds: 1e-4 to 5e-4 end 8.2–9.2 points above the frozen drafter, 1e-3 5.1,
+    1.5e-3 3.5: docs/online_learning.md; the demo trains at 2e-4). A held-out group of policy version v weighs
     `holdout_recency_decay ** (newest − v)` in every comparison; groups that would weigh less than
-    `holdout_min_weight` leave the held-out set for training (0: keep them, up to
-    `max_holdout_positions`). `gate_z`: standard errors a candidate's paired gain must clear to be
-    published, and the served drafter's loss to the frozen one must exceed, by `watchdog_margin` more,
-    for the watchdog to revert (1.64: one-sided 5%); a candidate more than `reset_margin` below the
-    published drafter (beyond the interval) restarts from it. `temperature` must be the rollouts'
-    sampling temperature (1.0 for greedy rollouts, whose signals are the T = 1 distribution): q is the
-    drafter's softmax at that temperature, as the engine does. `buffer`: the replay store's bounds and
-    weights (YAML `learner.buffer:`). `record_dir`: a folder to save every input the learner gets
-    (`recording.RecordingLearner`; a drafter LM's learner only), for `python -m
-    specroll.benchmarks.learner_replay`.
+    `holdout_min_weight` leave the held-out set for training (0: keep them, up to `max_holdout_positions`).
+    `gate_z`: standard errors a candidate's paired gain must clear to be published, and the served drafter's loss to
+    the frozen one must exceed, by `watchdog_margin` more, for the watchdog to revert (1.64: one-sided 5%); a
+    candidate more than `reset_margin` below the published drafter (beyond the interval) restarts from it.
+    `temperature` must be the rollouts' sampling temperature (1.0 for greedy rollouts, whose signals are the T = 1
+    distribution): q is the drafter's softmax at that temperature, as the engine does. `buffer`: the replay store's
+    bounds and weights (YAML `learner.buffer:`). `record_dir`: a folder to save every input the learner gets
+    (`recording.RecordingLearner`; a drafter LM's learner only), for `python -m specroll.benchmarks.learner_replay`.
     """
 
     lr: float = 1e-4
