@@ -52,10 +52,6 @@ class RecordingLearner:
     def version(self) -> int:
         return self.learner.version
 
-    @property
-    def config(self):
-        return self.learner.config
-
     def add_rollouts(self, rollouts: list[Rollout]) -> None:
         self._record("add", list(rollouts))
         self.learner.add_rollouts(rollouts)
