@@ -82,10 +82,16 @@ def make_config(paths: dict[str, str], num_workers: int = 2, strategy: str | Non
     )
 
 
+def shared_config(paths: dict[str, str]) -> ControllerConfig:
+    """The shared controller's config: its two workers on the two nodes (the multi-node placement test
+    reads it, so no test starts a second pair of workers for that)."""
+    return make_config(paths, strategy="STRICT_SPREAD")
+
+
 @pytest.fixture(scope="session")
 def controller(ray_cluster, tiny_model_paths):
     """One shared 2-worker controller (worker start-up costs seconds); tests may move its versions."""
-    ctl = RolloutController(make_config(tiny_model_paths))
+    ctl = RolloutController(shared_config(tiny_model_paths))
     yield ctl
     ctl.shutdown()
 

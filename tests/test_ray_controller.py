@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
-from ray_fixtures import GREEDY, generate_killing_a_worker, make_config, prompts_for, tiny_llama, versions_once_alive
+from ray_fixtures import GREEDY, generate_killing_a_worker, prompts_for, tiny_llama, versions_once_alive
 
 from specroll.integrations.backend import RolloutError
-from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.integrations.ray_backend.dispatch import split_groups
 from specroll.rollout import EngineConfig
 
@@ -53,17 +52,18 @@ def test_worker_killed_mid_batch_loses_and_duplicates_nothing(controller):
     assert versions_once_alive(victim)["policy"] == 7  # the restarted worker reloaded the current policy
 
 
-def test_strict_spread_places_workers_on_two_nodes(ray_cluster, tiny_model_paths):
-    config = make_config(tiny_model_paths, strategy="STRICT_SPREAD")
-    ctl = RolloutController(config)
-    try:
-        nodes = {ray.get(w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
-                 for w in ctl.workers}
-        assert len(nodes) == 2
-        rollouts = ctl.generate(prompts_for(4), GREEDY, n=2)
-        assert len(rollouts) == 8
-    finally:
-        ctl.shutdown()
+def test_strict_spread_places_workers_on_two_nodes(controller):
+    assert controller.config.topology.placement_strategy == "STRICT_SPREAD"
+    nodes = {ray.get(w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
+             for w in controller.workers}
+    assert len(nodes) == 2
+    rollouts = controller.generate(prompts_for(4), GREEDY, n=2)
+    assert len(rollouts) == 8
+
+
+def test_the_weight_board_never_imports_torch(controller):
+    """The board only holds payloads: its process must stay light (it starts with every controller)."""
+    assert not ray.get(controller.board.__ray_call__.remote(lambda _: "torch" in __import__("sys").modules))
 
 
 def test_policy_sync_changes_what_workers_generate(controller):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from ray_fixtures import make_config, tiny_llama
+from ray_fixtures import shared_config, tiny_llama
 from transformers import AutoModelForCausalLM
 
 from specroll.integrations.model_source import load_drafter, tokenizer_pair
@@ -21,7 +21,7 @@ from specroll.rollout import SamplingParams, SpecEngine
 
 
 def two_workers(request, config) -> RolloutController:
-    if config == make_config(request.getfixturevalue("tiny_model_paths")):
+    if config == shared_config(request.getfixturevalue("tiny_model_paths")):
         shared = request.getfixturevalue("controller")
         shared.sync_policy(tiny_llama(32, 2, seed=0).state_dict(), shared.policy_version + 1)  # the saved pair
         shared.sync_drafter(tiny_llama(16, 1, seed=1).state_dict(), shared.drafter_version + 1)
@@ -35,7 +35,7 @@ def two_workers(request, config) -> RolloutController:
 def test_one_and_two_workers_give_the_same_rollouts(request, ray_cluster, tiny_model_paths, sampler):
     prompts = [[3 + i, 7, (5 * i) % 64, 11] for i in range(6)]
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=1234)
-    config = make_config(tiny_model_paths, num_workers=2)
+    config = shared_config(tiny_model_paths)
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, sampler=sampler))
     target = AutoModelForCausalLM.from_pretrained(config.models.target, dtype=config.engine.dtype)
     one_worker = SpecEngine(target, load_drafter(config.models, config.engine, target), config.engine,

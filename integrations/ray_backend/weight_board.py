@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ray
 
-from .weight_sync import WeightPayload
+from .payload import WeightPayload
 
 
 @ray.remote(num_cpus=0)
@@ -29,6 +29,7 @@ class WeightBoard:
         return dict(self._latest)
 
     def ping(self, payload: WeightPayload) -> None:
-        """Receive (and drop) a payload: the first one costs this process seconds of one-time setup
-        (measured ~4-5 s here), which the controller pays at startup instead of in the first sync."""
+        """Receive (and drop) a payload: the controller sends one at startup, so the first sync does not
+        wait for this process's one-time setup. It imports only Ray and `payload` (standard library),
+        never torch: keep it that way, or every controller start pays seconds more CPU here."""
         return None

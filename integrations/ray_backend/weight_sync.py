@@ -29,13 +29,13 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import ray
 import torch
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
+from .payload import TensorMeta, WeightPayload
 from .settings import SyncConfig
 
 RESTART_PROBE_INTERVAL_S = 0.2  # how often a worker Ray is restarting is asked again whether it is up
@@ -43,29 +43,6 @@ RESTART_PROBE_INTERVAL_S = 0.2  # how often a worker Ray is restarting is asked 
 
 class WeightSyncError(RuntimeError):
     """A sync failed or timed out; receivers kept their previous weights and version."""
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    """Where one named tensor lives: bucket index, byte offset and size, original shape and dtype."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    bucket: int
-    offset: int
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class WeightPayload:
-    """What every receiver gets: the layout, the version, and transport-specific `route` data
-    (the bucket ObjectRefs for the object store; the group address and ranks for a broadcast)."""
-
-    version: int
-    metas: tuple[TensorMeta, ...]
-    bucket_sizes: tuple[int, ...]
-    route: Any = None
 
 
 class WeightTransport(Protocol):

@@ -1,0 +1,33 @@
+"""What a weight sync sends to every receiver besides the bytes: the layout and the version.
+
+Standard library only, so that an actor which only holds payloads (the `WeightBoard`) unpickles them
+without importing torch or transformers: its process starts in about a second instead of four to five.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Where one named tensor lives: bucket index, byte offset and size, original shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    bucket: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class WeightPayload:
+    """What every receiver gets: the layout, the version, and transport-specific `route` data
+    (the bucket ObjectRefs for the object store; the group address and ranks for a broadcast)."""
+
+    version: int
+    metas: tuple[TensorMeta, ...]
+    bucket_sizes: tuple[int, ...]
+    route: Any = None
