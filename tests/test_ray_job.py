@@ -36,11 +36,16 @@ ENV = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 USER_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "RAY_AUTH_MODE": "token"}
 
 
+JOINING_DRIVER = ("import ray; ray.init(); "
+                  "print('JOINED', ray.get_runtime_context().gcs_address, ray.get(ray.remote(lambda: 6 * 7).remote()))")
+
+
 @dataclass
 class RayHead:
     gcs_address: str
     dashboard_url: str
     pid: int
+    first_job_log: str = ""  # the job that showed every agent up: a driver joining with the token
 
 
 def free_port() -> int:
@@ -84,8 +89,8 @@ def ray_head():
         dashboard_url = f"http://127.0.0.1:{dashboard_port}"
         wait_for_dashboard(dashboard_url)
         ready = RayHead(f"127.0.0.1:{gcs_port}", dashboard_url, head.pid)
-        submit(ready, [sys.executable, "-c", "pass"], {}, timeout_s=120)  # every agent is up once a job runs
-        yield ready
+        ready.first_job_log = submit(ready, [sys.executable, "-c", JOINING_DRIVER], {}, timeout_s=120)  # every
+        yield ready  # agent is up once a job has run
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
@@ -128,10 +133,7 @@ def test_secure_head_refuses_a_client_without_the_token(ray_head):
 
 
 def test_ray_job_submit_with_token_auth_joins_the_cluster(ray_head):
-    driver = ("import os, ray; ray.init(); "
-              "print('JOINED', ray.get_runtime_context().gcs_address, ray.get(ray.remote(lambda: 6 * 7).remote()))")
-    log = submit(ray_head, [sys.executable, "-c", driver], {}, timeout_s=120)
-    assert f"JOINED {ray_head.gcs_address} 42" in log
+    assert f"JOINED {ray_head.gcs_address} 42" in ray_head.first_job_log
 
 
 @pytest.mark.slow
