@@ -8,6 +8,7 @@ fixed prompts) as the TRL hook does, through `LearnerSchedule`, then syncs a mov
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -93,7 +94,7 @@ def test_ray_learner_actor_trains_the_eagle_head_and_gets_the_policy(ray_cluster
         engine=ENGINE,
         topology=TopologyConfig(num_workers=1, worker=ActorResources(num_cpus=1), learner=ActorResources(num_cpus=1)),
         sync=SyncConfig(timeout_s=30.0),
-        learner=LEARNER,
+        learner=dataclasses.replace(LEARNER, max_steps=20),  # what the actor does, not how far it learns
     )
     controller = RolloutController(config)
     try:
