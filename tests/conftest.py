@@ -16,6 +16,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import copy
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,36 @@ from tiny_models import VOCAB, build_lm
 from transformers import PreTrainedModel
 
 pytest_plugins = ["ray_fixtures"]  # one session Ray cluster shared by every Ray test module
+
+
+# Test modules with a test on the session Ray cluster (`ray_fixtures.ray_cluster`). Under xdist they form
+# one work unit, so one worker starts that cluster and its shared controller (seconds of CPU each on 2
+# cores) instead of every worker; every other module is a unit of its own (`--dist loadfile`).
+SESSION_RAY_MODULES = frozenset({
+    "test_backend_metrics", "test_head_online", "test_online_schedule", "test_ray_controller", "test_ray_metrics",
+    "test_ray_seeded", "test_ray_shared_service", "test_ray_sync_restart", "test_ray_weight_sync",
+    "test_trl_multirank", "test_trl_ray",
+})
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneRayCluster(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "the session Ray cluster" if Path(module).stem in SESSION_RAY_MODULES else module
+
+    return OneRayCluster(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    strays = sorted({Path(item.path).stem for item in items if "ray_cluster" in item.fixturenames}
+                    - SESSION_RAY_MODULES)
+    if strays:
+        raise pytest.UsageError(f"{strays} use the session Ray cluster: add them to conftest.SESSION_RAY_MODULES")
 
 
 # Tiny models: one intra-op thread is faster than two, and keeps a shared CPU from oversubscribing.
