@@ -91,10 +91,17 @@ def make_prompts(count: int, min_len: int, max_len: int, vocab: int = VOCAB, see
 
 @pytest.fixture(scope="session")
 def tiny_demo_cache(tmp_path_factory):
-    """A cache folder (`SPECROLL_CACHE`) holding the tiny demo recipe's models, built once per test run."""
+    """A cache folder (`SPECROLL_CACHE`) holding the tiny demo recipe's models, built once per test run:
+    xdist workers share it (the first builds it under a lock, the others load it)."""
+    from filelock import FileLock
+
     from specroll.demo.model_cache import load_or_build_demo_models
     from specroll.demo.recipe import DemoRecipe
 
-    cache = tmp_path_factory.mktemp("demo_cache")
-    load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=cache, progress=False)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's base folder, above every worker's own
+    cache = root / "tiny_demo_cache"
+    with FileLock(str(cache) + ".lock"):
+        load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=cache, progress=False)
     return cache
