@@ -1,9 +1,8 @@
-"""Shared fixtures: tiny causal LMs (`tiny_models.build_lm`, no downloads), cheap enough to build per test.
-
-`tiny_lm` builds a Llama / Qwen2 / Qwen3 model with *peaked* logits (a scaled-up `lm_head`) so that
-greedy decoding has no near-ties: a fp32 batched forward and a row-alone forward differ by ~1e-6,
-far below the gap between the best and second-best logit. Models are cached per session by their
-arguments; the engine never changes weights, so sharing them between tests is safe.
+"""Hooks and the few fixtures every module may use: the xdist work units (the session-Ray-cluster
+modules as one), one torch thread per test process, the tiny demo models built once per run, and
+`llama` (`tiny_models.tiny_lm`). Every pytest process loads this file — the xdist controller too, which
+only schedules — so it imports neither torch nor Ray at the top; test modules import their helpers from
+`tiny_models` and `ray_helpers`, never from here.
 """
 
 from __future__ import annotations
@@ -14,14 +13,9 @@ import os
 # single-node mode — tests stay on loopback. Ray 2.60's token auth stays on, as in the product.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-import copy
-import functools
 from pathlib import Path
 
 import pytest
-import torch
-from tiny_models import VOCAB, build_lm
-from transformers import PreTrainedModel
 
 pytest_plugins = ["ray_fixtures"]  # one session Ray cluster shared by every Ray test module
 
@@ -56,37 +50,20 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"{strays} use the session Ray cluster: add them to conftest.SESSION_RAY_MODULES")
 
 
-# Tiny models: one intra-op thread is faster than two, and keeps a shared CPU from oversubscribing.
-torch.set_num_threads(1)
+def pytest_configure(config):
+    """Tiny models: one intra-op thread is faster than two, and keeps a shared CPU from oversubscribing.
+    Only where tests run: the xdist controller only schedules, and never imports torch."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", None):
+        import torch
 
-
-@functools.cache
-def tiny_lm(arch: str = "llama", attn: str = "sdpa", **kwargs) -> PreTrainedModel:
-    """Session-cached `build_lm`; do not mutate the returned model."""
-    return build_lm(arch, attn, **kwargs)
-
-
-@functools.cache
-def noisy_copy(arch: str = "llama", attn: str = "sdpa", noise: float = 0.03, seed: int = 1) -> PreTrainedModel:
-    """The target with Gaussian noise (`noise` × the weights' std) on `lm_head`: a partly agreeing drafter."""
-    model = copy.deepcopy(tiny_lm(arch, attn))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        w = model.lm_head.weight
-        w.add_(noise * w.std() * torch.randn(w.shape, generator=gen))
-    return model
+        torch.set_num_threads(1)
 
 
 @pytest.fixture
-def llama() -> PreTrainedModel:
+def llama():
+    from tiny_models import tiny_lm
+
     return tiny_lm("llama", "sdpa")
-
-
-def make_prompts(count: int, min_len: int, max_len: int, vocab: int = VOCAB, seed: int = 0) -> list[list[int]]:
-    """`count` random prompts with lengths cycling through [min_len, max_len]."""
-    gen = torch.Generator().manual_seed(seed)
-    lengths = [min_len + i % (max_len - min_len + 1) for i in range(count)]
-    return [torch.randint(vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
 @pytest.fixture(scope="session")

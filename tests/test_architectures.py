@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_lm
+from tiny_models import tiny_lm
 
 from specroll.benchmarks.arch_sweep import check_exact, tiny_model
 from specroll.rollout import EngineConfig, SpecEngine

@@ -19,7 +19,7 @@ from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 @pytest.fixture(scope="module")
 def tiny(tiny_demo_cache):
-    """The session's tiny build (conftest), loaded from its cache."""
+    """The session's tiny build (conftest.tiny_demo_cache), loaded from its cache."""
     return load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tiny_demo_cache, progress=False), tiny_demo_cache
 
 

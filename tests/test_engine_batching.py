@@ -11,7 +11,7 @@ import functools
 
 import pytest
 import torch
-from conftest import build_lm, make_prompts, noisy_copy, tiny_lm
+from tiny_models import build_lm, make_prompts, noisy_copy, tiny_lm
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine

@@ -26,8 +26,8 @@ import functools
 
 import pytest
 import torch
-from conftest import build_lm, make_prompts
 from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
+from tiny_models import build_lm, make_prompts
 
 import specroll.rollout.sampling as sampling_module
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_prompts, noisy_copy, tiny_lm
+from tiny_models import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from conftest import VOCAB, build_lm, tiny_lm
+from tiny_models import VOCAB, build_lm, tiny_lm
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_prompts, noisy_copy, tiny_lm
+from tiny_models import make_prompts, noisy_copy, tiny_lm
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine

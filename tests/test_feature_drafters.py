@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_prompts, tiny_lm
+from tiny_models import make_prompts, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.heads import EagleHead, MedusaHeads

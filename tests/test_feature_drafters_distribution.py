@@ -13,8 +13,8 @@ from __future__ import annotations
 import functools
 
 import pytest
-from conftest import build_lm, make_prompts
 from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
+from tiny_models import build_lm, make_prompts
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig

@@ -5,8 +5,8 @@ lengths)."""
 from __future__ import annotations
 
 import torch
-from conftest import make_prompts, noisy_copy, tiny_lm
 from gamma_helpers import with_acceptance
+from tiny_models import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.acceptance import acceptance_counts

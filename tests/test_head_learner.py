@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_prompts, tiny_lm
+from tiny_models import make_prompts, tiny_lm
 
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.head_data import collate, from_rollout, from_target

@@ -14,7 +14,7 @@ import math
 import pytest
 import ray
 import torch
-from conftest import make_prompts, tiny_lm
+from tiny_models import make_prompts, tiny_lm
 from transformers import AutoModelForCausalLM
 
 from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet

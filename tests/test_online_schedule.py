@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("trl")
 from datasets import Dataset
-from ray_fixtures import make_config
+from ray_helpers import make_config
 from trl import GRPOTrainer
 from trl_tiny import grpo_args, length_reward
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
-from ray_fixtures import GREEDY, generate_killing_a_worker, prompts_for, tiny_llama, versions_once_alive
+from ray_helpers import GREEDY, generate_killing_a_worker, prompts_for, tiny_llama, versions_once_alive
 
 from specroll.integrations.backend import RolloutError
 from specroll.integrations.ray_backend.dispatch import split_groups

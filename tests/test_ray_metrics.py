@@ -6,7 +6,7 @@ import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
-from ray_fixtures import GREEDY, prompts_for
+from ray_helpers import GREEDY, prompts_for
 
 from specroll.integrations.ray_backend.metrics import prometheus_urls
 

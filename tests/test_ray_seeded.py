@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from ray_fixtures import shared_config, tiny_llama
+from ray_helpers import shared_config, tiny_llama
 from transformers import AutoModelForCausalLM
 
 from specroll.integrations.model_source import load_drafter, tokenizer_pair

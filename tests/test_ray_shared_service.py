@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pytest
 import ray
-from ray_fixtures import GREEDY, make_config, prompts_for
+from ray_helpers import GREEDY, make_config, prompts_for
 
 from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.integrations.ray_backend.shared_service import shared_controller

@@ -11,7 +11,7 @@ import time
 import pytest
 import ray
 from ray.exceptions import RayActorError
-from ray_fixtures import GREEDY, generate_killing_a_worker, make_config, prompts_for, tiny_llama, versions_once_alive
+from ray_helpers import GREEDY, generate_killing_a_worker, make_config, prompts_for, tiny_llama, versions_once_alive
 
 from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.integrations.ray_backend.weight_sync import WeightSyncError

@@ -9,7 +9,7 @@ import time
 import pytest
 import ray
 import torch
-from ray_fixtures import GREEDY, prompts_for, tiny_llama
+from ray_helpers import GREEDY, prompts_for, tiny_llama
 
 from specroll.integrations.ray_backend.broadcast_sync import BroadcastRoute, TorchBroadcastTransport
 from specroll.integrations.ray_backend.weight_sync import WeightSyncError, pack_buckets, unpack_buckets

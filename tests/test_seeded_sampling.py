@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from conftest import make_prompts, tiny_lm
+from tiny_models import make_prompts, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 

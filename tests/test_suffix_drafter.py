@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from conftest import make_prompts, noisy_copy, tiny_lm
+from tiny_models import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.batch import RowBuffers

@@ -105,7 +105,7 @@ def main(out: Path, backend_kind: str) -> None:
 
     tokenizer = tiny_tokenizer()
     if backend_kind == "ray":
-        from ray_fixtures import make_config
+        from ray_helpers import make_config
         from transformers import AutoModelForCausalLM
 
         from specroll.integrations.ray_backend.shared_service import shared_controller

@@ -10,7 +10,7 @@ import ray
 import torch
 
 pytest.importorskip("trl")
-from ray_fixtures import VOCAB
+from tiny_models import VOCAB
 from transformers import AutoModelForCausalLM
 from trl import GRPOTrainer
 from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_tokenizer

@@ -4,11 +4,16 @@
 Llama / Qwen2 / Qwen3 in eval mode from `seed`; `config` overrides any field of the model's config
 (`num_key_value_heads`, `max_position_embeddings`, token ids, ...). `logit_scale` multiplies
 `lm_head` (a large one peaks the logits, so greedy decoding has no near-ties; 1 keeps HF's init).
-The helper modules (`conftest`, `ray_fixtures`, `online_fixtures`, `trl_tiny`) name their presets
-on top of it.
+`tiny_lm` is the session-cached `build_lm` (its models are shared: never mutate one), `noisy_copy` a
+partly agreeing drafter of one, `make_prompts` random prompts. The helper modules (`ray_helpers`,
+`online_fixtures`, `trl_tiny`) name their presets on top of it. Test modules import from here, not from
+conftest.py, which every pytest process loads (the xdist controller too) and so stays light.
 """
 
 from __future__ import annotations
+
+import copy
+import functools
 
 import torch
 from transformers import (
@@ -42,3 +47,27 @@ def build_lm(arch: str = "llama", attn: str = "sdpa", *, vocab: int = VOCAB, hid
         with torch.no_grad():
             model.lm_head.weight.mul_(logit_scale)
     return model
+
+
+@functools.cache
+def tiny_lm(arch: str = "llama", attn: str = "sdpa", **kwargs) -> PreTrainedModel:
+    """Session-cached `build_lm`; do not mutate the returned model."""
+    return build_lm(arch, attn, **kwargs)
+
+
+@functools.cache
+def noisy_copy(arch: str = "llama", attn: str = "sdpa", noise: float = 0.03, seed: int = 1) -> PreTrainedModel:
+    """The target with Gaussian noise (`noise` × the weights' std) on `lm_head`: a partly agreeing drafter."""
+    model = copy.deepcopy(tiny_lm(arch, attn))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w.add_(noise * w.std() * torch.randn(w.shape, generator=gen))
+    return model
+
+
+def make_prompts(count: int, min_len: int, max_len: int, vocab: int = VOCAB, seed: int = 0) -> list[list[int]]:
+    """`count` random prompts with lengths cycling through [min_len, max_len]."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [min_len + i % (max_len - min_len + 1) for i in range(count)]
+    return [torch.randint(vocab, (n,), generator=gen).tolist() for n in lengths]
