@@ -44,7 +44,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    strays = sorted({Path(item.path).stem for item in items if "ray_cluster" in item.fixturenames}
+    strays = sorted({item.path.stem for item in items if "ray_cluster" in item.fixturenames}
                     - SESSION_RAY_MODULES)
     if strays:
         raise pytest.UsageError(f"{strays} use the session Ray cluster: add them to conftest.SESSION_RAY_MODULES")
