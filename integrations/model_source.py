@@ -79,9 +79,24 @@ def load_drafter(models: ModelPaths, engine: EngineConfig, target: PreTrainedMod
         return None
     if target is None:
         raise ValueError(f"an {kind!r} head is shaped after the target: load_drafter needs it, got None")
-    text = target.config.get_text_config()
-    head = EagleHead.for_target(target.config) if kind == "eagle" else MedusaHeads(text.hidden_size,
-                                                                                   engine.medusa_heads)
-    if models.head:
-        head.load_state_dict(torch.load(models.head, weights_only=True))
+    weights = torch.load(models.head, weights_only=True) if models.head else None
+    if kind == "medusa":
+        head = MedusaHeads(target.config.get_text_config().hidden_size, engine.medusa_heads)
+    else:
+        head = EagleHead.for_target(target.config, intermediate_size=_eagle_width(weights, engine, models.head))
+    if weights is not None:
+        head.load_state_dict(weights)
     return head
+
+
+def _eagle_width(weights: dict | None, engine: EngineConfig, path: str | None) -> int | None:
+    """The EAGLE head's MLP width: its weights' (`models.head`), which `engine.eagle_intermediate_size`
+    must then agree with, else the engine's (None: the target's)."""
+    if weights is None or "gate_proj.weight" not in weights:
+        return engine.eagle_intermediate_size
+    width = int(weights["gate_proj.weight"].shape[0])
+    if engine.eagle_intermediate_size not in (None, width):
+        raise ValueError(f"engine.eagle_intermediate_size={engine.eagle_intermediate_size} does not match the "
+                         f"head at models.head={path!r}, whose MLP is {width} wide: set it to {width} or leave it "
+                         f"unset (the weights decide)")
+    return width

@@ -129,7 +129,8 @@ class EngineConfig:
     `drafters` lists the drafter kinds to run: "model" (the drafter LM passed to `SpecEngine`) and
     "suffix" (model-free, over sibling and earlier completions of the same prompt; `suffix` configures
     it), "layer_skip" (the target's first `layer_skip_layers` layers; None: half of them), "eagle" (an
-    EAGLE-style head on the target's hidden states) and "medusa" (`medusa_heads` residual heads on
+    EAGLE-style head on the target's hidden states; a fresh one's MLP is `eagle_intermediate_size` wide,
+    None: the target's) and "medusa" (`medusa_heads` residual heads on
     them); the two heads take their weights from the `heads.EagleHead` / `heads.MedusaHeads` passed to
     `SpecEngine` as its drafter, else start fresh. At most one of "model", "layer_skip", "eagle",
     "medusa", with or without "suffix": with the suffix drafter each row each step takes the proposal
@@ -160,6 +161,7 @@ class EngineConfig:
     drafters: tuple[DrafterKind, ...] | None = None
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
     layer_skip_layers: int | None = None
+    eagle_intermediate_size: int | None = None
     medusa_heads: int = 4
 
     def __post_init__(self) -> None:
@@ -213,6 +215,9 @@ class EngineConfig:
         require(self.layer_skip_layers is None or (isinstance(self.layer_skip_layers, int)
                 and not isinstance(self.layer_skip_layers, bool) and self.layer_skip_layers >= 1),
                 "layer_skip_layers", self.layer_skip_layers, "None (half the target's layers) or an int >= 1")
+        require(self.eagle_intermediate_size is None or (isinstance(self.eagle_intermediate_size, int)
+                and not isinstance(self.eagle_intermediate_size, bool) and self.eagle_intermediate_size >= 1),
+                "eagle_intermediate_size", self.eagle_intermediate_size, "None (the target's MLP width) or an int >= 1")
         require(isinstance(self.medusa_heads, int) and not isinstance(self.medusa_heads, bool)
                 and self.medusa_heads >= 1, "medusa_heads", self.medusa_heads, "an int >= 1")
         require(isinstance(self.suffix, SuffixConfig), "suffix", self.suffix, "a SuffixConfig")

@@ -66,7 +66,8 @@ def _model_kind(kinds: tuple[str, ...], drafter: DrafterWeights | None, config: 
         layers = config.layer_skip_layers or max(1, model.config.get_text_config().num_hidden_layers // 2)
         return LayerSkipDrafter(target, layers)
     if "eagle" in kinds:
-        head = drafter if isinstance(drafter, EagleHead) else EagleHead.for_target(model.config)
+        head = drafter if isinstance(drafter, EagleHead) else EagleHead.for_target(
+            model.config, intermediate_size=config.eagle_intermediate_size)
         return EagleDrafter(head, model.get_input_embeddings(), model.get_output_embeddings(), slots, length,
                             dtype, device)
     if "medusa" in kinds:

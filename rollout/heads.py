@@ -67,8 +67,9 @@ class EagleHead(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     @classmethod
-    def for_target(cls, config, seed: int = 0) -> EagleHead:
-        """A fresh head shaped after the target's config (one of its layers, its attention geometry)."""
+    def for_target(cls, config, seed: int = 0, intermediate_size: int | None = None) -> EagleHead:
+        """A fresh head shaped after the target's config (one of its layers, its attention geometry);
+        `intermediate_size` overrides the MLP's width (None: the target's)."""
         text = config.get_text_config()
         heads = text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -77,7 +78,7 @@ class EagleHead(nn.Module):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             return cls(text.hidden_size, heads, getattr(text, "num_key_value_heads", heads), head_dim,
-                       text.intermediate_size, float(theta), getattr(text, "rms_norm_eps", 1e-6))
+                       intermediate_size or text.intermediate_size, float(theta), getattr(text, "rms_norm_eps", 1e-6))
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 kv: KVWrite | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -105,3 +105,22 @@ def test_yaml_selects_the_drafters(tmp_path):
     path.write_text("drafters: [eagle, layer_skip]\n")
     with pytest.raises(ConfigError, match="at most one of"):
         load_config(path, EngineConfig)
+
+
+def test_the_eagle_heads_width_comes_from_its_weights(tmp_path):
+    """A fresh head is `eagle_intermediate_size` wide (None: the target's); a trained one loads at its own
+    width, and a config that names another is refused before anything runs."""
+    from specroll.integrations.model_source import ModelPaths, load_drafter
+
+    target = tiny_lm("llama", "sdpa", layers=2)
+    fresh = SpecEngine(target, None, EngineConfig(drafters=("eagle",), eagle_intermediate_size=24, max_seq_len=40))
+    assert fresh.drafter.head.gate_proj.weight.shape[0] == 24
+    with pytest.raises(ValueError, match="eagle_intermediate_size=0"):
+        EngineConfig(eagle_intermediate_size=0)
+    path = tmp_path / "eagle.pt"
+    torch.save(EagleHead.for_target(target.config, intermediate_size=24).state_dict(), path)
+    models = ModelPaths("unused", head=str(path))
+    head = load_drafter(models, EngineConfig(drafters=("eagle",)), target)
+    assert head.gate_proj.weight.shape[0] == 24
+    with pytest.raises(ValueError, match="does not match the head at models"):
+        load_drafter(models, EngineConfig(drafters=("eagle",), eagle_intermediate_size=48), target)

@@ -70,14 +70,16 @@ def resolve_models(config: TrainConfig) -> ModelSources:
 def demo_head(demo: Any, kind: str, recipe: str) -> str:
     """The demo target's `kind` head's first version (trained offline from the target's own samples on
     first use, saying so, and cached next to the demo models: `benchmarks.head_training`); its file path."""
-    from specroll.benchmarks.head_training import heads_dir, load_or_train_heads, training_prompts
+    from specroll.benchmarks.head_training import HeadTrainingSettings, heads_dir, load_or_train_heads, training_prompts
 
     path = heads_dir(demo.path) / f"{kind}.pt"
     if not path.is_file():
+        settings = HeadTrainingSettings()
         print(f"specroll: training the demo target's {kind} head's first version ({recipe} recipe, first run "
-              f"only: a few minutes per head on 2 CPU cores) into {path.parent}", flush=True)
-        prompts = training_prompts(demo.tokenizer, 96)
-        load_or_train_heads(demo.target, prompts, (demo.tokenizer.eos_token_id,), demo.path)
+              f"only: ~6 min sampling, then {settings.budget_s(kind) / 60:.0f} min training on 2 CPU cores) into "
+              f"{path.parent}", flush=True)
+        prompts = training_prompts(demo.tokenizer, settings.prompts)
+        load_or_train_heads(demo.target, prompts, (demo.tokenizer.eos_token_id,), demo.path, settings, (kind,))
     return str(path)
 
 
