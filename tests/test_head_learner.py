@@ -8,6 +8,8 @@ than with the fresh one — measured in the engine, not only in the learner's ow
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tiny_models import make_prompts, tiny_lm
@@ -73,3 +75,26 @@ def test_feature_sequences_are_buffered_as_their_rollouts_are():
     assert len(from_features.holdout) == len(from_rollouts.holdout) > 0
     assert len(from_features.buffer) == len(from_rollouts.buffer) > 0
     assert from_features.holdout.keys == from_rollouts.holdout.keys
+
+
+def test_a_first_version_is_trained_once_in_two_phases_and_cached(tmp_path):
+    """`load_or_train_heads` (what `specroll train` calls for a demo head): only the heads asked for, at the
+    settings' width, trained at `lr` then `final_lr`, cached, and loaded — not retrained — the next time."""
+    from specroll.benchmarks.head_training import HeadTrainingSettings, heads_dir, load_or_train_heads
+
+    model = target()
+    settings = HeadTrainingSettings(prompts=8, samples=2, max_new_tokens=12, eagle_intermediate_size=24,
+                                    eagle_budget_s=1.5, round_s=0.5)
+    models_dir = tmp_path / "demo-test"
+    heads = load_or_train_heads(model, PROMPTS[:8], (0,), models_dir, settings, names=("eagle",))
+    assert list(heads) == ["eagle"] and heads["eagle"].gate_proj.weight.shape[0] == 24
+    folder = heads_dir(models_dir)
+    assert sorted(p.name for p in folder.iterdir()) == ["eagle.pt", "report.json", "samples.pt"]
+    report = json.loads((folder / "report.json").read_text())
+    assert [r["lr"] for r in report["eagle"]] == [settings.lr] * 2 + [settings.final_lr]
+    saved = (folder / "eagle.pt").stat().st_mtime_ns
+    again = load_or_train_heads(model, PROMPTS[:8], (0,), models_dir, settings, names=("eagle",))
+    assert (folder / "eagle.pt").stat().st_mtime_ns == saved
+    torch.testing.assert_close(again["eagle"].state_dict(), heads["eagle"].state_dict())
+    with pytest.raises(ValueError, match="unknown"):
+        load_or_train_heads(model, PROMPTS[:8], (0,), models_dir, settings, names=("medusa2",))
