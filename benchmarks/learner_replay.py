@@ -35,11 +35,14 @@ import yaml
 
 from specroll.integrations.yaml_config import from_dict
 from specroll.online_drafter import DraftLearner, LearnerConfig
+from specroll.online_drafter.head_learner import HeadLearner
 from specroll.online_drafter.recording import recorded_calls
 from specroll.online_drafter.reports import ProbeReport
 
 TRAIN_COST_MS = (6.8, 0.106)  # per optimizer step's forward + backward: fixed, per padded token
 EVAL_COST_MS = (2.0, 0.034)  # per scoring forward
+HEAD_TRAIN_COST_MS = (5.0, 0.376)  # the demo's EAGLE head (2.36M, MLP 512, both draft depths), measured alike
+HEAD_EVAL_COST_MS = (1.0, 0.125)
 
 
 @dataclass
@@ -58,28 +61,52 @@ class Replay:
 
 
 def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
-           train_cost_ms: tuple[float, float] = TRAIN_COST_MS, eval_cost_ms: tuple[float, float] = EVAL_COST_MS,
+           train_cost_ms: tuple[float, float] | None = None, eval_cost_ms: tuple[float, float] | None = None,
            slow: float = 1.0) -> Replay:
     """Rerun the recorded learner inputs in `folder` with `overrides` of its `LearnerConfig` (dotted keys
-    for the buffer: `buffer.recency_decay`) and learner `seed`, on a virtual clock."""
+    for the buffer: `buffer.recency_decay`) and learner `seed`, on a virtual clock (costs None: the
+    recorded drafter kind's defaults)."""
     init, calls = recorded_calls(folder)
     config = apply_overrides(init["config"], {**(overrides or {}), "seed": seed, "record_dir": None})
-    learner = DraftLearner(copy.deepcopy(init["drafter"]), config)
+    reads = {name: copy.deepcopy(module) for name, module in (init.get("reads") or {}).items()}
+    head = bool(reads)
+    if head:  # a head's learner, reading its own copy of the policy's embedding and LM head
+        learner = HeadLearner(copy.deepcopy(init["drafter"]), reads["embed"], reads["lm_head"], config)
+    else:
+        learner = DraftLearner(copy.deepcopy(init["drafter"]), config)
+    train_cost_ms = train_cost_ms or (HEAD_TRAIN_COST_MS if head else TRAIN_COST_MS)
+    eval_cost_ms = eval_cost_ms or (HEAD_EVAL_COST_MS if head else EVAL_COST_MS)
     clock = [0.0]
     learner.clock = lambda: clock[0]
-    log_q = learner.scorer.log_q
 
-    def timed_log_q(model, batch):
+    def charge(num_tokens: int) -> None:
         fixed, per_token = train_cost_ms if torch.is_grad_enabled() else eval_cost_ms
-        clock[0] += slow * (fixed + per_token * batch.input_ids.numel()) / 1000
-        return log_q(model, batch)
+        clock[0] += slow * (fixed + per_token * num_tokens) / 1000
 
-    learner.scorer.log_q = timed_log_q
+    if head:
+        objective = learner.scorer.objective
+
+        def timed_objective(model, batch, temperature):
+            charge(batch.token_ids.numel())
+            return objective(model, batch, temperature)
+
+        learner.scorer.objective = timed_objective
+    else:
+        log_q = learner.scorer.log_q
+
+        def timed_log_q(model, batch):
+            charge(batch.input_ids.numel())
+            return log_q(model, batch)
+
+        learner.scorer.log_q = timed_log_q
     result, behind_s = Replay(seed), 0.0  # how much less time the replay's rounds took than the run's
     for call in calls:
         kind, payload = call["kind"], call["payload"]
         if kind == "add":
             learner.add_rollouts(payload)
+        elif kind == "policy":  # a head's: the policy's new embedding and LM head weights
+            for name, state in payload.items():
+                reads[name].load_state_dict(state)
         elif kind == "probe":
             result.probes.append(learner.probe(payload))
             if result.probes[-1].event:
@@ -148,14 +175,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a LearnerConfig override (buffer.x for the buffer); repeatable")
     parser.add_argument("--seeds", default="0,1,2,3", help="learner seeds, comma-separated")
-    parser.add_argument("--train-cost", default=",".join(map(str, TRAIN_COST_MS)), help="ms fixed,per token")
-    parser.add_argument("--eval-cost", default=",".join(map(str, EVAL_COST_MS)), help="ms fixed,per token")
+    parser.add_argument("--train-cost", default=None,
+                        help="ms fixed,per token (default: the recorded drafter kind's, measured here)")
+    parser.add_argument("--eval-cost", default=None, help="ms fixed,per token (default: as --train-cost)")
     parser.add_argument("--slow", type=float, default=1.0, help="scale every cost (1.5: the main job's steps)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = parse_set(args.set)
-    costs = [tuple(float(x) for x in c.split(",")) for c in (args.train_cost, args.eval_cost)]
+    costs = [None if c is None else tuple(float(x) for x in c.split(",")) for c in (args.train_cost, args.eval_cost)]
     seeds = [int(s) for s in args.seeds.split(",")]
     replays = [replay(args.folder, s, overrides, costs[0], costs[1], args.slow) for s in seeds]
     print("\n".join(summary_lines(replays)))

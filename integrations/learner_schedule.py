@@ -17,7 +17,8 @@ first scores the served drafter against the frozen one on fresh rollouts of fixe
 
 Logged under `drafter/*` into the trainer's metrics (so every `report_to` target sees them), the same
 on every backend because they are computed here from the learner's own reports. The schedule also
-keeps, for the end-of-run report, every probe (with the policy version it probed), every learner
+keeps, for the end-of-run report, every probe (with the policy version it probed, and the served drafter's
+per-group scores: two runs' drafters compare paired on them, `benchmarks.probe_compare`), every learner
 event, and the time totals behind the learner's share of the critical path.
 """
 
@@ -136,7 +137,9 @@ class LearnerSchedule:
             probe = {f"drafter/probe_{name}": float(getattr(done.probe, k)) for k, name in PROBE_FIELDS.items()}
             probe["drafter/probe_policy_version"] = float(version)
             metrics.update(probe)
-            self.probes.append({"step": version, **probe, "drafter/probe_drafter_version": done.probe.drafter_version})
+            self.probes.append({"step": version, **probe, "drafter/probe_drafter_version": done.probe.drafter_version,
+                                "served_group_sums": done.probe.served_group_sums,
+                                "group_counts": done.probe.group_counts})
             if done.probe.event:
                 self.events.append(f"probe of policy version {version}: {done.probe.event}")
         self._pending_probe = None

@@ -196,7 +196,7 @@ class DraftLearner:
             event = self._revert(reason, {"served": served, "frozen": frozen})
         return ProbeReport(served.mean, frozen.mean, gain.mean, gain.se, served.se, frozen.se, served.num_positions,
                            int(served.counts.shape[0]), max(e.policy_version for e in entries), version, event,
-                           self.clock() - started)
+                           self.clock() - started, served.sums.tolist(), served.counts.tolist())
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters of the published version, for `engine.update_drafter(sd, learner.version)`.

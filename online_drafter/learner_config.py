@@ -42,7 +42,8 @@ class LearnerConfig:
     `temperature` must be the rollouts' sampling temperature (1.0 for greedy rollouts, whose signals are the T = 1
     distribution): q is the drafter's softmax at that temperature, as the engine does. `buffer`: the replay store's
     bounds and weights (YAML `learner.buffer:`). `record_dir`: a folder to save every input the learner gets
-    (`recording.RecordingLearner`; a drafter LM's learner only), for `python -m specroll.benchmarks.learner_replay`.
+    (`recording.RecordingLearner`; a drafter LM's or a head's learner), for
+    `python -m specroll.benchmarks.learner_replay`.
     """
 
     lr: float = 1e-4

@@ -48,17 +48,18 @@ class OnlineLearner(Protocol):
 def make_online_learner(drafter: PreTrainedModel | EagleHead | MedusaHeads, policy: PreTrainedModel | None,
                         config: LearnerConfig) -> OnlineLearner:
     """The learner for `drafter`: a `HeadLearner` for a head (reading `policy`'s embedding and LM head,
-    which it never trains), else a `DraftLearner` (`policy` unused; wrapped in a `RecordingLearner` when
-`config.record_dir` is set). Each trains its own copy of `drafter`."""
+    which it never trains), else a `DraftLearner` (`policy` unused). Either is wrapped in a `RecordingLearner`
+    when `config.record_dir` is set (a head's with the policy modules it reads). Each trains its own copy of
+    `drafter`."""
     if isinstance(drafter, (EagleHead, MedusaHeads)):
-        if config.record_dir is not None:
-            raise ValueError(f"learner.record_dir={config.record_dir!r} is invalid for a {type(drafter).__name__}: "
-                             "only a drafter LM's learner is recorded (a head's also reads the policy's embedding "
-                             "and LM head, which every sync changes); leave record_dir unset")
         if policy is None:
             raise ValueError(f"a {type(drafter).__name__} learner reads the policy's embedding and LM head: "
                              "pass the policy, got None")
-        return HeadLearner(drafter, policy.get_input_embeddings(), policy.get_output_embeddings(), config)
+        reads = {"embed": policy.get_input_embeddings(), "lm_head": policy.get_output_embeddings()}
+        learner = HeadLearner(drafter, reads["embed"], reads["lm_head"], config)
+        if config.record_dir is not None:
+            return RecordingLearner(learner, config.record_dir, drafter, reads)
+        return learner
     if config.record_dir is not None:
         return RecordingLearner(DraftLearner(drafter, config), config.record_dir, drafter)
     return DraftLearner(drafter, config)

@@ -1,24 +1,29 @@
 """RecordingLearner: an `OnlineLearner` that saves every input it is given, for replaying a run's learner.
 
-Drafter LMs only (`DraftLearner`): a head's learner also reads the policy's embedding and LM head,
-which every policy sync changes and a recording does not hold.
+A drafter LM's learner (`DraftLearner`) or a head's (`HeadLearner`). A head's learner also reads the
+policy's embedding and LM head, which every policy sync changes in place: the recorder is given those
+modules (`reads`), and saves their weights before any call that finds them changed.
 
 With `learner.record_dir` set (YAML, or `LearnerConfig(record_dir=...)`), `make_online_learner` wraps
 the learner in this recorder. It writes, in call order, into that folder:
 
-- `init.pt`: the drafter as given (the frozen one) and the `LearnerConfig`;
+- `init.pt`: the drafter as given (the frozen one), the `LearnerConfig` and, for a head, a copy of the
+  policy modules it reads (`reads`: {"embed": ..., "lm_head": ...});
 - `000001_add.pt`, `000002_round.pt`, `000003_probe.pt`, ...: each call's input — the rollouts (with
-  their signals) for `add_rollouts` and `probe`, `budget_s` and `break_even` for `train_round` — and the
+  their signals) for `add_rollouts` and `probe`, `budget_s` and `break_even` for `train_round`, and for a
+  head `policy`: the read modules' new weights, saved before the call that first sees them — and the
   seconds since the first call.
 
 Everything a round decides depends only on these inputs and on time, so `python -m
 specroll.benchmarks.learner_replay DIR` reruns the learner on them under any other settings, with a
 virtual clock: with `engine.sampler: invariant` every run of a config produces the same rollouts, and
-a recorded run is the one input a settings comparison needs. A main job's recording takes ~20 MB.
+a recorded run is the one input a settings comparison needs. A main job's recording takes ~20 MB
+(a head's ~60 MB: its rollouts carry the policy's hidden states, 1 KiB per position for the demo).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from dataclasses import asdict
@@ -36,14 +41,18 @@ from .reports import LearnerReport, ProbeReport
 class RecordingLearner:
     """Delegates to `learner` (a `DraftLearner` or `HeadLearner`) and saves each call's input to `folder`."""
 
-    def __init__(self, learner: Any, folder: str | os.PathLike, drafter: nn.Module):
+    def __init__(self, learner: Any, folder: str | os.PathLike, drafter: nn.Module,
+                 reads: dict[str, nn.Module] | None = None):
         self.learner = learner
         self.folder = Path(folder)
         if self.folder.exists() and any(self.folder.iterdir()):
             raise ValueError(f"learner.record_dir={str(folder)!r} is invalid: it is not empty (a recording "
                              "is one run: give each run its own folder)")
         self.folder.mkdir(parents=True, exist_ok=True)
-        torch.save({"drafter": drafter, "config": asdict(learner.config)},
+        self.reads = reads or {}
+        self._read_weights = self._current_reads()
+        torch.save({"drafter": drafter, "config": asdict(learner.config),
+                    "reads": {name: copy.deepcopy(module) for name, module in self.reads.items()}},
                    self.folder / "init.pt")
         self._calls = 0
         self._started: float | None = None
@@ -57,8 +66,9 @@ class RecordingLearner:
         self.learner.add_rollouts(rollouts)
 
     def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
+        self._save_reads_if_changed()  # the round is saved after it ran (with its time): the weights it read, before
         report = self.learner.train_round(budget_s=budget_s, break_even=break_even)
-        self._record("round", {"budget_s": budget_s, "break_even": break_even, "round_time_s": report.round_time_s})
+        self._save("round", {"budget_s": budget_s, "break_even": break_even, "round_time_s": report.round_time_s})
         return report
 
     def probe(self, rollouts: list[Rollout]) -> ProbeReport:
@@ -68,7 +78,25 @@ class RecordingLearner:
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         return self.learner.published_state_dict()
 
+    def _current_reads(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {name: {k: v.detach().clone() for k, v in module.state_dict().items()}
+                for name, module in self.reads.items()}
+
+    def _save_reads_if_changed(self) -> None:
+        """Save the read modules' weights as a "policy" call if a sync changed them since last saved."""
+        if not self.reads:
+            return
+        now_reads = self._current_reads()
+        if any(not torch.equal(now_reads[name][key], value)
+               for name, saved in self._read_weights.items() for key, value in saved.items()):
+            self._read_weights = now_reads
+            self._save("policy", now_reads)
+
     def _record(self, kind: str, payload: Any) -> None:
+        self._save_reads_if_changed()
+        self._save(kind, payload)
+
+    def _save(self, kind: str, payload: Any) -> None:
         now = time.perf_counter()
         self._started = now if self._started is None else self._started
         self._calls += 1

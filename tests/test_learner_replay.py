@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 from online_fixtures import tiny_llama
 
 from specroll.benchmarks.learner_replay import parse_set, replay, summary_lines
@@ -67,5 +68,35 @@ def test_bad_recordings_and_settings_fail_early(tmp_path):
         replay(str(tmp_path / "rec"), 0, {"learning_rate": 1e-3})
     with pytest.raises(ValueError, match="key=value"):
         parse_set(["lr"])
-    with pytest.raises(ValueError, match=r"record_dir.*only a drafter LM"):
-        make_online_learner(MedusaHeads(32, 2), tiny_llama(32, 2, seed=0), LearnerConfig(record_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="pass the policy, got None"):
+        make_online_learner(MedusaHeads(32, 2), None, LearnerConfig(record_dir=str(tmp_path / "head")))
+
+
+def test_a_head_learner_recorded_through_a_backend_replays_exactly_across_policy_syncs(tmp_path):
+    """The head reads the policy's embedding and LM head: a recording keeps every version a sync gave it,
+    so the replay scores the frozen head as the run did after the sync (it would not on the first weights)."""
+    from test_head_online import ENGINE, grpo_steps
+    from tiny_models import tiny_lm
+
+    from specroll.integrations.local_backend import LocalBackend
+    from specroll.rollout.heads import EagleHead
+
+    target = tiny_lm("llama", "sdpa", layers=2, logit_scale=10.0)
+    policy = {n: p.detach().clone() for n, p in target.named_parameters()}
+    config = LearnerConfig(lr=3e-3, max_steps=8, holdout_fraction=0.25, warmup_steps=0, seed=3,
+                           record_dir=str(tmp_path / "rec"))
+    backend = LocalBackend.from_models(target, EagleHead.for_target(target.config, seed=1), ENGINE, config)
+    try:
+        assert isinstance(backend.learner, RecordingLearner)
+        reports, schedule = grpo_steps(backend, backend.engine.target.model, steps=3)
+    finally:
+        backend.shutdown()
+        with torch.no_grad():  # the session-cached target: back to its own weights
+            for name, param in target.named_parameters():
+                param.copy_(policy[name])
+    assert len(list((tmp_path / "rec").glob("*_policy.pt"))) == 2  # the syncs after steps 0 and 1
+    again = replay(str(tmp_path / "rec"), seed=3)
+    assert again.num_steps == sum(r.num_steps for r in reports) == 24
+    assert [(p.served, p.frozen, p.drafter_version) for p in again.probes] == \
+        [(p["drafter/probe_online"], p["drafter/probe_frozen"], p["drafter/probe_drafter_version"])
+         for p in schedule.probes]
