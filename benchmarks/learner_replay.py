@@ -18,7 +18,8 @@ step count). Each round gets its recorded budget plus the time the replay's earl
 the run's (or minus what they took more), as the run's cumulative schedule would have given it.
 
 Prints, per seed, every probe's served − frozen gain (paired s.e.) and the learner's totals; then the
-final probe's gain across seeds. Drafter LMs only (`DraftLearner`).
+final probe's gain across seeds. A drafter LM's learner or a head's (`HeadLearner`, with the policy
+modules it reads as recorded at every sync).
 """
 
 from __future__ import annotations
