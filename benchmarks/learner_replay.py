@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default="0,1,2,3", help="learner seeds, comma-separated")
     parser.add_argument("--train-cost", default=None,
                         help="ms fixed,per token (default: the recorded drafter kind's, measured here)")
-    parser.add_argument("--eval-cost", default=None, help="ms fixed,per token (default: as --train-cost)")
+    parser.add_argument("--eval-cost", default=None, help="ms fixed,per token (default: the recorded drafter kind's)")
     parser.add_argument("--slow", type=float, default=1.0, help="scale every cost (1.5: the main job's steps)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
