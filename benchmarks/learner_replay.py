@@ -28,7 +28,7 @@ import argparse
 import copy
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ import yaml
 from specroll.integrations.yaml_config import from_dict
 from specroll.online_drafter import DraftLearner, LearnerConfig
 from specroll.online_drafter.head_learner import HeadLearner
+from specroll.online_drafter.learner_config import BufferConfig
 from specroll.online_drafter.recording import recorded_calls
 from specroll.online_drafter.reports import ProbeReport
 
@@ -44,6 +45,15 @@ TRAIN_COST_MS = (6.8, 0.106)  # per optimizer step's forward + backward: fixed, 
 EVAL_COST_MS = (2.0, 0.034)  # per scoring forward
 HEAD_TRAIN_COST_MS = (5.0, 0.376)  # the demo's EAGLE head (2.36M, MLP 512, both draft depths), measured alike
 HEAD_EVAL_COST_MS = (1.0, 0.125)
+# The head learner's other settings (`compute_dtype`, `train_depths` 1), measured alike in one later session, where
+# the fp32 both-depth step measured (1.1, 0.414) and its scoring (8.2, 0.115): within 7% of the constants above at
+# the main job's ~450 padded tokens a step.
+HEAD_COSTS_MS = {  # (compute_dtype, first depth only) -> (train, scoring under the learner's autocast)
+    ("float32", False): (HEAD_TRAIN_COST_MS, HEAD_EVAL_COST_MS),
+    ("bfloat16", False): ((7.8, 0.254), (5.0, 0.065)),
+    ("float32", True): ((6.7, 0.187), HEAD_EVAL_COST_MS),
+    ("bfloat16", True): ((9.7, 0.126), (5.0, 0.065)),
+}
 
 
 @dataclass
@@ -75,8 +85,12 @@ def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
         learner = HeadLearner(copy.deepcopy(init["drafter"]), reads["embed"], reads["lm_head"], config)
     else:
         learner = DraftLearner(copy.deepcopy(init["drafter"]), config)
-    train_cost_ms = train_cost_ms or (HEAD_TRAIN_COST_MS if head else TRAIN_COST_MS)
-    eval_cost_ms = eval_cost_ms or (HEAD_EVAL_COST_MS if head else EVAL_COST_MS)
+    if not head and config.compute_dtype != "float32" and not (train_cost_ms and eval_cost_ms):
+        raise ValueError(f"compute_dtype={config.compute_dtype!r}: the drafter LM's costs are measured in float32 "
+                         "only; pass --train-cost and --eval-cost")
+    head_train, head_eval = HEAD_COSTS_MS[config.compute_dtype, config.train_depths == 1]
+    train_cost_ms = train_cost_ms or (head_train if head else TRAIN_COST_MS)
+    eval_cost_ms = eval_cost_ms or (head_eval if head else EVAL_COST_MS)
     clock = [0.0]
     learner.clock = lambda: clock[0]
 
@@ -87,9 +101,9 @@ def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
     if head:
         objective = learner.scorer.objective
 
-        def timed_objective(model, batch, temperature):
+        def timed_objective(model, batch, temperature, depths=None):
             charge(batch.token_ids.numel())
-            return objective(model, batch, temperature)
+            return objective(model, batch, temperature, depths)
 
         learner.scorer.objective = timed_objective
     else:
@@ -135,14 +149,18 @@ def apply_overrides(config: dict[str, Any], overrides: dict[str, Any]) -> Learne
     """`LearnerConfig` from a recorded config dict with `overrides` (`buffer.x` keys reach the buffer);
     an unknown key is a `ValueError` naming the known ones."""
     merged = {**config, "buffer": dict(config.get("buffer") or {})}
-    for key, value in overrides.items():
+    allowed = {"": _field_names(LearnerConfig) - {"buffer"}, "buffer": _field_names(BufferConfig)}
+    for key, value in overrides.items():  # settings newer than the recording too (its config lacks them)
         section, _, name = key.rpartition(".")
-        target = merged["buffer"] if section == "buffer" else merged if not section else None
-        if target is None or name not in target:
-            known = sorted(k for k in merged if k != "buffer") + [f"buffer.{k}" for k in sorted(merged["buffer"])]
+        if name not in allowed.get(section, ()):
+            known = sorted(allowed[""]) + [f"buffer.{k}" for k in sorted(allowed["buffer"])]
             raise ValueError(f"--set {key}: not a learner setting; allowed: {', '.join(known)}")
-        target[name] = value
+        (merged["buffer"] if section else merged)[name] = value
     return from_dict(LearnerConfig, merged, "learner")  # typed as YAML is: "1e-9" is a number
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in fields(cls)}
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:

@@ -11,14 +11,15 @@ carries the target's hidden states and top-k p; backends reach it as an `OnlineL
     probe = learner.probe(engine.generate(probe_prompts, params, n=2))   # fresh, never trained on
 
 It is a `DraftLearner` on the head's data — the same code, `LearnerConfig` and reports: a private fp32
-*candidate* trained teacher-forced (`head_objectives`, `head_scoring`) with the bucketed KL or TV to the
-recorded top-k p, warmed up over `warmup_steps`, judged and published as its exponential average
-(`ema_decay`); a stride of prompt groups held out across versions (`HoldoutSet`); a gate on the paired
-gain over the published head (`paired`), reserved from the round's budget and taken only once the
-candidate trained as long as scoring costs; a reset past `reset_margin`; the *frozen* shadow (the head
-as given) scored on the same positions; a watchdog (served below frozen, or below break-even) and a
-probe that revert to the best known head. The embedding and LM head are the policy's,
-read live and never trained: on the policy's side a sync updates them in place.
+*candidate* trained teacher-forced (`head_objectives`, `head_scoring`; at the first `train_depths` draft
+depths, under bf16 autocast with `compute_dtype`: the main job's, ~2.8x cheaper a step) with the bucketed KL
+or TV to the recorded top-k p, warmed up over `warmup_steps`, judged and published as its exponential average
+(`ema_decay`); a stride of prompt groups held out across versions (`HoldoutSet`); a gate on the paired gain
+over the published head (`paired`), reserved from the round's budget and taken only once the candidate trained
+as long as scoring costs; a reset past `reset_margin`; the *frozen* shadow (the head as given) scored on the
+same positions; a watchdog (served below frozen, or below break-even) and a probe that revert to the best
+known head. The embedding and LM head are the policy's, read live and never trained: on the policy's side a
+sync updates them in place.
 
 Memory: `FeatureBuffer` (bytes per position there) bounds the training sequences by
 `buffer.max_positions`, `max_holdout_positions` the held-out ones.
@@ -49,7 +50,7 @@ class HeadLearner(DraftLearner):
     def __init__(self, head: nn.Module, embed: nn.Module, lm_head: nn.Module, config: LearnerConfig | None = None):
         config = config or LearnerConfig()
         scorer = HeadScorer(objective_for(head, embed, lm_head), config.temperature, config.eval_batch_size,
-                            config.holdout_recency_decay, torch.device(config.device))
+                            config.holdout_recency_decay, torch.device(config.device), config.train_depths)
         super().__init__(head, config, FeatureBuffer(config.buffer), scorer, _entry)
 
     def add(self, sequences: Iterable[FeatureSequence]) -> None:

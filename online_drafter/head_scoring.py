@@ -24,8 +24,12 @@ from .scoring import DrafterScorer, Loss
 
 class HeadScorer:
     def __init__(self, objective: HeadObjective, temperature: float, batch_size: int, recency_decay: float,
-                 device: torch.device):
+                 device: torch.device, train_depths: int | None = None):
+        if train_depths is not None and not 1 <= train_depths <= objective.depths:
+            raise ValueError(f"train_depths={train_depths} is invalid for this head: None (all) or an int in "
+                             f"[1, {objective.depths}], its draft depths")
         self.objective = objective
+        self.train_depths = train_depths
         self.temperature = temperature
         self.batch_size = batch_size
         self.recency_decay = recency_decay
@@ -33,8 +37,9 @@ class HeadScorer:
         self._grouping = DrafterScorer(temperature, batch_size, recency_decay, device)
 
     def loss(self, head: nn.Module, batch: FeatureBatch, loss_fn: Loss) -> torch.Tensor:
-        """Mean distillation loss per completion position and depth, plus the objective's auxiliary term."""
-        out = self.objective(head, batch, self.temperature)
+        """Mean distillation loss per completion position and trained depth (the first `train_depths`), plus the
+        objective's auxiliary term."""
+        out = self.objective(head, batch, self.temperature, self.train_depths)
         depths = out.log_q.shape[1]
         per_position = torch.stack([loss_fn(out.log_q[:, d], batch.topk_ids, batch.topk_probs)
                                     for d in range(depths)], 1)  # [B, D, L]

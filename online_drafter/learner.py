@@ -42,6 +42,7 @@ Decisions are paired comparisons on the same positions with a group-clustered in
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -60,7 +61,7 @@ from .candidate import Candidate, TrainResult, smoothed, weights_of
 from .checkpoint import load_checkpoint, save_checkpoint
 from .divergence import LOSSES
 from .holdout import GroupKey, HoldoutSet
-from .learner_config import LearnerConfig
+from .learner_config import COMPUTE_DTYPES, LearnerConfig
 from .learner_state import CHECKPOINT_KEYS, restore, state_of
 from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
@@ -153,7 +154,8 @@ class DraftLearner:
                                  num_holdout_groups=len(set(self.holdout.keys)), **report)
         scored = self.clock()
         published, frozen = self._cached("published"), self._cached("frozen")
-        candidate_entries = self.scorer.score_entries(self.candidate.averaged, self.holdout.entries)
+        with self._compute():
+            candidate_entries = self.scorer.score_entries(self.candidate.averaged, self.holdout.entries)
         self._scoring_s_per_entry = smoothed(self._scoring_s_per_entry,
                                              (self.clock() - scored) / (len(self.holdout) + unscored))
         self._trained_since_gate_s, self._candidate_changed = 0.0, False
@@ -278,9 +280,19 @@ class DraftLearner:
         if len(self.buffer) == 0:
             return TrainResult()
         loss_fn = LOSSES[self.config.loss]
+
+        def loss(model: nn.Module, batch: Any) -> torch.Tensor:
+            with self._compute():  # the backward runs outside, as autocast wants
+                return self.scorer.loss(model, batch, loss_fn)
+
         return self.candidate.train(
-            lambda n: self.buffer.sample_batches(n, self.config.batch_size, self._generator),
-            lambda model, batch: self.scorer.loss(model, batch, loss_fn), deadline, self.clock)
+            lambda n: self.buffer.sample_batches(n, self.config.batch_size, self._generator), loss, deadline,
+            self.clock)
+
+    def _compute(self) -> contextlib.AbstractContextManager:
+        """Where training and the gate's scoring run: autocast to `config.compute_dtype`, or as they are."""
+        dtype = COMPUTE_DTYPES[self.config.compute_dtype]
+        return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
     def _oldest_weighed_version(self) -> int | None:
         """The oldest policy version whose held-out groups still weigh `holdout_min_weight` or more."""
@@ -295,7 +307,8 @@ class DraftLearner:
         missing = self.holdout.entries[len(known):]
         if missing:
             model = self.frozen if name == "frozen" else self.published
-            known = torch.cat([known, self.scorer.score_entries(model, missing)])
+            with self._compute():
+                known = torch.cat([known, self.scorer.score_entries(model, missing)])
             self._entry_scores[name] = known
         return self._group(known)
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from .divergence import LOSSES
+
+COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}  # autocast dtype of training and gate scoring
 
 
 @dataclass
@@ -41,7 +45,11 @@ class LearnerConfig:
     candidate more than `reset_margin` below the published drafter (beyond the interval) restarts from it.
     `temperature` must be the rollouts' sampling temperature (1.0 for greedy rollouts, whose signals are the T = 1
     distribution): q is the drafter's softmax at that temperature, as the engine does. `buffer`: the replay store's
-    bounds and weights (YAML `learner.buffer:`). `record_dir`: a folder to save every input the learner gets
+    bounds and weights (YAML `learner.buffer:`). `compute_dtype` "bfloat16": training forwards and backwards and the
+    gate's scoring run under autocast (weights, gradients and the optimizer stay fp32; `probe` and `score` always
+    score in fp32, they are the measure). `train_depths`: a head learner trains the first n of the draft depths it
+    scores (None: all; the EAGLE head's 1: the first draft only, over the target's real features, in one pass
+    instead of two). `record_dir`: a folder to save every input the learner gets
     (`recording.RecordingLearner`; a drafter LM's or a head's learner), for
     `python -m specroll.benchmarks.learner_replay`.
     """
@@ -68,6 +76,8 @@ class LearnerConfig:
     device: str = "cpu"
     seed: int = 0
     buffer: BufferConfig = field(default_factory=BufferConfig)
+    compute_dtype: str = "float32"
+    train_depths: int | None = None
     record_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -95,6 +105,10 @@ class LearnerConfig:
             ("min_improvement", self.min_improvement >= 0, "a number >= 0"),
             ("eval_batch_size", isinstance(self.eval_batch_size, int) and self.eval_batch_size >= 1,
              "an int >= 1"),
+            ("compute_dtype", self.compute_dtype in COMPUTE_DTYPES, f"one of {sorted(COMPUTE_DTYPES)}"),
+            ("train_depths",
+             self.train_depths is None or (isinstance(self.train_depths, int) and self.train_depths >= 1),
+             "None (every depth the head scores) or an int >= 1"),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -87,7 +87,7 @@ class EagleHead(nn.Module):
         [n, 1, Q, K] (bool); without, over the Q inputs causally (training)."""
         n, q_len, _ = embeds.shape
         x = self.fc(torch.cat([embeds, hidden], dim=-1))  # [n, Q, H]
-        h = self.attn_norm(x)
+        h = _normed(self.attn_norm, x)
         q = self.q_proj(h).view(n, q_len, self.num_heads, self.head_dim).transpose(1, 2)  # [n, Hq, Q, D]
         k = self.k_proj(h).view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [n, Hkv, Q, D]
         v = self.v_proj(h).view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -101,9 +101,16 @@ class EagleHead(nn.Module):
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kv is None)  # [n, Hq, Q, D]
         x = x + self.o_proj(attn.transpose(1, 2).reshape(n, q_len, -1))
-        h = self.mlp_norm(x)
+        h = _normed(self.mlp_norm, x)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        return self.out_norm(x)
+        return _normed(self.out_norm, x)
+
+
+def _normed(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """`norm(x)`, computed in fp32 and returned in x's dtype: under the learner's bf16 autocast x is bf16 and the
+    norm's weight fp32, which the fused kernel refuses (and a norm is where bf16 loses the most); in fp32 it is
+    `norm(x)` exactly."""
+    return F.rms_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.eps).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

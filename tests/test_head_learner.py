@@ -17,6 +17,7 @@ from tiny_models import make_prompts, tiny_lm
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.head_data import collate, from_rollout, from_target
 from specroll.online_drafter.head_learner import HeadLearner
+from specroll.online_drafter.head_objectives import objective_for
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.heads import EagleHead, MedusaHeads
 
@@ -45,14 +46,18 @@ def test_recorded_features_are_one_target_forwards():
     assert collate([recorded]).weights.sum() == recorded.num_positions
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_trained_head_accepts_more_in_the_engine(kind):
+CHEAP = dict(compute_dtype="bfloat16", train_depths=1)  # configs/demo_eagle.yaml's learner
+
+
+@pytest.mark.parametrize("kind,cheap", [("eagle", False), ("medusa", False), ("eagle", True)],
+                         ids=["eagle", "medusa", "eagle-bf16-first-depth"])
+def test_trained_head_accepts_more_in_the_engine(kind, cheap):
     model = target()
     fresh = EagleHead.for_target(model.config, seed=1) if kind == "eagle" else MedusaHeads(32, 3)
     engine, out = rollouts(model, fresh)
     before = engine.stats.acceptance_rate
     learner = HeadLearner(fresh, model.get_input_embeddings(), model.get_output_embeddings(),
-                          LearnerConfig(lr=3e-3, max_steps=300, holdout_fraction=0.25))
+                          LearnerConfig(lr=3e-3, max_steps=300, holdout_fraction=0.25, **(CHEAP if cheap else {})))
     learner.add_rollouts(out)
     report = learner.train_round()
     assert report.published and report.version == 1
@@ -98,3 +103,51 @@ def test_a_first_version_is_trained_once_in_two_phases_and_cached(tmp_path):
     torch.testing.assert_close(again["eagle"].state_dict(), heads["eagle"].state_dict())
     with pytest.raises(ValueError, match="unknown"):
         load_or_train_heads(model, PROMPTS[:8], (0,), models_dir, settings, names=("medusa2",))
+
+
+def test_the_first_depth_alone_is_the_full_objectives_first_depth():
+    """`train_depths=1` drops the second draft's pass, not a term of the first: same log q and feature loss."""
+    model = target()
+    head = EagleHead.for_target(model.config, seed=1)
+    _, out = rollouts(model, head, n=1)
+    batch = collate([from_rollout(r) for r in out[:6] if r.completion_ids])
+    objective = objective_for(head, model.get_input_embeddings(), model.get_output_embeddings())
+    with torch.no_grad():
+        full, first = objective(head, batch, 1.0), objective(head, batch, 1.0, depths=1)
+    assert full.log_q.shape[1] == 2 and first.log_q.shape[1] == 1
+    torch.testing.assert_close(first.log_q[:, 0], full.log_q[:, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first.aux_loss, full.aux_loss)
+    assert not torch.allclose(full.log_q[:, 1], full.log_q[:, 0])  # the second depth is another draft
+
+
+def test_bf16_trains_and_gates_under_autocast_but_probes_in_fp32():
+    model = target()
+    head = EagleHead.for_target(model.config, seed=1)
+    _, out = rollouts(model, head, n=4)
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    cheap = HeadLearner(head, embed, lm_head, LearnerConfig(max_steps=2, holdout_fraction=0.25, **CHEAP))
+    exact = HeadLearner(head, embed, lm_head, LearnerConfig(max_steps=2, holdout_fraction=0.25))
+    dtypes = []
+    hook = cheap.candidate.model.q_proj.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    for learner in (cheap, exact):
+        learner.add_rollouts(out)
+        report = learner.train_round()
+        assert report.gated and report.num_steps == 2
+    hook.remove()
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # the candidate's training forwards
+    gate_frozen, exact_frozen = cheap._entry_scores["frozen"], exact._entry_scores["frozen"]
+    assert not torch.equal(gate_frozen, exact_frozen)  # the gate scored under autocast ...
+    torch.testing.assert_close(gate_frozen, exact_frozen, rtol=0.05, atol=0.1)  # ... close to fp32
+    probe = out[-4:]
+    assert cheap.probe(probe).frozen == exact.probe(probe).frozen  # the measure is fp32 either way
+
+
+def test_bad_compute_settings_are_refused_early():
+    model = target()
+    head = EagleHead.for_target(model.config, seed=1)
+    with pytest.raises(ValueError, match="compute_dtype='float16' is invalid: one of"):
+        LearnerConfig(compute_dtype="float16")
+    with pytest.raises(ValueError, match="train_depths=0 is invalid"):
+        LearnerConfig(train_depths=0)
+    with pytest.raises(ValueError, match=r"train_depths=3 is invalid for this head: .* \[1, 2\]"):
+        HeadLearner(head, model.get_input_embeddings(), model.get_output_embeddings(), LearnerConfig(train_depths=3))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from online_fixtures import tiny_llama
 
-from specroll.benchmarks.learner_replay import parse_set, replay, summary_lines
+from specroll.benchmarks.learner_replay import apply_overrides, parse_set, replay, summary_lines
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.online_drafter.recording import RecordingLearner
@@ -68,6 +68,10 @@ def test_bad_recordings_and_settings_fail_early(tmp_path):
         replay(str(tmp_path / "rec"), 0, {"learning_rate": 1e-3})
     with pytest.raises(ValueError, match="key=value"):
         parse_set(["lr"])
+    with pytest.raises(ValueError, match="the drafter LM's costs are measured in float32 only"):
+        replay(str(tmp_path / "rec"), 0, {"compute_dtype": "bfloat16"})
+    # a setting newer than a recording (its recorded config lacks it) can still be replayed
+    assert apply_overrides({"lr": 1e-4, "buffer": {}}, {"train_depths": 1}).train_depths == 1
     with pytest.raises(ValueError, match="pass the policy, got None"):
         make_online_learner(MedusaHeads(32, 2), None, LearnerConfig(record_dir=str(tmp_path / "head")))
 
