@@ -68,7 +68,7 @@ class EagleObjective:
     """Depth 1: real features. Depth 2: each pair's feature is the head's own prediction of it (from the
     pair before), attending over the *real* pairs before it and itself — exactly what the engine's second
     draft sees when the first was kept (the "training-time test" of EAGLE-3 / HASS, one step of it). With
-    `depths=1` (`LearnerConfig.train_depths`) only the first, in one causal pass: 2.3x cheaper a step."""
+    `depths=1` (`LearnerConfig.train_depths`) only the first, in one causal pass: ~2x cheaper a step."""
 
     depths = 2
 
