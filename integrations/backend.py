@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
+from specroll.integrations.threads import ThreadSetting
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.stats import BatchStats
 
@@ -82,6 +83,11 @@ class RolloutBackend(Protocol):
     def metrics(self) -> dict[str, float]:
         """The service's state: `rollout/policy_version`, `drafter/version`, `sync/policy_s` and
         `sync/drafter_s` once synced (and what only one backend has, e.g. Ray's `rollout/resends`)."""
+        ...
+
+    def process_threads(self) -> list[ThreadSetting]:
+        """The torch threads of each process the backend runs torch in besides the caller's (its Ray
+        actors, as each reports them; none for an in-process backend)."""
         ...
 
     def shutdown(self) -> None:

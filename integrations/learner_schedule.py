@@ -15,6 +15,9 @@ last, possibly short, rollout's share. Every `ProbeSet.every` steps the round
 first scores the served drafter against the frozen one on fresh rollouts of fixed probe prompts
 (`DraftLearner.probe`): the drift measure the report plots.
 
+The learner's alarms (`online_drafter.alarms`: it stopped learning) are events too, printed to stderr
+as they are raised and counted in `drafter/alarms` (alarm conditions holding after each round).
+
 Logged under `drafter/*` into the trainer's metrics (so every `report_to` target sees them), the same
 on every backend because they are computed here from the learner's own reports. The schedule also
 keeps, for the end-of-run report, every probe (with the policy version it probed, and the served drafter's
@@ -25,9 +28,12 @@ event, and the time totals behind the learner's share of the critical path.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from tqdm import tqdm
 
 from specroll.rollout import SamplingParams
 
@@ -86,6 +92,9 @@ class LearnerSchedule:
     _first_rollout_at: float | None = None
     _update_s: float | None = None  # from a round's start to its collection: the trainer's update
     _pending_probe: int | None = None  # the policy version of the probe in flight
+    alarms: list[str] = field(default_factory=list)  # the learner's alarms (also among `events`), in order
+    num_rounds: int = 0
+    num_published: int = 0  # rounds that published a drafter version (the gate's or the watchdog's)
 
     def budget(self) -> float:
         """Seconds the next round may take (see the module docstring)."""
@@ -129,8 +138,13 @@ class LearnerSchedule:
                             if not math.isnan(float(getattr(report, name)))})
             metrics["drafter/published"] = float(report.published)
             metrics["drafter/budget_s"] = float(report.budget_s or 0.0)
+            metrics["drafter/alarms"] = float(report.alarms_active)
+            self.num_rounds += 1
+            self.num_published += int(report.published)
             if report.event:
                 self.events.append(f"round after step {report.policy_version}: {report.event}")
+            for alarm in report.alarms:
+                self._raise_alarm(f"round after step {report.policy_version}: {alarm}")
         if done.probe is not None:
             self.times.probe_s += done.probe.time_s
             version = self._pending_probe if self._pending_probe is not None else done.probe.policy_version
@@ -145,3 +159,9 @@ class LearnerSchedule:
         self._pending_probe = None
         metrics["drafter/events"] = float(len(self.events))
         return metrics
+
+    def _raise_alarm(self, line: str) -> None:
+        """Record a learner alarm as an event and print it (once: the learner raises each alarm once)."""
+        self.alarms.append(line)
+        self.events.append(f"ALARM {line}")
+        tqdm.write(f"specroll: WARNING: {line}", file=sys.stderr)  # on a line of its own, under a progress bar

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specroll.integrations.threads import ThreadSetting
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import OnlineLearner, make_online_learner
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
@@ -150,6 +151,10 @@ class LocalBackend:
         synced = {} if self.last_sync_s is None else {"sync/policy_s": self.last_sync_s}
         return {"rollout/policy_version": float(self.engine.policy_version),
                 "drafter/version": float(self.engine.drafter_version), **synced}
+
+    def process_threads(self) -> list[ThreadSetting]:
+        """None besides the caller's: the engine and the learner run in this process."""
+        return []
 
     def shutdown(self) -> None:
         self._join_round()

@@ -35,6 +35,9 @@ Decisions are paired comparisons on the same positions with a group-clustered in
   interval — on the held-out set each round, or on a probe — or below the break-even acceptance the
   engine's γ policy computes, the learner publishes the best drafter it knows (frozen, served or
   candidate, by held-out score) as a new version and reports the event.
+- **Alarms.** A learner that stops learning (too few optimizer steps over a few rounds, nothing published
+  while the probe shows the frozen drafter falling, probe scoring longer than a round) says so in its
+  reports (`alarms.py`): a stalled learner must be loud, never a quiet run with a stale drafter.
 - **Frozen shadow.** The initial drafter, scored on the same positions: what no online learning
   would give. `probe` scores served and frozen on rollouts of a fixed probe set of prompts, fresh at
   each policy version — the honest drift measure; held-out numbers move with the prompts a step drew.
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -56,6 +60,7 @@ from torch import nn
 from specroll.rollout import Rollout
 from specroll.rollout.weights import copy_into
 
+from .alarms import LearnerAlarms
 from .buffer import DraftBuffer, to_buffered
 from .candidate import Candidate, TrainResult, smoothed, weights_of
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -100,6 +105,7 @@ class DraftLearner:
         self._scoring_s_per_entry = 0.0  # the last gate's scoring, per entry scored
         self._trained_since_gate_s = 0.0  # candidate training since it was last scored
         self._candidate_changed = False  # trained since it was last scored
+        self.alarms = LearnerAlarms(config)
 
     # ------------------------------------------------------------------ public API
 
@@ -148,10 +154,10 @@ class DraftLearner:
                       policy_version=self.newest_policy_version, gated=gate)
         if not gate:
             nan = math.nan
-            return LearnerReport(False, self.version, nan, nan, nan, nan, nan, eval_time_s=0.0,
-                                 round_time_s=self.clock() - started,
-                                 num_holdout_positions=sum(e.num_positions for e in self.holdout.entries),
-                                 num_holdout_groups=len(set(self.holdout.keys)), **report)
+            return self._with_alarms(LearnerReport(
+                False, self.version, nan, nan, nan, nan, nan, eval_time_s=0.0, round_time_s=self.clock() - started,
+                num_holdout_positions=sum(e.num_positions for e in self.holdout.entries),
+                num_holdout_groups=len(set(self.holdout.keys)), **report))
         scored = self.clock()
         published, frozen = self._cached("published"), self._cached("frozen")
         with self._compute():
@@ -173,11 +179,11 @@ class DraftLearner:
         if reason is not None:
             event = self._revert(reason, {"served": served, "frozen": frozen, "candidate": candidate},
                                  candidate_entries)
-        return LearnerReport(publish or reason is not None, self.version, published.mean, candidate.mean,
-                             frozen.mean, gain.mean, gain.se, eval_time_s=self.clock() - scored,
-                             round_time_s=self.clock() - started,
-                             num_holdout_positions=published.num_positions,
-                             num_holdout_groups=int(published.counts.shape[0]), event=event, **report)
+        return self._with_alarms(LearnerReport(
+            publish or reason is not None, self.version, published.mean, candidate.mean, frozen.mean, gain.mean,
+            gain.se, eval_time_s=self.clock() - scored, round_time_s=self.clock() - started,
+            num_holdout_positions=published.num_positions, num_holdout_groups=int(published.counts.shape[0]),
+            event=event, **report))
 
     @torch.inference_mode()
     def probe(self, rollouts: list[Rollout]) -> ProbeReport:
@@ -196,9 +202,11 @@ class DraftLearner:
         reason = self._watchdog_reason(served, frozen, None, "probe")
         if reason is not None:
             event = self._revert(reason, {"served": served, "frozen": frozen})
-        return ProbeReport(served.mean, frozen.mean, gain.mean, gain.se, served.se, frozen.se, served.num_positions,
-                           int(served.counts.shape[0]), max(e.policy_version for e in entries), version, event,
-                           self.clock() - started, served.sums.tolist(), served.counts.tolist())
+        report = ProbeReport(served.mean, frozen.mean, gain.mean, gain.se, served.se, frozen.se,
+                             served.num_positions, int(served.counts.shape[0]), max(e.policy_version for e in entries),
+                             version, event, self.clock() - started, served.sums.tolist(), served.counts.tolist())
+        self.alarms.after_probe(report)
+        return report
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters of the published version, for `engine.update_drafter(sd, learner.version)`.
@@ -233,6 +241,11 @@ class DraftLearner:
         return learner
 
     # ------------------------------------------------------------------ decisions
+
+    def _with_alarms(self, report: LearnerReport) -> LearnerReport:
+        """The round's report with the alarms it raises (the learner stopped learning: `alarms.py`)."""
+        raised = self.alarms.after_round(report, self.candidate.step_s)
+        return dataclasses.replace(report, alarms=raised, alarms_active=self.alarms.active)
 
     def _watchdog_reason(self, served: GroupScores, frozen: GroupScores, break_even: float | None,
                          where: str) -> str | None:

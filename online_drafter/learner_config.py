@@ -51,7 +51,10 @@ class LearnerConfig:
     scores (None: all; the EAGLE head's 1: the first draft only, over the target's real features, in one pass
     instead of two). `record_dir`: a folder to save every input the learner gets
     (`recording.RecordingLearner`; a drafter LM's or a head's learner), for
-    `python -m specroll.benchmarks.learner_replay`.
+    `python -m specroll.benchmarks.learner_replay`. `alarm_rounds`, `alarm_min_steps`, `alarm_publish_rounds`: when
+    the learner says it stopped learning (`alarms.LearnerAlarms`): fewer than `alarm_min_steps` optimizer steps over
+    `alarm_rounds` rounds, or no version for `alarm_publish_rounds` rounds while the probe's frozen drafter falls (the
+    demo's healthy runs publish 9–14 versions in 20 rounds).
     """
 
     lr: float = 1e-4
@@ -79,6 +82,9 @@ class LearnerConfig:
     compute_dtype: str = "float32"
     train_depths: int | None = None
     record_dir: str | None = None
+    alarm_rounds: int = 3
+    alarm_min_steps: int = 3
+    alarm_publish_rounds: int = 6
 
     def __post_init__(self) -> None:
         if isinstance(self.buffer, dict):  # from `asdict` (a checkpoint) or a plain mapping
@@ -109,6 +115,11 @@ class LearnerConfig:
             ("train_depths",
              self.train_depths is None or (isinstance(self.train_depths, int) and self.train_depths >= 1),
              "None (every depth the head scores) or an int >= 1"),
+            ("alarm_rounds", isinstance(self.alarm_rounds, int) and self.alarm_rounds >= 1, "an int >= 1"),
+            ("alarm_min_steps", isinstance(self.alarm_min_steps, int) and self.alarm_min_steps >= 0,
+             "an int >= 0 (0: never)"),
+            ("alarm_publish_rounds", isinstance(self.alarm_publish_rounds, int) and self.alarm_publish_rounds >= 1,
+             "an int >= 1"),
         ]
         for name, ok, allowed in checks:
             if not ok:

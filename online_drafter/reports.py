@@ -31,6 +31,8 @@ class LearnerReport:
     policy_version: int  # the newest policy version the learner has seen
     event: str | None = None  # the watchdog's, or a candidate reset: what happened and why
     gated: bool = True  # the candidate was scored and judged this round
+    alarms: tuple[str, ...] = ()  # alarms this round raised: the learner stopped learning (`alarms.LearnerAlarms`)
+    alarms_active: int = 0  # alarm conditions that hold after this round (raised now or before)
 
 
 @dataclass

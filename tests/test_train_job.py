@@ -4,57 +4,22 @@ listens on."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from listening import is_loopback, listening_sockets
+from listening import is_loopback
+from train_runs import REPO, TrainRun, run_train
 
 from specroll.jobs.report import PLOTS
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-@dataclass
-class TinyRun:
-    returncode: int
-    stdout: str
-    stderr: str
-    out: Path
-    sockets: set[tuple[str, int]]  # every listening socket its process tree held while it ran
-
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, tiny_demo_cache) -> TinyRun:
-    """`specroll train` run as a user runs it: no Ray variables of the test session's (loopback mode, auth)
-    reach it, so what it listens on is what the product does. Its sockets are sampled while it runs."""
+def tiny_run(tmp_path_factory, tiny_demo_cache) -> TrainRun:
+    """`specroll train` as a user runs it, from a shell that exports `OMP_NUM_THREADS` (as HPC modules,
+    container images and job launchers do) above every process's share of the 2 cores."""
     pytest.importorskip("trl")
     pytest.importorskip("ray")
-    out = tmp_path_factory.mktemp("report")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["SPECROLL_CACHE"] = str(tiny_demo_cache)
-    logs = tmp_path_factory.mktemp("logs")
-    with open(logs / "stdout", "w+") as stdout, open(logs / "stderr", "w+") as stderr:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "specroll.cli", "train", "--config", str(REPO / "configs" / "demo_tiny.yaml"),
-             "--out-dir", str(out)],
-            cwd=out, env=env, stdout=stdout, stderr=stderr, text=True,
-        )
-        sockets: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + 300
-        while job.poll() is None and time.monotonic() < deadline:
-            sockets |= listening_sockets(job.pid)
-            time.sleep(0.5)
-        if job.poll() is None:
-            job.kill()
-        job.wait()
-        stdout.seek(0)
-        stderr.seek(0)
-        return TinyRun(job.returncode, stdout.read(), stderr.read(), out, sockets)
+    return run_train(REPO / "configs" / "demo_tiny.yaml", tmp_path_factory.mktemp("report"), tiny_demo_cache,
+                     tmp_path_factory.mktemp("logs"), env={"OMP_NUM_THREADS": "4"})
 
 
 def test_main_job_listens_on_loopback_only(tiny_run):
@@ -106,3 +71,26 @@ def test_rollout_metrics_reach_tensorboard(tiny_run):
 def test_closing_line_separates_build_time_from_run_time(tiny_run):
     (closing,) = [line for line in tiny_run.stdout.splitlines() if line.startswith("specroll train: done in")]
     assert " run " in closing and "model build" not in closing  # the session's cache holds the build
+
+
+def test_every_process_runs_the_configured_torch_threads_whatever_omp_num_threads_says(tiny_run):
+    """demo_tiny: `torch_threads: 1` for the driver, `num_cpus: 1` for the worker and the learner; the shell's
+    OMP_NUM_THREADS=4 reaches every process (Ray passes it on) and is overridden in each."""
+    threads = json.loads((tiny_run.out / "summary.json").read_text())["threads"]
+    assert set(threads) == {"driver (trainer)", "rollout worker 0", "learner"}, threads
+    for process, setting in threads.items():
+        assert setting == {"intra_op": 1, "inter_op": 1, "OMP_NUM_THREADS": "4"}, (process, setting)
+    (logged,) = [line for line in tiny_run.stdout.splitlines() if line.startswith("specroll: torch threads")]
+    assert "rollout worker 0: 1 intra-op" in logged and "learner: 1 intra-op" in logged
+
+
+def test_closing_lines_say_what_online_learning_bought(tiny_run):
+    summary = json.loads((tiny_run.out / "summary.json").read_text())
+    headline = summary["headline"]
+    assert next(iter(summary)) == "headline"
+    assert headline["learner_rounds"] == 2 and headline["versions_published"] >= 0
+    assert "verdict" in headline
+    closing = [line for line in tiny_run.stdout.splitlines() if line.startswith("specroll train: ")]
+    assert any("drafter versions published in 2 learner rounds" in line for line in closing), closing
+    page = (tiny_run.out / "report.html").read_text()
+    assert page.index("drafter versions published") < page.index("<table>")

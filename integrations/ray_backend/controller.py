@@ -41,6 +41,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from specroll.integrations.backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 from specroll.integrations.model_source import trained_drafter_kind
+from specroll.integrations.threads import ThreadSetting, actor_threads
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.stats import BatchStats
 
@@ -90,7 +91,8 @@ class RolloutController:
             RolloutWorker.options(
                 num_cpus=topo.worker.num_cpus, num_gpus=topo.worker.num_gpus, max_restarts=topo.max_restarts,
                 max_task_retries=0, scheduling_strategy=self._bundle(i), **named(worker_name(i), namespace),
-            ).remote(i, config.models, config.engine, self.board, config.sync.timeout_s)
+            ).remote(i, config.models, config.engine, self.board, config.sync.timeout_s,
+                     actor_threads(topo.worker.num_cpus))
             for i in range(topo.num_workers)
         ]
         self.learner = None
@@ -98,7 +100,7 @@ class RolloutController:
             self.learner = LearnerActor.options(
                 num_cpus=topo.learner.num_cpus, num_gpus=topo.learner.num_gpus,
                 scheduling_strategy=self._bundle(topo.num_workers), **named(LEARNER_NAME, namespace),
-            ).remote(config.models, config.engine, config.learner)
+            ).remote(config.models, config.engine, config.learner, actor_threads(topo.learner.num_cpus))
         warm_up = ObjectStoreTransport().publish(*pack_buckets({"warm_up": torch.zeros(1)}, 1 << 10, version=-1), 0)
         try:
             ray.get([w.versions.remote() for w in self.workers] + [self.board.ping.remote(warm_up)],
@@ -245,6 +247,11 @@ class RolloutController:
     def metrics(self) -> dict[str, float]:
         return {"rollout/policy_version": float(self.policy_version), "drafter/version": float(self.drafter_version),
                 "rollout/resends": float(self.num_resends), **self._last_sync_s}
+
+    def process_threads(self) -> list[ThreadSetting]:
+        """The torch threads of every worker and of the learner, as each reports them."""
+        actors = [*self.workers, *([self.learner] if self.learner is not None else [])]
+        return ray.get([actor.threads.remote() for actor in actors], timeout=self.config.sync.timeout_s)
 
     def shutdown(self) -> None:
         """Stop the actors this controller created; an attached one only lets go of them."""

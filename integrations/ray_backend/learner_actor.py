@@ -12,7 +12,9 @@ calls in order, so the probe scores the drafter that served the step before the 
 and the whole round runs while the trainer updates the policy. The drafter weights live here; when
 the round's report says the version moved, the controller fetches `published_state_dict` and syncs
 it to the workers. The learner is not restarted on failure: losing it costs learning, never
-rollouts, and the controller reports it.
+rollouts, and the controller reports it. It runs torch on as many threads as it has whole CPUs
+(`threads`), whatever `OMP_NUM_THREADS` it inherited: oversubscribed, a time-bounded round finishes
+no optimizer step.
 """
 
 from __future__ import annotations
@@ -25,21 +27,26 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_drafter, trained_drafter_kind
+from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.rollout import EngineConfig
 from specroll.rollout.weights import copy_into
 
+from .metrics import LearnerMetrics
+
 
 @ray.remote
 class LearnerActor:
-    def __init__(self, models: ModelPaths, engine: EngineConfig, config: LearnerConfig):
+    def __init__(self, models: ModelPaths, engine: EngineConfig, config: LearnerConfig, threads: int = 1):
+        set_torch_threads(threads, "learner")  # before any torch work: the inter-op pool is sized once
         head = trained_drafter_kind(models, engine) in HEAD_KINDS
         # A head reads the policy's embedding and LM head: the actor holds the policy (kept current by
         # `load_policy`); a drafter LM needs none of it.
         self.policy = AutoModelForCausalLM.from_pretrained(models.target, dtype=torch.float32) if head else None
         drafter = load_drafter(models, engine, self.policy)
         self.learner = make_online_learner(drafter, self.policy, config)
+        self.metrics = LearnerMetrics()
         self.num_rollouts = 0  # added since start, from every controller (every rank of a shared service)
         self.num_rounds = 0
 
@@ -53,11 +60,17 @@ class LearnerActor:
     def train_round(self, budget_s: float | None, break_even: float | None) -> Any:
         """One distillation round; returns the learner's `LearnerReport`."""
         self.num_rounds += 1
-        return self.learner.train_round(budget_s, break_even)
+        report = self.learner.train_round(budget_s, break_even)
+        self.metrics.record_round(report)
+        return report
 
     def counts(self) -> dict[str, int]:
         """Rollouts added and rounds run since the actor started."""
         return {"rollouts": self.num_rollouts, "rounds": self.num_rounds}
+
+    def threads(self) -> ThreadSetting:
+        """The torch threads the learner runs with (as torch reports them in the thread that serves calls)."""
+        return current_threads("learner")
 
     def probe(self, batches: list[ray.ObjectRef]) -> Any:
         """Score served vs frozen on probe rollouts (refs to workers' `generate` results); never buffered."""

@@ -9,10 +9,14 @@ and the tests read). Counters are named without `_total`: Ray (OpenTelemetry) ap
 Names (all tagged `worker`; sync metrics also `role` = policy | drafter):
 `specroll_rollout_tokens` (counter), `specroll_rollout_tokens_per_s`, `specroll_acceptance_rate`,
 `specroll_mean_accepted_len`, `specroll_gamma`, `specroll_live_batch`, `specroll_policy_version`,
-`specroll_drafter_version`, `specroll_sync_seconds`.
+`specroll_drafter_version`, `specroll_sync_seconds`. The learner actor's `LearnerMetrics` (untagged):
+`specroll_learner_steps`, `specroll_learner_budget_seconds`, `specroll_learner_version`,
+`specroll_learner_alarms` (alarm conditions holding: it stopped learning) and `specroll_learner_alarms_raised`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import ray
 from ray.util.metrics import Counter, Gauge
@@ -60,6 +64,29 @@ class WorkerMetrics:
 
     def record_sync(self, role: str, seconds: float) -> None:
         self.sync_seconds.set(seconds, tags={**self._tags, "role": role})
+
+
+class LearnerMetrics:
+    """The Prometheus series of the learner actor, set after every round: whether it is still learning."""
+
+    def __init__(self):
+        self.gauges = {
+            name: Gauge(f"specroll_learner_{name}", doc)
+            for name, doc in (
+                ("steps", "Optimizer steps the last learner round took."),
+                ("budget_seconds", "Seconds the last learner round was given."),
+                ("version", "Drafter version the learner publishes."),
+                ("alarms", "Learner alarm conditions holding (stalled, publishes nothing, probe slower than a round)."),
+            )
+        }
+        self.raised = Counter("specroll_learner_alarms_raised", "Learner alarms raised.")
+
+    def record_round(self, report: Any) -> None:
+        for name, value in (("steps", report.num_steps), ("budget_seconds", report.budget_s or 0.0),
+                            ("version", report.version), ("alarms", report.alarms_active)):
+            self.gauges[name].set(float(value))
+        if report.alarms:
+            self.raised.inc(len(report.alarms))
 
 
 def prometheus_urls() -> list[str]:

@@ -4,7 +4,9 @@ The drafter is what the engine config asks for (`model_source.load_drafter`): th
 EAGLE / Medusa head, whose verification-time hidden states the rollouts then carry for its learner.
 
 Created by the controller with `num_cpus`/`num_gpus`, `max_restarts` and a placement-group bundle
-from the run config. Models load from `save_pretrained` paths inside the actor, so only paths cross
+from the run config; it runs torch on as many threads as it has whole CPUs (`threads`), whatever
+`OMP_NUM_THREADS` it inherited (`integrations.threads`). Models load from `save_pretrained` paths
+inside the actor, so only paths cross
 the wire. On (re)start the worker loads the latest weights posted on the `WeightBoard`: a worker
 that Ray restarted after a crash serves the current policy and drafter versions, never its initial
 checkpoint. Weight updates come in two steps, so the controller can make a sync all-or-nothing
@@ -26,6 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.integrations.model_source import ModelPaths, load_drafter, tokenizer_pair
+from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.stats import BatchStats
 from specroll.rollout.weights import check_fits
@@ -56,8 +59,9 @@ class StagedWeights:
 @ray.remote(concurrency_groups={"control": 1})
 class RolloutWorker:
     def __init__(self, worker_index: int, models: ModelPaths, engine_config: EngineConfig,
-                 board: ray.actor.ActorHandle | None = None, reload_timeout_s: float = 60.0):
+                 board: ray.actor.ActorHandle | None = None, reload_timeout_s: float = 60.0, threads: int = 1):
         self.worker_index = worker_index
+        set_torch_threads(threads, self._process_name())  # before any torch work: the inter-op pool is sized once
         dtype = engine_config.dtype
         target = AutoModelForCausalLM.from_pretrained(models.target, dtype=dtype)
         drafter = load_drafter(models, engine_config, target)  # a drafter LM, an EAGLE / Medusa head, or None
@@ -129,6 +133,13 @@ class RolloutWorker:
     def discard_staged(self, role: str) -> None:
         """Drop a staged version that will not be committed (its sync failed elsewhere)."""
         self.staged.pop(role, None)
+
+    def threads(self) -> ThreadSetting:
+        """The torch threads this worker runs with (as torch reports them in the thread that serves calls)."""
+        return current_threads(self._process_name())
+
+    def _process_name(self) -> str:
+        return f"rollout worker {self.worker_index}"
 
     def versions(self) -> dict[str, int]:
         return {"policy": self.engine.policy_version, "drafter": self.engine.drafter_version}

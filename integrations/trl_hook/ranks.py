@@ -38,6 +38,10 @@ class AccelerateRanks:
         return self.state.is_main_process
 
     @property
+    def rank(self) -> int:
+        return self.state.process_index
+
+    @property
     def num_processes(self) -> int:
         return self.state.num_processes
 

@@ -83,6 +83,19 @@ def demo_head(demo: Any, kind: str, recipe: str) -> str:
     return str(path)
 
 
+def driver_threads(config: TrainConfig) -> int:
+    """The torch threads of the driver (TRL's trainer): `torch_threads`, else this machine's cores less the
+    whole CPUs the Ray actors were given (they may share this machine), at least one."""
+    if config.torch_threads:
+        return config.torch_threads
+    cores = os.cpu_count() or 1
+    if config.backend.kind == "ray":
+        topo = config.backend.topology
+        actors = topo.num_workers * topo.worker.num_cpus + (topo.learner.num_cpus if config.online_learning else 0)
+        cores -= int(actors)
+    return max(1, cores)
+
+
 def trainer_ranks(config: TrainConfig) -> Any | None:
     """The trainer's process group (`AccelerateRanks`) when a launcher started several ranks, else None."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:

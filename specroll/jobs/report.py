@@ -4,8 +4,10 @@
 
 Contents of `out_dir`:
 
-- `report.html` — the summary table, the learner's events (watchdog reverts, candidate resets) and
-  five plots, each under a heading that names it (`PLOTS`). Drift is plotted on the *probe set*:
+- `report.html` — first what online learning bought (`learning_headline`: online − frozen at the last
+  probe with its interval, versions published, the learner's alarms, a verdict), then the summary
+  table, the learner's events (watchdog reverts, candidate resets, alarms) and five plots, each under
+  a heading that names it (`PLOTS`). Drift is plotted on the *probe set*:
   fixed prompts, fresh samples at each probed policy version, never trained on, online (served)
   and frozen drafter scored by expected acceptance Σ min(p, q) on the same positions, each with a
   95% band, and their paired difference with its 95% interval. The learner's held-out numbers
@@ -74,6 +76,45 @@ class ReportFiles:
     plots: dict[str, Path]
 
 
+def learning_headline(probes: list[dict[str, float]], num_published: int, num_rounds: int, alarms: list[str],
+                      online_learning: bool = True) -> dict[str, Any]:
+    """What online learning bought, at a glance: online − frozen at the last probe (points, with its 95%
+    interval), the versions published, the learner's alarms, and a verdict that cannot read as a success
+    when learning did nothing. The first lines of the report, `summary.json` and the run's closing output."""
+    headline: dict[str, Any] = {"versions_published": num_published, "learner_rounds": num_rounds,
+                                "alarms": list(alarms)}
+    if not online_learning:
+        return {**headline, "verdict": "online learning off: the drafter stayed as loaded"}
+    if not probes:
+        return {**headline, "verdict": "no probe in this run (probe.prompts: 0): it cannot say what online "
+                                       "learning bought"}
+    last = probes[-1]
+    gain, half = 100 * last["drafter/probe_gain"], 100 * Z95 * last["drafter/probe_gain_se"]
+    helped = gain - half > 0
+    verdict = ("online learning helped: the online drafter is above the frozen one beyond the interval" if helped
+               else "WARNING: online learning bought nothing measurable: the interval of online − frozen "
+                    "includes 0 or is below it")
+    return {**headline, "online_minus_frozen_points": gain, "interval95_points": [gain - half, gain + half],
+            "probe_step": last["step"], "online": last["drafter/probe_online"], "frozen": last["drafter/probe_frozen"],
+            "helped": helped, "verdict": verdict}
+
+
+def headline_lines(headline: dict[str, Any]) -> list[str]:
+    """`learning_headline` as the few lines a person reads first."""
+    lines = []
+    if "online_minus_frozen_points" in headline:
+        low, high = headline["interval95_points"]
+        lines.append(f"online drafter vs frozen at the last probe (policy version {headline['probe_step']}): "
+                     f"{headline['online_minus_frozen_points']:+.1f} points (95% interval {low:+.1f} to {high:+.1f}; "
+                     f"{headline['online']:.3f} vs {headline['frozen']:.3f})")
+    lines.append(f"{headline['versions_published']} drafter versions published in {headline['learner_rounds']} "
+                 f"learner rounds; {len(headline['alarms']) or 'no'} learner alarm"
+                 f"{'' if len(headline['alarms']) == 1 else 's'}")
+    lines.extend(f"ALARM {line}" for line in headline["alarms"])
+    lines.append(headline["verdict"])
+    return lines
+
+
 def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: SpeedMeasurement,
                  config: dict[str, Any], summary: dict[str, Any], events: list[str] | None = None,
                  probes: list[dict[str, float]] | None = None) -> ReportFiles:
@@ -93,7 +134,7 @@ def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: Spee
             f.write(json.dumps(probe) + "\n")
     config_path = out / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    summary = {**summary, "speed": {**asdict(speed), "speedup": speed.speedup}}
+    summary = {**summary, "speed": {**asdict(speed), "speedup": speed.speedup}}  # "headline" stays first
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=2))
     plots = {
@@ -203,6 +244,9 @@ def _save(fig, path: Path) -> Path:
 
 def _html(summary: dict[str, Any], plots: dict[str, Path], events: list[str]) -> str:
     listed = "".join(f"<li>{html.escape(line)}</li>" for line in events) or "<li>none</li>"
+    lines = headline_lines(summary["headline"]) if "headline" in summary else []
+    top = "".join(f"<p class='{'alarm' if line.startswith(('ALARM', 'WARNING')) else 'headline'}'>"
+                  f"{html.escape(line)}</p>" for line in lines)
     rows = "".join(
         f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
         for k, v in _flatten(summary).items()
@@ -215,8 +259,9 @@ def _html(summary: dict[str, Any], plots: dict[str, Path], events: list[str]) ->
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>specroll train report</title>"
         "<style>body{font-family:sans-serif;max-width:860px;margin:2em auto}"
-        "th{text-align:left;padding-right:1em}img{max-width:100%}</style></head><body>"
-        f"<h1>specroll train report</h1><table>{rows}</table><h2>Learner events</h2><ul>{listed}</ul>{figures}"
+        "th{text-align:left;padding-right:1em}img{max-width:100%}.headline{font-weight:bold}"
+        ".alarm{font-weight:bold;color:#b00}</style></head><body>"
+        f"<h1>specroll train report</h1>{top}<table>{rows}</table><h2>Learner events</h2><ul>{listed}</ul>{figures}"
         "<p>Data: <a href='metrics.jsonl'>metrics.jsonl</a>, <a href='config.yaml'>config.yaml</a>, "
         "<a href='summary.json'>summary.json</a></p></body></html>"
     )

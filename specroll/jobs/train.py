@@ -41,14 +41,14 @@ def run(args: argparse.Namespace) -> int:
     from specroll.integrations.yaml_config import read_yaml
 
     read_yaml(args.config)  # a missing file or bad YAML fails now, not after seconds of imports
-    import torch
     import yaml
 
+    from specroll.integrations.threads import set_torch_threads
     from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
     from specroll.integrations.yaml_config import ConfigError
 
-    from .backends import make_backend, resolve_models, stop_ray, trainer_ranks
-    from .report import write_report
+    from .backends import driver_threads, make_backend, resolve_models, stop_ray, trainer_ranks
+    from .report import headline_lines, write_report
     from .speed import measure_speed
     from .task_source import load_task
     from .train_config import load_train_config, resolved_dict
@@ -67,10 +67,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"models.tokenizer={config.models.tokenizer!r} is invalid: no tokenizer found for "
                           f"{sources.paths.target} (GRPO needs one: set models.tokenizer)")
     task = load_task(config.task, sources.max_digits)
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
+    driver = set_torch_threads(driver_threads(config), "driver (trainer)" if ranks is None
+                               else f"trainer rank {ranks.rank}")
     backend = make_backend(config, sources, ranks)
     try:
+        threads = [driver, *(backend.process_threads() if main else [])]
+        print("specroll: torch threads per process (set from the config, whatever OMP_NUM_THREADS says): "
+              + "; ".join(t.line() for t in threads), flush=True)
         trainer, schedule = train(config, sources, task, backend)
         if main:
             speed = measure_speed(config, sources, task, trainer, backend)
@@ -88,8 +91,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     history = trainer.state.log_history
     wall_s = time.perf_counter() - started
-    files = write_report(config.report.out_dir, history, speed, resolved_dict(config),
-                         summarize(history, speed, wall_s, sources.build_s, schedule), schedule.events, schedule.probes)
+    summary = summarize(history, speed, wall_s, sources.build_s, schedule, threads, config.online_learning)
+    files = write_report(config.report.out_dir, history, speed, resolved_dict(config), summary, schedule.events,
+                         schedule.probes)
+    for line in headline_lines(summary["headline"]):
+        print(f"specroll train: {line}", flush=True)
     built = f"model build {sources.build_s:.0f}s + " if sources.build_s else ""
     print(f"specroll train: done in {built}run {wall_s - sources.build_s:.0f}s; speculative "
           f"{speed.spec_tokens_per_s:.0f} tok/s vs plain {speed.plain_tokens_per_s:.0f} tok/s "
@@ -172,7 +178,11 @@ def train(config: Any, sources: Any, task: Any, backend: Any) -> tuple[Any, Any]
     return trainer, schedule
 
 
-def summarize(history: list[dict], speed: Any, wall_s: float, build_s: float, schedule: Any) -> dict[str, Any]:
+def summarize(history: list[dict], speed: Any, wall_s: float, build_s: float, schedule: Any,
+              threads: list[Any] = (), online_learning: bool = True) -> dict[str, Any]:
+    """`summary.json`: the learning headline first, then the numbers (`threads`: each process's `ThreadSetting`)."""
+    from .report import learning_headline
+
     steps = [e for e in history if "reward" in e]
     first, last = (steps[0], steps[-1]) if steps else ({}, {})
     keys = ("reward", "rollout/tokens_per_s", "rollout/acceptance_rate", "drafter/version")
@@ -183,6 +193,8 @@ def summarize(history: list[dict], speed: Any, wall_s: float, build_s: float, sc
                  ("last", probes[-1])) for name in ("online", "frozen", "gain", "gain_se")}
         drift["first_step"], drift["last_step"] = probes[0]["step"], probes[-1]["step"]
     return {
+        "headline": learning_headline(probes, schedule.num_published, schedule.num_rounds, schedule.alarms,
+                                      online_learning),
         "wall_time_s": wall_s,
         "model_build_s": build_s,
         "steps": len(steps),
@@ -191,6 +203,8 @@ def summarize(history: list[dict], speed: Any, wall_s: float, build_s: float, sc
         "probe": drift,
         "learner": {**vars(schedule.times), **schedule.times.shares(), "events": len(schedule.events)},
         "speedup_vs_plain": speed.speedup,
+        "threads": {t.process: {"intra_op": t.intra_op, "inter_op": t.inter_op, "OMP_NUM_THREADS": t.omp_num_threads}
+                    for t in threads},
     }
 
 
