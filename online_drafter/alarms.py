@@ -15,8 +15,10 @@ in 20 steps, online − frozen 0.00 at the end — and nothing said so. Three co
 - **publishes nothing**: no version published in the last `alarm_publish_rounds` rounds while the
   probe shows the frozen drafter falling (its last probe below its first by more than `gate_z`
   standard errors): there is drift to win back and none is won;
-- **probe slower than the round**: the learner's scoring of a probe took longer than the whole budget
-  of the round it precedes.
+- **probe slower than the rounds**: the learner's scoring of a probe took longer than the mean budget of
+  the rounds since the probe before it (this one's included): it measures more than it learns. The mean,
+  not the last round's: the schedule's budget is cumulative, so one round (the run's last, often) may get
+  only what earlier rounds left.
 
 Each alarm is raised when its condition starts to hold, once, and again only after it cleared; while
 any holds, `active` counts them. The learner puts both in its `LearnerReport` (`alarms`,
@@ -32,8 +34,6 @@ from collections import deque
 from .learner_config import LearnerConfig
 from .reports import LearnerReport, ProbeReport
 
-KINDS = ("stalled", "publishes nothing", "probe slower than the round")
-
 
 class LearnerAlarms:
     def __init__(self, config: LearnerConfig):
@@ -43,6 +43,8 @@ class LearnerAlarms:
         self.first_probe: ProbeReport | None = None
         self.last_probe: ProbeReport | None = None
         self.unjudged_probe: ProbeReport | None = None  # its scoring time awaits the next round's budget
+        self.budgets_since_probe: list[float] = []  # the budgets of the rounds since the last probe
+        self.probe_window: list[float] = []  # those before the unjudged probe: its scoring time is judged on them
         self.holding: set[str] = set()
 
     @property
@@ -54,13 +56,16 @@ class LearnerAlarms:
             self.first_probe = probe
         self.last_probe = probe
         self.unjudged_probe = probe
+        self.probe_window, self.budgets_since_probe = self.budgets_since_probe, []
 
     def after_round(self, report: LearnerReport, step_s: float) -> tuple[str, ...]:
         """The alarms this round raises (`step_s`: the learner's last measured optimizer step, 0 if none)."""
         self.recent.append(report)
         self.rounds_since_publish = 0 if report.published else self.rounds_since_publish + 1
+        if report.budget_s is not None:
+            self.budgets_since_probe.append(report.budget_s)
         found = {"stalled": self._stalled(step_s), "publishes nothing": self._publishes_nothing(),
-                 "probe slower than the round": self._slow_probe(report)}
+                 "probe slower than the rounds": self._slow_probe()}
         self.unjudged_probe = None
         raised = tuple(message for kind, message in found.items() if message and kind not in self.holding)
         self.holding = {kind for kind, message in found.items() if message}
@@ -93,9 +98,10 @@ class LearnerAlarms:
                 f"{first.policy_version} → {last.frozen:.3f} at {last.policy_version}); the served drafter is "
                 f"{last.gain:+.3f} ± {last.gain_se:.3f} over the frozen one")
 
-    def _slow_probe(self, report: LearnerReport) -> str | None:
-        probe, budget = self.unjudged_probe, report.budget_s
-        if probe is None or budget is None or probe.time_s <= budget:
+    def _slow_probe(self) -> str | None:
+        probe, budgets = self.unjudged_probe, self.probe_window + self.budgets_since_probe[-1:]
+        if probe is None or not budgets or probe.time_s <= sum(budgets) / len(budgets):
             return None
-        return (f"probe scoring took {probe.time_s:.2f} s, longer than the whole budget of the learner round "
-                f"after it ({budget:.2f} s)")
+        return (f"probe scoring took {probe.time_s:.2f} s, longer than the mean budget of the learner rounds "
+                f"since the probe before it ({sum(budgets) / len(budgets):.2f} s over {len(budgets)} rounds): "
+                "it measures more than it learns")

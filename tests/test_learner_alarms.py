@@ -63,13 +63,19 @@ def test_no_publish_alarm_while_the_frozen_drafter_holds():
     assert [alarms.after_round(round_report(), step_s=0.1) for _ in range(4)] == [()] * 4
 
 
-def test_probe_scoring_longer_than_the_round_budget_is_an_alarm():
+def test_probe_scoring_longer_than_the_mean_round_budget_since_the_last_probe_is_an_alarm():
     alarms = LearnerAlarms(LearnerConfig())
     alarms.after_probe(probe_report(0.9, time_s=0.5))
     assert alarms.after_round(round_report(budget_s=1.0), step_s=0.1) == ()
+    for budget in (2.0, 2.0, 2.0):
+        alarms.after_round(round_report(budget_s=budget), step_s=0.1)
+    alarms.after_probe(probe_report(0.9, time_s=1.2))
+    # the run's last round may get only what earlier rounds left: judged on the mean since the last probe
+    assert alarms.after_round(round_report(budget_s=0.2), step_s=0.1) == ()
     alarms.after_probe(probe_report(0.9, time_s=3.0))
     (raised,) = alarms.after_round(round_report(budget_s=1.0), step_s=0.1)
-    assert raised.startswith("probe scoring took 3.00 s, longer than the whole budget of the learner round after it")
+    assert raised.startswith("probe scoring took 3.00 s, longer than the mean budget of the learner rounds since "
+                             "the probe before it (0.60 s over 2 rounds)")
     assert alarms.after_round(round_report(budget_s=1.0), step_s=0.1) == ()  # judged once, with its round
 
 
