@@ -14,7 +14,7 @@ tokens (past the window):
   or the engine).
 
 For a refused type it also reports what running it with `allow_unverified_architectures=True`
-gives, which is what a change to `rollout.architectures` must be judged by. The default test suite
+gives, which is what a change to `rollout.models.architectures` must be judged by. The default test suite
 runs `check_exact` over every allowlisted type (tests/test_architectures.py).
 """
 
@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.architectures import KNOWN_GAPS, VERIFIED_MODEL_TYPES
+from specroll.rollout.models.architectures import KNOWN_GAPS, VERIFIED_MODEL_TYPES
 
 VOCAB = 64
 WINDOW = 4

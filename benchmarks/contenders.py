@@ -40,7 +40,7 @@ def _count_until_stop(rows: torch.Tensor, stop_ids: tuple[int, ...], budgets: li
 def hf_copy(model: PreTrainedModel) -> PreTrainedModel:
     """A private copy in HF's own weight layout, as `from_pretrained` gives it to a user.
 
-    specroll's engine re-lays out the weights of the models it runs (`rollout.lean`: fused, and on CPU
+    specroll's engine re-lays out the weights of the models it runs (`rollout.models.lean`: fused, and on CPU
     input-major); the HF contenders must not inherit that, so each gets a contiguous copy.
     """
     clone = copy.deepcopy(model)

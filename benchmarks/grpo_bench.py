@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SAMPLER_NAMES
-from specroll.rollout.cost_model import CostModel
+from specroll.rollout.gamma.cost_model import CostModel
 
 from .engine_race import paired_ratio
 from .models import BenchModels

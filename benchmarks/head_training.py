@@ -2,7 +2,7 @@
 
 A fresh head drafts nothing useful, so before it serves it gets a first version: the target samples
 completions of task prompts (T = 1, plain decoding, the hidden states and top-k p recorded exactly as
-the online path records them: `RolloutSignals.hidden`), and `online_drafter.head_learner.HeadLearner`
+the online path records them: `RolloutSignals.hidden`), and `online_drafter.heads.learner.HeadLearner`
 trains each head on them for a time budget, gated on held-out groups like every later version: two
 phases, at `lr` then at a fifth of it (measured on the EAGLE head: 0.903 held out after 600 s at 1e-3,
 0.923 after 300 s more at 2e-4, where 600 s more at 1e-3 had been gaining ~0.2 points per 100 s). The
@@ -32,10 +32,10 @@ import torch
 from transformers import PreTrainedModel
 
 from specroll.online_drafter import LearnerConfig
-from specroll.online_drafter.head_data import FeatureSequence, from_rollout
-from specroll.online_drafter.head_learner import HeadLearner
+from specroll.online_drafter.heads.data import FeatureSequence, from_rollout
+from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 TRAIN_PROMPT_SEED = 9001  # not the benchmarks' prompt seed (0)
 MEDUSA_HEADS = 4

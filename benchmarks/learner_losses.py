@@ -25,11 +25,11 @@ from specroll.demo import DemoRecipe, load_or_build_demo_models
 from specroll.demo.task import make_problems, max_completion_tokens, to_messages
 from specroll.demo.tokenizer import encode_prompt
 from specroll.online_drafter import DraftLearner, LearnerConfig
-from specroll.online_drafter.buffer import to_buffered
+from specroll.online_drafter.lm.data import to_buffered
+from specroll.online_drafter.lm.scorer import DrafterScorer
 from specroll.online_drafter.paired import paired_gain
-from specroll.online_drafter.scoring import DrafterScorer
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.weights import copy_into
+from specroll.rollout.models.weights import copy_into
 
 
 def sample(policy, tokenizer, problems, limit: int, group: int, seed: int, top_k: int):

@@ -36,7 +36,7 @@ import yaml
 
 from specroll.integrations.yaml_config import from_dict
 from specroll.online_drafter import DraftLearner, LearnerConfig
-from specroll.online_drafter.head_learner import HeadLearner
+from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.online_drafter.learner_config import BufferConfig
 from specroll.online_drafter.recording import recorded_calls
 from specroll.online_drafter.reports import ProbeReport

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ..rollout.lean import unfuse
+from ..rollout.models.lean import unfuse
 from .generate import sample_completions
 from .grow import grow, grown_config
 from .pretrain import Example, train

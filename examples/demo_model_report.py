@@ -22,7 +22,7 @@ from specroll.demo.model_cache import load_or_build_demo_models
 from specroll.demo.recipe import DemoRecipe
 from specroll.demo.reward import score
 from specroll.demo.task import make_problems, max_completion_tokens, style_of
-from specroll.rollout.runner import ModelRunner
+from specroll.rollout.models.runner import ModelRunner
 
 EVAL_SEED = 10_000  # problem stream the build never trains on
 

@@ -34,7 +34,7 @@ import torch
 
 from specroll.integrations.threads import ThreadSetting
 from specroll.rollout import Rollout, SamplingParams
-from specroll.rollout.stats import BatchStats
+from specroll.rollout.core.stats import BatchStats
 
 
 class RolloutBackend(Protocol):

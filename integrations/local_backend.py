@@ -5,7 +5,7 @@ For one machine without Ray (tests, notebooks, a single-GPU run)::
     backend = LocalBackend.from_models(target, drafter, EngineConfig(gamma="auto"), LearnerConfig())
     trainer = GRPOTrainer(..., rollout_func=SpecrollRolloutFunc(backend))
 
-The drafter is a drafter LM (trained by a `DraftLearner`) or an EAGLE / Medusa head (`rollout.heads`,
+The drafter is a drafter LM (trained by a `DraftLearner`) or an EAGLE / Medusa head (`rollout.drafters.heads`,
 with `EngineConfig.drafters` naming it; trained by a `HeadLearner`, which reads the engine's own
 target's embedding and LM head — updated in place by every policy sync, so it follows the policy).
 Every rollout batch is handed to the learner's buffer. `start_learner_round` runs the round (and
@@ -35,8 +35,8 @@ from specroll.integrations.threads import ThreadSetting
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import OnlineLearner, make_online_learner
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
-from specroll.rollout.heads import EagleHead, MedusaHeads
-from specroll.rollout.stats import BatchStats
+from specroll.rollout.core.stats import BatchStats
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 

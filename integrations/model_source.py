@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
-from specroll.rollout.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 HEAD_KINDS = ("eagle", "medusa")  # drafter kinds whose weights are a head on the target's hidden states
 

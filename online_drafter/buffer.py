@@ -1,62 +1,72 @@
-"""DraftBuffer: a bounded replay store of what verification revealed, keyed by policy version.
+"""ReplayBuffer: the online learner's bounded store of what verification revealed, keyed by policy version.
 
-The learner adds finished rollouts (context ids + the target's top-k at each completion position)
-and samples batches to distil the drafter on. The policy moves every RL step, so sampling favours
-the newest versions: a rollout of version v weighs `recency_decay ** (newest − v)`. Within a
-rollout, positions where a draft was rejected weigh `rejected_weight` (others 1): that is where the
-drafter and the target disagreed.
+One buffer for both drafter families. An entry is one rollout as its family keeps it — the drafter LM's
+`lm.data.BufferedRollout` (context ids, the target's top-k p at each completion position, which drafts were
+rejected), a head's `heads.data.FeatureSequence` (the same, and the policy's hidden states) — and a family's
+buffer (`lm.data.DraftBuffer`, `heads.data.FeatureBuffer`) names its `entry_type` and the `collate` that pads
+drawn entries into its batch. What the buffer keeps and how it draws is the same for both:
 
-A rollout is drawn with probability ∝ recency × W (W = the sum of its position weights) and its
-positions are weighted w_t / W in the loss, so in expectation each position counts ∝ recency × w_t,
-whatever its rollout's length. When full (`max_positions`), the oldest rollouts of the oldest
-version go first. `save` / `load` round-trip the contents so a run can resume (`checkpoint.py`:
-written atomically, read back checked).
+- The policy moves every RL step, so sampling favours the newest versions: a rollout of version v weighs
+  `recency_decay ** (newest − v)`.
+- Within a rollout, positions where a draft was rejected weigh `rejected_weight` (others 1): that is where
+  the drafter and the target disagreed. An entry never drafted (`rejected` None: an offline sample) weighs
+  1 everywhere.
+- A rollout is drawn with probability ∝ recency × W (W = the sum of its position weights) and its positions
+  are weighted w_t / W in the loss, so in expectation each position counts ∝ recency × w_t, whatever its
+  rollout's length.
+- When full (`max_positions` completion positions), the oldest rollouts of the oldest version go first:
+  a held-out group handed back to training (`HoldoutSet.trim`) leaves by its version, not by when it came.
+
+`save` / `load` round-trip the contents so a run can resume (`checkpoint.py`: written atomically, read back
+checked).
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-from specroll.rollout import Rollout
+from specroll.rollout import RolloutSignals
 
 from .checkpoint import load_checkpoint, save_checkpoint
-from .draft_batch import BufferedRollout, DraftBatch, collate
 from .learner_config import BufferConfig
 
 
-def to_buffered(rollout: Rollout) -> BufferedRollout:
-    """Keep what learning needs of a rollout; `ValueError` if it was generated without signals."""
-    signals = rollout.signals
-    if signals is None:
-        raise ValueError("rollout has no signals: generate with EngineConfig(record_signals=True)")
-    num_pos = len(rollout.completion_ids)
-    if num_pos == 0 or signals.topk_ids.shape[0] != num_pos:
-        raise ValueError(
-            f"rollout signals cover {signals.topk_ids.shape[0]} positions, completion has {num_pos}"
-        )
-    if not rollout.prompt_ids:
-        raise ValueError("rollout has an empty prompt: the first completion token has no context")
-    token_ids = torch.tensor(list(rollout.prompt_ids) + list(rollout.completion_ids), dtype=torch.long)
-    return BufferedRollout(
-        token_ids=token_ids,
-        prompt_len=len(rollout.prompt_ids),
-        topk_ids=signals.topk_ids.to("cpu", torch.long),
-        topk_probs=signals.topk_probs.to("cpu", torch.float32),
-        rejected=(signals.draft_ids >= 0).cpu() & ~signals.accepted.cpu(),
-        policy_version=int(rollout.policy_version),
-    )
+class BufferEntry(Protocol):
+    """What the buffer, the held-out set and the learner read of an entry (a dataclass of tensors and ints)."""
+
+    token_ids: torch.Tensor  # [P + T] int64, prompt then completion
+    prompt_len: int  # P
+    topk_ids: torch.Tensor  # [T, k] int64, target ids of p's top-k at each completion position
+    topk_probs: torch.Tensor  # [T, k] fp32, p at those ids
+    rejected: torch.Tensor | None  # [T] bool, a draft was proposed here and rejected; None: never drafted
+    policy_version: int
+
+    @property
+    def num_positions(self) -> int:  # T
+        ...
 
 
-class DraftBuffer:
-    """Bounded store of `BufferedRollout`s; `sample` draws recency- and rejection-weighted batches."""
+def rejected_drafts(signals: RolloutSignals) -> torch.Tensor:
+    """[T] bool: a draft was proposed at the position (`draft_ids` >= 0) and not `accepted`."""
+    return (signals.draft_ids >= 0).cpu() & ~signals.accepted.cpu()
+
+
+class ReplayBuffer:
+    """Bounded store of a drafter family's entries; `sample_batches` draws recency- and rejection-weighted
+    batches. A family's subclass sets `entry_type` (rebuilt from its fields on `load`) and `collate`."""
+
+    entry_type: ClassVar[type]
+    collate: ClassVar[Callable[[list[Any], list[torch.Tensor]], Any]]  # (entries, position weights) -> batch
 
     def __init__(self, config: BufferConfig | None = None):
         self.config = config or BufferConfig()
-        self._by_version: dict[int, list[BufferedRollout]] = defaultdict(list)
+        self._by_version: dict[int, list[BufferEntry]] = defaultdict(list)
         self.num_positions = 0
 
     def __len__(self) -> int:
@@ -66,8 +76,8 @@ class DraftBuffer:
     def versions(self) -> list[int]:
         return sorted(v for v, entries in self._by_version.items() if entries)
 
-    def add(self, entries: list[BufferedRollout]) -> None:
-        """Store `entries`, then evict the oldest versions' oldest rollouts beyond `max_positions`."""
+    def add(self, entries: list[BufferEntry]) -> None:
+        """Store `entries`, then evict the oldest versions' oldest entries beyond `max_positions`."""
         for entry in entries:
             self._by_version[entry.policy_version].append(entry)
             self.num_positions += entry.num_positions
@@ -78,27 +88,28 @@ class DraftBuffer:
             if not oldest:
                 del self._by_version[version]
 
-    def entries(self) -> list[BufferedRollout]:
+    def entries(self) -> list[BufferEntry]:
         return [e for v in self.versions for e in self._by_version[v]]
 
-    def position_weights(self, entry: BufferedRollout) -> torch.Tensor:
-        """[T] weight of each position: `rejected_weight` where a draft was rejected, else 1."""
+    def position_weights(self, entry: BufferEntry) -> torch.Tensor:
+        """[T] weight of each completion position: `rejected_weight` where a draft was rejected, else 1."""
+        if entry.rejected is None:
+            return torch.ones(entry.num_positions)
         return 1.0 + (self.config.rejected_weight - 1.0) * entry.rejected.float()
 
-    def sample(self, num_rollouts: int, generator: torch.Generator | None = None) -> DraftBatch:
-        """Draw `num_rollouts` rollouts (with replacement) into a batch whose weights sum to 1 per rollout."""
-        return self.sample_batches(1, num_rollouts, generator)[0]
+    def sample(self, num_entries: int, generator: torch.Generator | None = None) -> Any:
+        """Draw `num_entries` entries (with replacement) into a batch whose weights sum to 1 per entry."""
+        return self.sample_batches(1, num_entries, generator)[0]
 
-    def sample_batches(self, num_batches: int, batch_size: int,
-                       generator: torch.Generator | None = None) -> list[DraftBatch]:
-        """`num_batches` batches of `batch_size` rollouts, drawn together as `sample` draws one, then
+    def sample_batches(self, num_batches: int, batch_size: int, generator: torch.Generator | None = None) -> list[Any]:
+        """`num_batches` batches of `batch_size` entries, drawn together as `sample` draws one, then
         grouped by length: a batch is padded to its longest context, and rollouts of a GRPO step range
         from ~15 to ~140 tokens, so random batches of 8 were half padding (measured on the demo: mean
-        context 32, mean padded 65). Every rollout is drawn with the same probability as by `sample`;
+        context 32, mean padded 65). Every entry is drawn with the same probability as by `sample`;
         only which batch it lands in depends on its length. The batches come in random order."""
         entries = self.entries()
         if not entries:
-            raise ValueError("cannot sample from an empty DraftBuffer")
+            raise ValueError(f"cannot sample from an empty {type(self).__name__}: add rollouts first")
         newest = max(e.policy_version for e in entries)
         weights = [self.position_weights(e) for e in entries]
         totals = torch.stack([w.sum() for w in weights])  # [N]
@@ -106,27 +117,24 @@ class DraftBuffer:
         picks = torch.multinomial(recency * totals, num_batches * batch_size, replacement=True, generator=generator)
         picked = sorted(picks.tolist(), key=lambda i: entries[i].token_ids.shape[0])
         order = torch.randperm(num_batches, generator=generator).tolist()
-        return [collate([entries[i] for i in chunk], [weights[i] / totals[i] for i in chunk])
+        return [self.collate([entries[i] for i in chunk], [weights[i] / totals[i] for i in chunk])
                 for chunk in (picked[b * batch_size:(b + 1) * batch_size] for b in order)]
 
     def state_dict(self) -> dict:
-        return {
-            "config": asdict(self.config),
-            "entries": [dict(vars(e)) for e in self.entries()],
-        }
+        return {"config": asdict(self.config), "entries": [dict(vars(e)) for e in self.entries()]}
 
     def load_state_dict(self, state: dict) -> None:
         self.config = BufferConfig(**state["config"])
         self._by_version.clear()
         self.num_positions = 0
-        self.add([BufferedRollout(**e) for e in state["entries"]])
+        self.add([self.entry_type(**e) for e in state["entries"]])
 
     def save(self, path: str | os.PathLike) -> None:
         """Atomic (`checkpoint.save_checkpoint`): a crash mid-save leaves the previous file whole."""
         save_checkpoint(self.state_dict(), path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> DraftBuffer:
+    def load(cls, path: str | os.PathLike) -> ReplayBuffer:
         """A buffer from `save`; an empty, truncated or foreign file raises a `ValueError` naming `path`."""
         buffer = cls()
         buffer.load_state_dict(load_checkpoint(path, ("config", "entries")))

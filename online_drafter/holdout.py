@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from .draft_batch import BufferedRollout
+from .buffer import BufferEntry
 
 GroupKey = tuple[int, tuple[int, ...]]  # (policy version, prompt token ids)
 
@@ -22,7 +22,7 @@ class HoldoutSet:
     def __init__(self, fraction: float, max_positions: int):
         self.fraction = fraction
         self.max_positions = max_positions
-        self.entries: list[BufferedRollout] = []
+        self.entries: list[BufferEntry] = []
         self.keys: list[GroupKey] = []  # the group of each entry
         self.num_groups_seen = 0
         self._is_held_out: dict[GroupKey, bool] = {}
@@ -30,7 +30,7 @@ class HoldoutSet:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def offer(self, entry: BufferedRollout, key: GroupKey) -> bool:
+    def offer(self, entry: BufferEntry, key: GroupKey) -> bool:
         """Keep `entry` if its group is held out (True), else leave it to the caller to train on (False)."""
         if key not in self._is_held_out:
             i, f = self.num_groups_seen, self.fraction
@@ -41,7 +41,7 @@ class HoldoutSet:
             self.keys.append(key)
         return self._is_held_out[key]
 
-    def trim(self, min_version: int | None = None) -> list[BufferedRollout]:
+    def trim(self, min_version: int | None = None) -> list[BufferEntry]:
         """Drop groups of policy versions below `min_version`, then the oldest whole groups beyond
         `max_positions`; returns the dropped entries."""
         dropped = []
@@ -57,8 +57,9 @@ class HoldoutSet:
         return {"entries": [dict(vars(e)) for e in self.entries], "keys": [[v, list(p)] for v, p in self.keys],
                 "num_groups_seen": self.num_groups_seen}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.entries = [BufferedRollout(**e) for e in state["entries"]]
+    def load_state_dict(self, state: dict, entry_type: type) -> None:
+        """Take back `state_dict()`, its entries rebuilt as `entry_type` (the buffer's)."""
+        self.entries = [entry_type(**e) for e in state["entries"]]
         self.keys = [(int(v), tuple(p)) for v, p in state["keys"]]
         self.num_groups_seen = state["num_groups_seen"]
         self._is_held_out = dict.fromkeys(self.keys, True)

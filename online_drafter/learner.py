@@ -1,6 +1,7 @@
-"""DraftLearner: distils the drafter toward the moving policy between RL steps, publish-if-better.
+"""Learner: distils a drafter toward the moving policy between RL steps, publish-if-better — the one learner seam.
 
-Usage (the loop DESIGN.md draws; `engine` is a `SpecEngine` with `record_signals=True`)::
+Usage (the loop DESIGN.md draws; `engine` is a `SpecEngine` with `record_signals=True`; a drafter family's
+learner, `lm.learner.DraftLearner` or `heads.learner.HeadLearner`, is this class on the family's data)::
 
     learner = DraftLearner(drafter, LearnerConfig(max_steps=50))
     for step in range(num_steps):
@@ -12,13 +13,13 @@ Usage (the loop DESIGN.md draws; `engine` is a `SpecEngine` with `record_signals
         probe = learner.probe(engine.generate(probe_prompts, params, n=2))   # fresh, never trained on
 
 The learner trains a private fp32 copy of the drafter — the *candidate* (`candidate.py`: warmup, and
-the exponential average that is judged and published) — teacher-forced on buffered contexts, with the
+the exponential average that is judged and published) — teacher-forced on buffered entries, with the
 bucketed forward KL (or TV) to the target's recorded top-k (`divergence.py`). It never holds the
 target: everything it knows of p is the recorded top-k, so no gradient reaches the policy. What it
-trains on and how a drafter is scored are its *data* — a buffer (`add`, `sample_batches`), a scorer
-(`loss`, `score_entries`, `group`) and how a rollout becomes an entry: the LM drafter's here
-(`DraftBuffer`, `DrafterScorer`, `to_buffered`), a head's in `head_learner.HeadLearner`; every decision
-below is the same for both.
+trains on and how a drafter is scored are a family's: its replay buffer (`buffer.ReplayBuffer` over the
+family's entries), its scorer (`scorer.Scorer`: `loss`, `score_entries`, `group`) and how a rollout
+becomes an entry (`to_entry`). Every decision below is this module's, the same for every family. It keeps
+no files: a family that resumes runs offers that itself (`DraftLearner.save`/`load`).
 
 Decisions are paired comparisons on the same positions with a group-clustered interval (`paired.py`):
 
@@ -41,6 +42,9 @@ Decisions are paired comparisons on the same positions with a group-clustered in
 - **Frozen shadow.** The initial drafter, scored on the same positions: what no online learning
   would give. `probe` scores served and frozen on rollouts of a fixed probe set of prompts, fresh at
   each policy version — the honest drift measure; held-out numbers move with the prompts a step drew.
+
+Over 300 lines, on purpose: one class whose round, gate, watchdog and probe share the held-out score cache
+(`_entry_scores`) and the published version; split, each part would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -49,7 +53,6 @@ import contextlib
 import copy
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,38 +61,33 @@ import torch
 from torch import nn
 
 from specroll.rollout import Rollout
-from specroll.rollout.weights import copy_into
+from specroll.rollout.models.weights import copy_into
 
 from .alarms import LearnerAlarms
-from .buffer import DraftBuffer, to_buffered
+from .buffer import BufferEntry, ReplayBuffer
 from .candidate import Candidate, TrainResult, smoothed, weights_of
-from .checkpoint import load_checkpoint, save_checkpoint
 from .divergence import LOSSES
 from .holdout import GroupKey, HoldoutSet
 from .learner_config import COMPUTE_DTYPES, LearnerConfig
-from .learner_state import CHECKPOINT_KEYS, restore, state_of
 from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
-from .scoring import DrafterScorer
+from .scorer import Scorer
 
 
-class DraftLearner:
-    """Online drafter distillation with a paired publish gate and a watchdog (see module doc).
+class Learner:
+    """Online drafter distillation with a paired publish gate and a watchdog (see module doc), over a drafter
+    family's `buffer`, `scorer` and `to_entry` (a rollout's entry, or None where there is nothing to learn)."""
 
-    `buffer`, `scorer` and `to_entry` are the learner's data (defaults: the LM drafter's); `to_entry`
-    may return None for a rollout there is nothing to learn from."""
-
-    def __init__(self, drafter: nn.Module, config: LearnerConfig | None = None, buffer: Any = None,
-                 scorer: Any = None, to_entry: Callable[[Rollout], Any] = to_buffered):
-        self.config = config = config or LearnerConfig()
+    def __init__(self, drafter: nn.Module, config: LearnerConfig, buffer: ReplayBuffer, scorer: Scorer,
+                 to_entry: Callable[[Any], BufferEntry | None]):
+        self.config = config
         self.device = torch.device(config.device)
         self.candidate = Candidate(drafter, config, self.device)
         self.frozen = copy.deepcopy(self.candidate.model).eval().requires_grad_(False)
         self.published = copy.deepcopy(self.frozen)
-        self.buffer = buffer if buffer is not None else DraftBuffer(config.buffer)
+        self.buffer = buffer
         self.holdout = HoldoutSet(config.holdout_fraction, config.max_holdout_positions)
-        self.scorer = scorer if scorer is not None else DrafterScorer(
-            config.temperature, config.eval_batch_size, config.holdout_recency_decay, self.device)
+        self.scorer = scorer
         self.to_entry = to_entry
         # Every budget decision reads this clock (seconds); a replay (`benchmarks.learner_replay`) sets a
         # virtual one that charges each forward a fixed cost.
@@ -155,9 +153,10 @@ class DraftLearner:
         if not gate:
             nan = math.nan
             return self._with_alarms(LearnerReport(
-                False, self.version, nan, nan, nan, nan, nan, eval_time_s=0.0, round_time_s=self.clock() - started,
-                num_holdout_positions=sum(e.num_positions for e in self.holdout.entries),
-                num_holdout_groups=len(set(self.holdout.keys)), **report))
+                published=False, version=self.version, acceptance_before=nan, acceptance_after=nan,
+                acceptance_frozen_shadow=nan, gain=nan, gain_se=nan, eval_time_s=0.0,
+                round_time_s=self.clock() - started, num_holdout_groups=len(set(self.holdout.keys)),
+                num_holdout_positions=sum(e.num_positions for e in self.holdout.entries), **report))
         scored = self.clock()
         published, frozen = self._cached("published"), self._cached("frozen")
         with self._compute():
@@ -180,8 +179,9 @@ class DraftLearner:
             event = self._revert(reason, {"served": served, "frozen": frozen, "candidate": candidate},
                                  candidate_entries)
         return self._with_alarms(LearnerReport(
-            publish or reason is not None, self.version, published.mean, candidate.mean, frozen.mean, gain.mean,
-            gain.se, eval_time_s=self.clock() - scored, round_time_s=self.clock() - started,
+            published=publish or reason is not None, version=self.version, acceptance_before=published.mean,
+            acceptance_after=candidate.mean, acceptance_frozen_shadow=frozen.mean, gain=gain.mean, gain_se=gain.se,
+            eval_time_s=self.clock() - scored, round_time_s=self.clock() - started,
             num_holdout_positions=published.num_positions, num_holdout_groups=int(published.counts.shape[0]),
             event=event, **report))
 
@@ -202,9 +202,12 @@ class DraftLearner:
         reason = self._watchdog_reason(served, frozen, None, "probe")
         if reason is not None:
             event = self._revert(reason, {"served": served, "frozen": frozen})
-        report = ProbeReport(served.mean, frozen.mean, gain.mean, gain.se, served.se, frozen.se,
-                             served.num_positions, int(served.counts.shape[0]), max(e.policy_version for e in entries),
-                             version, event, self.clock() - started, served.sums.tolist(), served.counts.tolist())
+        report = ProbeReport(
+            served=served.mean, frozen=frozen.mean, gain=gain.mean, gain_se=gain.se, served_se=served.se,
+            frozen_se=frozen.se, num_positions=served.num_positions, num_groups=int(served.counts.shape[0]),
+            policy_version=max(e.policy_version for e in entries), drafter_version=version, event=event,
+            time_s=self.clock() - started, served_group_sums=served.sums.tolist(),
+            group_counts=served.counts.tolist())
         self.alarms.after_probe(report)
         return report
 
@@ -220,25 +223,6 @@ class DraftLearner:
         if not self.holdout:
             raise ValueError("no held-out rollouts yet: add_rollouts(...) before scoring")
         return self._group(self.scorer.score_entries(drafter, self.holdout.entries)).mean
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Everything a resumed run needs (`learner_state.state_of`), written atomically
-        (`checkpoint.save_checkpoint`): a crash mid-save leaves the previous checkpoint whole."""
-        save_checkpoint(state_of(self), path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, drafter: nn.Module) -> DraftLearner:
-        """Resume from `save`; `drafter` only provides the architecture (its weights are replaced).
-
-        An empty, truncated or foreign file, or one of another architecture, raises a `ValueError`
-        naming `path`; `drafter` itself is never modified.
-        """
-        state = load_checkpoint(path, CHECKPOINT_KEYS)
-        buffer = DraftBuffer()
-        buffer.load_state_dict(state["buffer"])
-        learner = cls(drafter, LearnerConfig(**state["config"]), buffer)
-        restore(learner, state, f"checkpoint {path}")
-        return learner
 
     # ------------------------------------------------------------------ decisions
 
@@ -329,6 +313,6 @@ class DraftLearner:
         return self.scorer.group(per_entry, self.holdout.keys)
 
 
-def _key(entry: Any) -> GroupKey:
+def _key(entry: BufferEntry) -> GroupKey:
     """An entry's prompt group: its policy version and prompt ids (siblings share both)."""
     return entry.policy_version, tuple(entry.token_ids[: entry.prompt_len].tolist())

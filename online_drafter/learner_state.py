@@ -1,9 +1,11 @@
-"""What a `DraftLearner` checkpoint holds, and how a fresh learner takes it back.
+"""What a learner checkpoint holds, and how a fresh learner takes it back.
 
 `state_of(learner)` is everything a resumed run needs: the published, frozen, trained and averaged
 weights, the optimizer, the buffer, the held-out set, the counters and the sampling generator.
 `restore(learner, state, where)` loads it into a learner built with the checkpoint's config and buffer,
-checking every weight set against the learner's architecture (`copy_into` raises naming `where`).
+checking every weight set against the learner's architecture (`copy_into` raises naming `where`). The
+learner itself keeps no files: `lm.learner.DraftLearner.save`/`load` write and read these states
+(`checkpoint.py`).
 """
 
 from __future__ import annotations
@@ -11,18 +13,18 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from specroll.rollout.weights import copy_into
+from specroll.rollout.models.weights import copy_into
 
 from .candidate import weights_of
 
 if TYPE_CHECKING:
-    from .learner import DraftLearner
+    from .learner import Learner
 
 CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "candidate", "averaged", "optimizer", "buffer",
                    "holdout", "generator")
 
 
-def state_of(learner: DraftLearner) -> dict[str, Any]:
+def state_of(learner: Learner) -> dict[str, Any]:
     return {
         "config": asdict(learner.config),
         "version": learner.version,
@@ -37,7 +39,7 @@ def state_of(learner: DraftLearner) -> dict[str, Any]:
     }
 
 
-def restore(learner: DraftLearner, state: dict[str, Any], where: str) -> None:
+def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
     candidate = learner.candidate
     for model, key in ((learner.frozen, "frozen"), (candidate.model, "candidate"), (candidate.averaged, "averaged"),
                        (learner.published, "published")):
@@ -45,7 +47,7 @@ def restore(learner: DraftLearner, state: dict[str, Any], where: str) -> None:
     learner._published_weights = state["published"]
     candidate.optimizer.load_state_dict(state["optimizer"])
     learner.version = state["version"]
-    learner.holdout.load_state_dict(state["holdout"])
+    learner.holdout.load_state_dict(state["holdout"], learner.buffer.entry_type)
     learner.newest_policy_version = max([e.policy_version for e in learner.holdout.entries]
                                         + [max(learner.buffer.versions, default=-1)])
     learner._generator.set_state(state["generator"])

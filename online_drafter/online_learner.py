@@ -1,7 +1,8 @@
 """OnlineLearner: what the backends and the learner schedule need from an online drafter learner.
 
-Two learners stand behind it: `DraftLearner` distils an independent drafter LM, `HeadLearner` an
-EAGLE-style head or Medusa heads on the policy's hidden states. Both take the rollouts a round trains
+Two learners stand behind it, both the one `learner.Learner` on a drafter family's data: `DraftLearner`
+(`lm/`) distils an independent drafter LM, `HeadLearner` (`heads/`) an EAGLE-style head or Medusa heads
+on the policy's hidden states. Both take the rollouts a round trains
 on, run a budgeted round with the same publish gate, frozen shadow and watchdog, score a probe, and
 publish versioned weights for `SpecEngine.update_drafter`. A backend takes an `OnlineLearner` and
 never asks which one it holds; `make_online_learner` picks the one that trains a given drafter.
@@ -15,11 +16,11 @@ import torch
 from transformers import PreTrainedModel
 
 from specroll.rollout import Rollout
-from specroll.rollout.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
-from .head_learner import HeadLearner
-from .learner import DraftLearner
+from .heads.learner import HeadLearner
 from .learner_config import LearnerConfig
+from .lm.learner import DraftLearner
 from .recording import RecordingLearner
 from .reports import LearnerReport, ProbeReport
 

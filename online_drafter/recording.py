@@ -1,8 +1,8 @@
 """RecordingLearner: an `OnlineLearner` that saves every input it is given, for replaying a run's learner.
 
-A drafter LM's learner (`DraftLearner`) or a head's (`HeadLearner`). A head's learner also reads the
-policy's embedding and LM head, which every policy sync changes in place: the recorder is given those
-modules (`reads`), and saves their weights before any call that finds them changed.
+A drafter LM's learner (`lm.learner.DraftLearner`) or a head's (`heads.learner.HeadLearner`). A head's
+learner also reads the policy's embedding and LM head, which every policy sync changes in place: the
+recorder is given those modules (`reads`), and saves their weights before any call that finds them changed.
 
 With `learner.record_dir` set (YAML, or `LearnerConfig(record_dir=...)`), `make_online_learner` wraps
 the learner in this recorder. It writes, in call order, into that folder:
@@ -19,6 +19,9 @@ specroll.benchmarks.learner_replay DIR` reruns the learner on them under any oth
 virtual clock: with `engine.sampler: invariant` every run of a config produces the same rollouts, and
 a recorded run is the one input a settings comparison needs. A main job's recording takes ~20 MB
 (a head's ~70 MB: its rollouts carry the policy's hidden states, 1 KiB per position for the demo).
+
+A recording pickles classes by their module path (`Rollout`, the drafter): `recorded_calls` reads it
+through `moved_paths.load_moved`, so a recording made before a module moved still loads.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from torch import nn
 
 from specroll.rollout import Rollout
 
+from .moved_paths import load_moved
 from .reports import LearnerReport, ProbeReport
 
 
@@ -105,11 +109,12 @@ class RecordingLearner:
 
 
 def recorded_calls(folder: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A recording's `init.pt` and its calls in order; a folder that holds none is a `ValueError`."""
+    """A recording's `init.pt` and its calls in order (classes that moved since followed: `moved_paths`); a
+    folder that holds none is a `ValueError`."""
     folder = Path(folder)
     if not (folder / "init.pt").is_file():
         raise ValueError(f"{str(folder)!r} holds no learner recording (no init.pt): record a run with "
                          "learner.record_dir")
-    init = torch.load(folder / "init.pt", weights_only=False)
-    calls = [torch.load(path, weights_only=False) for path in sorted(folder.glob("[0-9]*_*.pt"))]
+    init = load_moved(folder / "init.pt")
+    calls = [load_moved(path) for path in sorted(folder.glob("[0-9]*_*.pt"))]
     return init, calls

@@ -1,11 +1,12 @@
-"""What the learner reports: one training round (`LearnerReport`) and one probe (`ProbeReport`)."""
+"""What the learner reports: one training round (`LearnerReport`) and one probe (`ProbeReport`), built with
+keywords only (`kw_only`): each has more than a dozen fields, several of one type, that no reader should count."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LearnerReport:
     """One round. Acceptances are expected acceptance Σ min(p, q) on the held-out positions (every
     version's held-out groups): the published drafter before the round, the candidate after it, the
@@ -35,7 +36,7 @@ class LearnerReport:
     alarms_active: int = 0  # alarm conditions that hold after this round (raised now or before)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ProbeReport:
     """Served and frozen drafters on a probe batch (fresh rollouts of fixed prompts, never trained on)."""
 

@@ -1,8 +1,13 @@
-"""specroll.rollout — the speculative rollout engine (one process; no Ray, no TRL)."""
+"""specroll.rollout — the speculative rollout engine (one process; no Ray, no TRL).
+
+Open `engine.py` (the step loop) and `config.py` first. Below them, one folder per concept, imports pointing
+one way (each uses only those before it): `core/stats` and `config` ← `sampling/` ← `core/` ← `models/` ←
+`drafters/` ← `gamma/` ← `engine`.
+"""
 
 from .config import EngineConfig, SamplingParams
+from .core.request import Rollout, RolloutSignals
+from .core.stats import EngineStats
 from .engine import SpecEngine
-from .request import Rollout, RolloutSignals
-from .stats import EngineStats
 
 __all__ = ["EngineConfig", "EngineStats", "Rollout", "RolloutSignals", "SamplingParams", "SpecEngine"]

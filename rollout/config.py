@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from .stats import TRACE_STEPS
+from .core.stats import TRACE_STEPS
 
 
 def require(ok: bool, name: str, value: object, allowed: str) -> None:
@@ -29,7 +29,7 @@ class SamplingParams:
     reproducible: every random number a request uses is a function of (seed, its prompt and sample
     index, position), so a request's tokens do not depend on the batch size, slot order or worker;
     with `EngineConfig.sampler="invariant"` not on the drafter or γ either ("auto" included), while
-    the rejection sampler's depend on the row's γ schedule (`sampling` says exactly what). An unseeded
+    the rejection sampler's depend on the row's γ schedule (`sampling.accept` says exactly what). An unseeded
     call draws a seed and records it in each `Rollout`.
     """
 
@@ -77,7 +77,7 @@ MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "medusa")  # at most one,
 
 @dataclass
 class SuffixConfig:
-    """The suffix drafter (`suffix.SuffixDrafter`): `history_tokens` bounds the completions kept across
+    """The suffix drafter (`drafters.suffix.SuffixDrafter`): `history_tokens` bounds the completions kept across
     `generate` calls (least recently used prompts go first), `prompt_history_tokens` those of one prompt
     (oldest completions go first); a match is looked up over at most `max_match` tokens of the row's end
     and must reach `min_match`; `candidates` earlier occurrences of each n-gram are compared. A row's
@@ -109,18 +109,18 @@ class EngineConfig:
     `max_batch_size` is the number of batch slots (rows decoded together); more requests than slots
     queue and refill finished slots. `max_seq_len` bounds prompt + completion per row. `gamma` is the
     number of drafted tokens per step (0 = plain decoding), `"auto"` (chosen per step from a
-    measured cost model, up to `max_gamma`: `gamma.AutoGamma`) or `"auto_simple"` (the same aim with
-    a simpler model, `gamma_rate.RateGamma`; slower in paired runs). `record_signals` keeps the
+    measured cost model, up to `max_gamma`: `gamma.auto.AutoGamma`) or `"auto_simple"` (the same aim with
+    a simpler model, `gamma.simple.SimpleGamma`; slower in paired runs). `record_signals` keeps the
     target's top-`signal_top_k` processed probabilities at each generated position for online draft
-    learning. `lean_forward` runs Llama-family models (Llama, Mistral, Qwen2, Qwen3 with sdpa) through `rollout.lean`'s
-    fused forward instead of HF's module tree (same weights and math, far fewer kernel calls);
+    learning. `lean_forward` runs Llama-family models (Llama, Mistral, Qwen2, Qwen3 with sdpa) through
+    `models.lean`'s fused forward instead of HF's module tree (same weights and math, far fewer kernel calls);
     other models always use HF's forward. `stats_trace_steps` bounds the per-step traces of
     `EngineStats` (the last that many steps; totals are unbounded counters).
     `allow_unverified_architectures` lets the engine run a target or drafter whose `model_type` the
-    architecture sweep has not verified exact (`rollout.architectures`); its tokens may then be
+    architecture sweep has not verified exact (`models.architectures`); its tokens may then be
     silently wrong.
 
-    `sampler` is the speculative accept rule (`sampling`): "rejection" (lossless in distribution,
+    `sampler` is the speculative accept rule (`sampling.accept`): "rejection" (lossless in distribution,
     acceptance 1 − TV(p, q)) or "invariant" (a seed's tokens are plain decoding's whatever the drafter
     and γ; acceptance ≥ (1 − TV) / (1 + TV)). It is an engine setting, like γ: it only matters when
     drafting (with γ = 0 both are the same plain decoding), and what auto-γ's acceptance estimates and
@@ -130,11 +130,11 @@ class EngineConfig:
     "suffix" (model-free, over sibling and earlier completions of the same prompt; `suffix` configures
     it), "layer_skip" (the target's first `layer_skip_layers` layers; None: half of them), "eagle" (an
     EAGLE-style head on the target's hidden states; a fresh one's MLP is `eagle_intermediate_size` wide,
-    None: the target's) and "medusa" (`medusa_heads` residual heads on
-    them); the two heads take their weights from the `heads.EagleHead` / `heads.MedusaHeads` passed to
-    `SpecEngine` as its drafter, else start fresh. At most one of "model", "layer_skip", "eagle",
-    "medusa", with or without "suffix": with the suffix drafter each row each step takes the proposal
-    expected to keep the most tokens (`multi_drafter`), all rows still verified in one target forward.
+    None: the target's) and "medusa" (`medusa_heads` residual heads on them); the two heads take
+    their weights from the `drafters.heads.EagleHead` / `drafters.heads.MedusaHeads` passed to `SpecEngine`
+    as its drafter, else start fresh. At most one of "model", "layer_skip", "eagle", "medusa", with or
+    without "suffix": with the suffix drafter each row each step takes the proposal expected to keep the
+    most tokens (`drafters.suffix_or_model`), all rows still verified in one target forward.
     None: the drafter passed to `SpecEngine` as what it is (an LM: "model"), else plain decoding.
     """
 
@@ -149,7 +149,7 @@ class EngineConfig:
     calibration_cache: str | None = None
     cost_model_budget_s: float = 8.0
     # Per-step decay of auto-γ's acceptance counts (memory ~10 steps; steps of fewer than 4 rows decay
-    # less, see `acceptance.MEMORY_ROWS`). 0.98 (~50 steps) measured better on the long-running rollout
+    # less, see `gamma.estimate.MEMORY_ROWS`). 0.98 (~50 steps) measured better on the long-running rollout
     # workload (greedy 0.992× vs 0.968× of γ = 4, lockstep) and worse on short sampled batches with a
     # stop token (b = 4: 0.89–0.91× vs 1.01×) — though those cells later proved to be mostly each
     # contender's sampling luck (see the README's benchmark notes); not re-measured since.
@@ -234,6 +234,6 @@ class EngineConfig:
 
     @property
     def state_history(self) -> int:
-        """Lengths a recurrent layer's per-row state is kept at (`cache.RaggedKVCache`): a step rolls a
+        """Lengths a recurrent layer's per-row state is kept at (`models.cache.RaggedKVCache`): a step rolls a
         row back by at most `max_gamma` of the γ + 1 tokens it fed."""
         return self.max_gamma + 1

@@ -5,19 +5,19 @@ Usage::
     engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=16, gamma=4))
     rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=256, temperature=1.0), n=8)
 
-Each step asks the drafter (any `drafter.Drafter`: the drafter LM, the suffix drafter, or a per-row
+Each step asks the drafter (any `drafters.protocol.Drafter`: the drafter LM, the suffix drafter, or a per-row
 choice between them, as `EngineConfig.drafters` says) for up to γ tokens per live row, verifies them
 with one target forward of γ + 1 tokens per row, and keeps a different number of tokens per row
-(`Sampler.verify`); `append.append_kept` appends them, then both caches roll back to what was kept
-(`ModelRunner.rollback`, `Drafter.keep`). The target cache always holds every token of a row but the
-last. With no drafter or γ = 0 the same loop is plain batched decoding — the fair baseline. For a
-drafter that reads the target's features (`Drafter.wants_hidden`) the prefill and verification
-forwards also write their last hidden states into `RowBuffers.hidden` (`rollout.hidden`).
+(`sampling.accept.AcceptRule.verify`); `core.append.append_kept` appends them, then both caches roll back
+to what was kept (`ModelRunner.rollback`, `Drafter.keep`). The target cache always holds every token of a
+row but the last. With no drafter or γ = 0 the same loop is plain batched decoding — the fair baseline.
+For a drafter that reads the target's features (`Drafter.wants_hidden`) the prefill and verification
+forwards also write their last hidden states into `RowBuffers.hidden` (`drafters.hidden`).
 
-Randomness is per request and position (`randomness`): sample j of prompt i is keyed by the call's
+Randomness is per request and position (`sampling.randomness`): sample j of prompt i is keyed by the call's
 seed and (prompt_indices[i], j), and every number it draws by its sequence position and purpose —
 never by the step, slot, batch or γ schedule. `EngineConfig.sampler` picks the accept rule
-(`sampling`): with "invariant" a seed's tokens are plain decoding's whatever the drafter and γ.
+(`sampling.accept`): with "invariant" a seed's tokens are plain decoding's whatever the drafter and γ.
 
 Faults stay in their row. A row whose target distribution is non-finite where its next token is
 drawn ends with `finish_reason="error"` (its tokens before that position kept, `Rollout.error` says
@@ -35,23 +35,26 @@ from collections.abc import Generator, Mapping, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from .append import VerifiedStep, append_kept
-from .architectures import check_architecture
-from .batch import RowBuffers
 from .config import EngineConfig, SamplingParams
-from .cost_model import CALIBRATION_CONTEXT
-from .drafter import Drafter, Proposal
-from .drafter_factory import DrafterWeights, make_drafter
-from .gamma import GammaPolicy, StepOutcome, StepShape, make_gamma_policy
-from .randomness import draw_seed
-from .request import Request, Rollout, make_requests
-from .runner import ModelRunner
-from .sampling import SAMPLERS, Sampler, StepNoise, process_logits
-from .scheduler import Scheduler
-from .stats import EngineStats
-from .validate import validate_generate_args
-from .vocab import check_vocab_compatible
-from .weights import copy_into
+from .core.append import VerifiedStep, append_kept
+from .core.batch import RowBuffers
+from .core.request import Request, Rollout, make_requests
+from .core.scheduler import Scheduler
+from .core.stats import EngineStats
+from .core.validate import validate_generate_args
+from .drafters.factory import DrafterWeights, make_drafter
+from .drafters.protocol import Drafter, Proposal
+from .gamma.factory import make_gamma_policy
+from .gamma.policy import GammaPolicy, StepOutcome, StepShape
+from .models.architectures import check_architecture
+from .models.runner import ModelRunner
+from .models.timing import CALIBRATION_CONTEXT
+from .models.vocab import check_vocab_compatible
+from .models.weights import copy_into
+from .sampling.accept import ACCEPT_RULES, AcceptRule
+from .sampling.logits import process_logits
+from .sampling.noise import StepNoise
+from .sampling.randomness import draw_seed
 
 
 class SpecEngine:
@@ -65,8 +68,8 @@ class SpecEngine:
         target_tokenizer=None,
         drafter_tokenizer=None,
     ):
-        """`drafter`: a drafter LM or a head (`heads.EagleHead`, `heads.MedusaHeads`), wrapped as
-        `config.drafters` says (by default as what it is: `drafter_factory`), any object implementing
+        """`drafter`: a drafter LM or a head (`drafters.heads.EagleHead`, `drafters.heads.MedusaHeads`), wrapped
+        as `config.drafters` says (by default as what it is: `drafters.factory`), any object implementing
         `Drafter` (used as given), or None (with `config.drafters` None: plain decoding)."""
         self.config = config = config or EngineConfig()
         check_architecture(target, "target", config.allow_unverified_architectures)
@@ -85,7 +88,7 @@ class SpecEngine:
                                hidden_size, config.dtype)
         self.stats = EngineStats(trace_steps=config.stats_trace_steps)
         self.gamma_policy: GammaPolicy = make_gamma_policy(config, self.target, self.drafter)
-        self.sampler: Sampler = SAMPLERS[config.sampler]()
+        self.accept_rule: AcceptRule = ACCEPT_RULES[config.sampler]()
         self.policy_version = 0
         self.drafter_version = 0
         self._generating = False
@@ -220,8 +223,8 @@ class SpecEngine:
         logits = self.target.feed(live, torch.cat([last_token, proposal.drafts], dim=1),
                                   self.rows.hidden).float()  # [n, γ+1, V]
         p = process_logits(logits, params)  # [n, γ+1, V]
-        verdict = self.sampler.verify(proposal.drafts, proposal.q, p, noise, usable)
-        step = VerifiedStep(seq_len, proposal, usable, verdict, logits, p)
+        verdict = self.accept_rule.verify(proposal.drafts, proposal.q, p, noise, usable)
+        step = VerifiedStep(seq_len, proposal.drafts, proposal.lengths, proposal.source, usable, verdict, logits, p)
         summary = append_kept(self.rows, live, step, params, stop_ids, self.drafter.names if self.drafter else (),
                               count_evidence=bool(gamma) and self.gamma_policy.adaptive)
         self.target.rollback(live, self.rows.seq_len[live] - 1)

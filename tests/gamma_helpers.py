@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specroll.rollout.gamma import AutoGamma
+from specroll.rollout.gamma.auto import AutoGamma
 
 
 def with_acceptance(policy: AutoGamma, alpha: float) -> AutoGamma:

@@ -17,8 +17,8 @@ from tiny_models import tiny_lm
 
 from specroll.benchmarks.arch_sweep import check_exact, tiny_model
 from specroll.rollout import EngineConfig, SpecEngine
-from specroll.rollout.architectures import VERIFIED_MODEL_TYPES
-from specroll.rollout.runner import ModelRunner
+from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
+from specroll.rollout.models.runner import ModelRunner
 
 CPU = torch.device("cpu")
 

@@ -29,11 +29,11 @@ import torch
 from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
 from tiny_models import build_lm, make_prompts
 
-import specroll.rollout.sampling as sampling_module
+import specroll.rollout.sampling.noise as sampling_module
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
-from specroll.rollout.randomness import gumbel
-from specroll.rollout.sampling import RejectionSampler
+from specroll.rollout.sampling.accept import RejectionSampling
+from specroll.rollout.sampling.randomness import gumbel
 
 VOCAB = 16
 ROWS, NEW_TOKENS = 4000, 50  # 200k generated tokens per test of H0
@@ -53,7 +53,7 @@ def models():
 
 
 def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,
-                    wrong_sampler: RejectionSampler | None = None, drafters: tuple[str, ...] | None = None,
+                    wrong_sampler: RejectionSampling | None = None, drafters: tuple[str, ...] | None = None,
                     pin_choice: bool = False, rows: int = ROWS) -> float:
     target, drafter = models()
     # Half as many slots as rows: finished rows are refilled, so continuous batching is under test too.
@@ -62,7 +62,7 @@ def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,
                           drafters=drafters, suffix=SuffixConfig(min_survival=0.0))
     engine = SpecEngine(target, drafter if drafters is None or "model" in drafters else None, config)
     if wrong_sampler is not None:
-        engine.sampler = wrong_sampler
+        engine.accept_rule = wrong_sampler
     if pin_choice:  # the per-row choice alternates: even slots take the model's drafts, odd ones the suffix's
         engine.drafter.choose = lambda found, gamma: [b % 2 == 0 for b in range(len(found.drafts))]
     rollouts = engine.generate(PROMPTS[:rows], params)
@@ -100,12 +100,12 @@ def test_suffix_and_combined_drafts_follow_target_distribution(drafters):
 
 
 def test_same_test_rejects_point_mass_drafts_without_residual():
-    wrong = RejectionSampler(resample_residual=False)
+    wrong = RejectionSampling(resample_residual=False)
     assert sample_and_test(SETTINGS[1], "rejection", gamma=4, wrong_sampler=wrong, drafters=("suffix",)) < ALPHA
 
 
 def test_same_test_rejects_sampler_without_residual():
-    assert sample_and_test(SETTINGS[1], "rejection", wrong_sampler=RejectionSampler(resample_residual=False),
+    assert sample_and_test(SETTINGS[1], "rejection", wrong_sampler=RejectionSampling(resample_residual=False),
                            rows=POWER_ROWS) < ALPHA
 
 

@@ -14,7 +14,7 @@ import torch
 from tiny_models import make_prompts, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 PROMPTS = make_prompts(12, 1, 9)  # one-token prompts included: a row with no hidden state yet
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0)

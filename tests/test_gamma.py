@@ -7,9 +7,11 @@ import pytest
 import torch
 from gamma_helpers import with_acceptance
 
-from specroll.rollout.acceptance import MEMORY_ROWS, AcceptanceEstimate
-from specroll.rollout.cost_model import CostModel, ForwardTimes
-from specroll.rollout.gamma import STICK_WITHIN, AutoGamma, StepShape
+from specroll.rollout.gamma.auto import STICK_WITHIN, AutoGamma
+from specroll.rollout.gamma.cost_model import CostModel
+from specroll.rollout.gamma.estimate import MEMORY_ROWS, AcceptanceEstimate
+from specroll.rollout.gamma.policy import StepShape
+from specroll.rollout.models.timing import ForwardTimes
 
 BATCHES = [1, 4, 16, 64]
 QUERIES = [1, 2, 3, 5, 9]
@@ -260,7 +262,7 @@ def test_batch_tokens_sum_each_rows_capped_expectation():
 
 
 def test_break_even_acceptance_is_where_the_first_gamma_pays():
-    from specroll.rollout.gamma import break_even_acceptance
+    from specroll.rollout.gamma.break_even import break_even_acceptance
 
     assert break_even_acceptance([10.0, 12.0, 14.0, 16.0]) == pytest.approx(0.2, abs=1e-6)  # 1 + α = 1.2
     assert break_even_acceptance([10.0, 20.0, 30.0]) == 1.0  # no γ can ever pay at these costs

@@ -9,8 +9,8 @@ from gamma_helpers import with_acceptance
 from tiny_models import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.acceptance import acceptance_counts
-from specroll.rollout.cost_model import calibrate
+from specroll.rollout.core.append import acceptance_counts
+from specroll.rollout.gamma.cost_model import calibrate
 
 
 def test_calibration_is_cached_per_model_shape(tmp_path):

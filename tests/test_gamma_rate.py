@@ -1,13 +1,14 @@
-"""`RateGamma`, the simple auto-γ policy: its choice on synthetic cost models, its acceptance
+"""`SimpleGamma`, the simple auto-γ policy: its choice on synthetic cost models, its acceptance
 estimate and its time corrections (deterministic: synthetic times and counts, no clock)."""
 
 from __future__ import annotations
 
 import pytest
 
-from specroll.rollout.cost_model import CostModel, ForwardTimes
-from specroll.rollout.gamma import StepOutcome, StepShape
-from specroll.rollout.gamma_rate import PROBE_EVERY, RateGamma
+from specroll.rollout.gamma.cost_model import CostModel
+from specroll.rollout.gamma.policy import StepOutcome, StepShape
+from specroll.rollout.gamma.simple import PROBE_EVERY, SimpleGamma
+from specroll.rollout.models.timing import ForwardTimes
 
 BATCHES = [1, 4, 16, 64]
 QUERIES = list(range(1, 10))
@@ -25,8 +26,8 @@ def counts(reached: list[int], kept: list[int]) -> list[list[int]]:
     return [reached, kept, [0] * len(reached), [0] * len(kept)]
 
 
-def observed(policy: RateGamma, reached: list[int], kept: list[int], greedy: bool = True, steps: int = 50,
-             rows: int = 4) -> RateGamma:
+def observed(policy: SimpleGamma, reached: list[int], kept: list[int], greedy: bool = True, steps: int = 50,
+             rows: int = 4) -> SimpleGamma:
     """Fold `steps` identical steps of drafts into the policy, each timed exactly as calibrated."""
     gamma = len(reached)
     for _ in range(steps):
@@ -38,12 +39,12 @@ def observed(policy: RateGamma, reached: list[int], kept: list[int], greedy: boo
 
 
 def test_first_step_drafts_max_gamma_to_measure_every_position():
-    policy = RateGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=6, decay=0.9)
+    policy = SimpleGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=6, decay=0.9)
     assert policy.choose(StepShape(4), greedy=True) == 6
 
 
 def test_acceptance_is_conditional_per_position():
-    policy = RateGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=3, decay=0.0)
+    policy = SimpleGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=3, decay=0.0)
     # 4000 rows: position 1 kept by 3 of 4, position 2 by 2 of the 3 that reached it, position 3 by 1 of 2.
     observed(policy, [4000, 3000, 2000], [3000, 2000, 1000], steps=1)
     assert policy.alpha(True) == pytest.approx([0.75, 2 / 3, 0.5], abs=0.005)
@@ -52,7 +53,7 @@ def test_acceptance_is_conditional_per_position():
 
 
 def test_all_kept_and_nearly_free_drafts_pick_max_gamma():
-    policy = observed(RateGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-9), max_gamma=8, decay=0.9),
+    policy = observed(SimpleGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-9), max_gamma=8, decay=0.9),
                       [4] * 8, [4] * 8)
     assert [policy.choose(StepShape(b), greedy=True) for b in BATCHES] == [8, 8, 8, 8]
 
@@ -60,14 +61,14 @@ def test_all_kept_and_nearly_free_drafts_pick_max_gamma():
 def test_verification_cost_growing_with_the_batch_turns_speculation_off():
     # A forward costs the same for 1 or 9 tokens at small batches and grows with tokens at large ones.
     cost = synthetic(lambda b, q: 1e-2 * max(1.0, b * q / 16), lambda b, q: 1e-3 * max(1.0, b / 16))
-    policy = observed(RateGamma(cost, max_gamma=8, decay=0.9), [10] * 8, [7] * 8)  # α = 0.7
+    policy = observed(SimpleGamma(cost, max_gamma=8, decay=0.9), [10] * 8, [7] * 8)  # α = 0.7
     assert policy.choose(StepShape(1), greedy=True) >= 2
     assert policy.choose(StepShape(64), greedy=True) == 0
 
 
 def test_plain_decoding_probes_the_best_gamma_now_and_then():
     cost = synthetic(lambda b, q: 1e-3 * b * q, lambda b, q: 1e-4 * b)
-    policy = observed(RateGamma(cost, max_gamma=4, decay=0.9), [10] * 4, [1] * 4, greedy=False)  # α ≈ 0.1
+    policy = observed(SimpleGamma(cost, max_gamma=4, decay=0.9), [10] * 4, [1] * 4, greedy=False)  # α ≈ 0.1
     chosen = [policy.choose(StepShape(16), greedy=False) for _ in range(2 * PROBE_EVERY)]
     assert [i for i, g in enumerate(chosen) if g] == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]
 
@@ -76,14 +77,14 @@ def test_long_contexts_make_verification_dearer():
     short = synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3)
     long = synthetic(lambda b, q: 1e-2 + 2e-2 * b * q, lambda b, q: 1e-3)
     cost = CostModel(target=short.target, drafter=short.drafter, target_long=long.target, contexts=(64, 512))
-    policy = observed(RateGamma(cost, max_gamma=8, decay=0.9), [10] * 8, [7] * 8)
+    policy = observed(SimpleGamma(cost, max_gamma=8, decay=0.9), [10] * 8, [7] * 8)
     assert policy.choose(StepShape(4, context=64), greedy=True) >= 4
     assert policy.choose(StepShape(4, context=512), greedy=True) == 0
 
 
 def test_slow_drafts_and_a_step_overhead_are_learnt_from_measured_steps():
     # Measured steps: drafts twice their calibrated time and 5 ms per step beyond the forwards at 4 rows.
-    policy = RateGamma(synthetic(lambda b, q: 1e-2 + 1e-3 * b * q, lambda b, q: 1e-3), max_gamma=8, decay=0.9)
+    policy = SimpleGamma(synthetic(lambda b, q: 1e-2 + 1e-3 * b * q, lambda b, q: 1e-3), max_gamma=8, decay=0.9)
     verify, draft = policy.calibrated_times(4, 64)
     for _ in range(60):
         policy.observe(StepShape(4), StepOutcome(gamma=2, rows=4, counts=counts([4, 4], [3, 3]), emitted=0,
@@ -95,7 +96,7 @@ def test_slow_drafts_and_a_step_overhead_are_learnt_from_measured_steps():
 
 
 def test_one_stalled_step_moves_the_corrections_little():
-    policy = RateGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=4, decay=0.9)
+    policy = SimpleGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=4, decay=0.9)
     verify, draft = policy.calibrated_times(4, 64)
 
     def step(slow: float) -> None:
@@ -112,7 +113,7 @@ def test_one_stalled_step_moves_the_corrections_little():
 
 def test_a_fixed_step_overhead_makes_longer_drafts_pay():
     cost = synthetic(lambda b, q: 1e-2 + 1e-3 * b * q, lambda b, q: 1e-3)
-    policy = observed(RateGamma(cost, max_gamma=8, decay=0.9), [10] * 8, [8] * 8, rows=16)
+    policy = observed(SimpleGamma(cost, max_gamma=8, decay=0.9), [10] * 8, [8] * 8, rows=16)
     lean = policy.choose(StepShape(16), greedy=True)
     policy.overhead[16] = 0.05
     assert policy.choose(StepShape(16), greedy=True) > lean
@@ -120,12 +121,12 @@ def test_a_fixed_step_overhead_makes_longer_drafts_pay():
 
 def test_narrow_verifies_the_width_that_pays():
     # Verifying w drafts costs 10 ms + 2 ms per draft: (1 + kept) / seconds peaks at w = 2.
-    policy = RateGamma(synthetic(lambda b, q: 8e-3 + 2e-3 * q, lambda b, q: 1e-3), max_gamma=4, decay=0.9)
+    policy = SimpleGamma(synthetic(lambda b, q: 8e-3 + 2e-3 * q, lambda b, q: 1e-3), max_gamma=4, decay=0.9)
     kept = [0.0, 0.9, 1.5, 1.6, 1.65]  # one row: expected drafts kept if the first w are verified
     assert policy.narrow(StepShape(1), kept) == 2
 
 
 def test_break_even_acceptance_follows_the_predicted_step_times():
-    policy = RateGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=4, decay=0.9)
+    policy = SimpleGamma(synthetic(lambda b, q: 1e-2, lambda b, q: 1e-3), max_gamma=4, decay=0.9)
     # Steps of 10, 11, 12, … ms: γ = 1 pays first, once (1 + α) / 11 > 1 / 10.
     assert policy.break_even_acceptance(4, 64) == pytest.approx(0.1, abs=1e-6)

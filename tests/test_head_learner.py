@@ -15,11 +15,11 @@ import torch
 from tiny_models import make_prompts, tiny_lm
 
 from specroll.online_drafter import LearnerConfig
-from specroll.online_drafter.head_data import collate, from_rollout, from_target
-from specroll.online_drafter.head_learner import HeadLearner
-from specroll.online_drafter.head_objectives import objective_for
+from specroll.online_drafter.heads.data import collate, from_rollout, from_target
+from specroll.online_drafter.heads.learner import HeadLearner
+from specroll.online_drafter.heads.objectives import objective_for
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 PROMPTS = make_prompts(24, 2, 6, seed=5)
 PARAMS = SamplingParams(max_new_tokens=24, temperature=1.0, seed=3)

@@ -23,9 +23,9 @@ from specroll.integrations.model_source import ModelPaths
 from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.integrations.ray_backend.settings import ActorResources, ControllerConfig, SyncConfig, TopologyConfig
 from specroll.online_drafter import LearnerConfig
-from specroll.online_drafter.head_learner import HeadLearner
+from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.rollout import EngineConfig, SamplingParams
-from specroll.rollout.heads import EagleHead
+from specroll.rollout.drafters.heads import EagleHead
 
 PROMPTS = make_prompts(12, 2, 6, seed=5)
 PROBE_PROMPTS = make_prompts(6, 2, 6, seed=9)

@@ -1,4 +1,4 @@
-"""The lean forward (`rollout.lean`) computes what HF's forward computes, on the same weights.
+"""The lean forward (`rollout.models.lean`) computes what HF's forward computes, on the same weights.
 
 Covered: Llama, Qwen2 (q/k/v biases, here made non-zero) and Qwen3 (per-head q/k norms, here
 perturbed), grouped-query attention, one and several query tokens per row, ragged starts,
@@ -13,9 +13,9 @@ import torch
 from tiny_models import build_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.lean import unfuse, unsupported_reason
-from specroll.rollout.runner import ModelRunner
-from specroll.rollout.weights import copy_into
+from specroll.rollout.models.lean import unfuse, unsupported_reason
+from specroll.rollout.models.runner import ModelRunner
+from specroll.rollout.models.weights import copy_into
 
 ATOL = 1e-5
 

@@ -16,9 +16,10 @@ from specroll.online_drafter.reports import LearnerReport, ProbeReport
 
 def round_report(steps: int = 5, published: bool = False, budget_s: float | None = 2.0) -> LearnerReport:
     nan = math.nan
-    return LearnerReport(published, 0, nan, nan, nan, nan, nan, loss=nan, train_time_s=0.1 * steps, eval_time_s=0.0,
-                         round_time_s=0.2, budget_s=budget_s, num_positions=100 * steps, num_steps=steps,
-                         num_holdout_positions=50, num_holdout_groups=4, policy_version=1)
+    return LearnerReport(published=published, version=0, acceptance_before=nan, acceptance_after=nan,
+                         acceptance_frozen_shadow=nan, gain=nan, gain_se=nan, loss=nan, train_time_s=0.1 * steps,
+                         eval_time_s=0.0, round_time_s=0.2, budget_s=budget_s, num_positions=100 * steps,
+                         num_steps=steps, num_holdout_positions=50, num_holdout_groups=4, policy_version=1)
 
 
 def probe_report(frozen: float, frozen_se: float = 0.01, time_s: float = 0.1, version: int = 0) -> ProbeReport:

@@ -14,7 +14,7 @@ from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.online_drafter.recording import RecordingLearner
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.heads import MedusaHeads
+from specroll.rollout.drafters.heads import MedusaHeads
 
 V = 32
 
@@ -83,7 +83,7 @@ def test_a_head_learner_recorded_through_a_backend_replays_exactly_across_policy
     from tiny_models import tiny_lm
 
     from specroll.integrations.local_backend import LocalBackend
-    from specroll.rollout.heads import EagleHead
+    from specroll.rollout.drafters.heads import EagleHead
 
     target = tiny_lm("llama", "sdpa", layers=2, logit_scale=10.0)
     policy = {n: p.detach().clone() for n, p in target.named_parameters()}

@@ -15,8 +15,8 @@ import torch
 
 from specroll.benchmarks.arch_sweep import hf_greedy, prompts, tiny_model
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.cache import STATE_HISTORY
-from specroll.rollout.runner import ModelRunner
+from specroll.rollout.models.cache import STATE_HISTORY
+from specroll.rollout.models.runner import ModelRunner
 
 CPU = torch.device("cpu")
 

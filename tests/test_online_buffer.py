@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specroll.online_drafter import BufferConfig, BufferedRollout, DraftBuffer
-from specroll.online_drafter.buffer import to_buffered
+from specroll.online_drafter.lm.data import to_buffered
 from specroll.rollout import Rollout, RolloutSignals
 
 

@@ -11,10 +11,10 @@ import torch
 from online_fixtures import tiny_llama
 
 from specroll.online_drafter import DraftLearner, LearnerConfig, bucketed_kl, bucketed_tv, expected_acceptance
-from specroll.online_drafter.buffer import to_buffered
+from specroll.online_drafter.batching import length_batches
 from specroll.online_drafter.candidate import weights_of
-from specroll.online_drafter.draft_batch import length_batches
-from specroll.online_drafter.scoring import DrafterScorer
+from specroll.online_drafter.lm.data import to_buffered
+from specroll.online_drafter.lm.scorer import DrafterScorer
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 V = 32

@@ -15,7 +15,7 @@ import torch
 from online_fixtures import markov_chain, sample_sequences, tiny_llama, train_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.sampling import process_logits
+from specroll.rollout.sampling.logits import process_logits
 
 K = 8
 

@@ -13,7 +13,7 @@ from tiny_models import tiny_lm
 
 from specroll.benchmarks.probe_compare import compare, load_probes, table
 from specroll.integrations.local_backend import LocalBackend
-from specroll.rollout.heads import EagleHead
+from specroll.rollout.drafters.heads import EagleHead
 
 
 def probes_of_a_run(head_seed: int, steps: int = 2) -> list[dict]:

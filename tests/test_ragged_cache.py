@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_models import build_lm
 
-from specroll.rollout.runner import ModelRunner
+from specroll.rollout.models.runner import ModelRunner
 
 ATOL = 1e-5
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specroll.rollout.randomness import Purpose, gumbel, mix, request_keys, uniform
+from specroll.rollout.sampling.randomness import Purpose, gumbel, mix, request_keys, uniform
 
 MASK = (1 << 64) - 1
 

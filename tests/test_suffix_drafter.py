@@ -14,10 +14,10 @@ import torch
 from tiny_models import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.batch import RowBuffers
 from specroll.rollout.config import SuffixConfig
-from specroll.rollout.multi_drafter import MultiDrafter
-from specroll.rollout.suffix import SuffixDrafter
+from specroll.rollout.core.batch import RowBuffers
+from specroll.rollout.drafters.suffix import SuffixDrafter
+from specroll.rollout.drafters.suffix_or_model import SuffixOrModelDrafter
 
 PROMPTS = make_prompts(6, 2, 7, seed=5)
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0)
@@ -135,7 +135,7 @@ def test_model_kind_needs_a_drafter_model():
 def test_multi_drafter_runs_the_model_only_for_rows_that_take_it():
     config = EngineConfig(max_batch_size=8, max_seq_len=64, gamma=4, drafters=("suffix", "model"))
     engine = SpecEngine(tiny_lm("llama"), noisy_copy("llama"), config)
-    assert isinstance(engine.drafter, MultiDrafter)
+    assert isinstance(engine.drafter, SuffixOrModelDrafter)
     engine.generate(PROMPTS[:2], GREEDY, n=4)
     engine.stats.reset()
     forwards = engine.drafter.num_forwards

@@ -43,7 +43,7 @@ from specroll.integrations.backend import LearnerRound, ProbeRequest, name_promp
 from specroll.integrations.model_source import trained_drafter_kind
 from specroll.integrations.threads import ThreadSetting, actor_threads
 from specroll.rollout import Rollout, SamplingParams
-from specroll.rollout.stats import BatchStats
+from specroll.rollout.core.stats import BatchStats
 
 from .dispatch import run_chunks, split_groups
 from .learner_actor import LearnerActor

@@ -31,7 +31,7 @@ from specroll.integrations.threads import ThreadSetting, current_threads, set_to
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.rollout import EngineConfig
-from specroll.rollout.weights import copy_into
+from specroll.rollout.models.weights import copy_into
 
 from .metrics import LearnerMetrics
 

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 from ray.util.metrics import Counter, Gauge
 
-from specroll.rollout.stats import BatchStats
+from specroll.rollout.core.stats import BatchStats
 
 
 class WorkerMetrics:

@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM
 from specroll.integrations.model_source import ModelPaths, load_drafter, tokenizer_pair
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
-from specroll.rollout.stats import BatchStats
-from specroll.rollout.weights import check_fits
+from specroll.rollout.core.stats import BatchStats
+from specroll.rollout.models.weights import check_fits
 
 from .metrics import WorkerMetrics
 from .weight_sync import WeightPayload, WeightSyncError, receiving_transport, unpack_buckets

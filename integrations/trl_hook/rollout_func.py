@@ -63,7 +63,7 @@ from trl.data_utils import is_conversational
 from specroll.integrations.backend import RolloutBackend, RolloutError, raise_for_errors, rollout_metrics
 from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
 from specroll.rollout import Rollout, SamplingParams
-from specroll.rollout.stats import BatchStats
+from specroll.rollout.core.stats import BatchStats
 
 from .policy_sync import gather_policy_weights
 

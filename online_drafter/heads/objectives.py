@@ -1,0 +1,132 @@
+"""What each feature head predicts where, in teacher-forced form: its draft log q at every sequence position.
+
+An objective turns a head and a `FeatureBatch` into log q [B, D, L, V] — at each draft depth d the
+head scores, its distribution for token j — and any auxiliary loss (`HeadOutput`), so the learner's
+losses and scores (`divergence`: the target's recorded top-k p against q) are the same code for every
+head. The alignments follow the drafters (`rollout.drafters.eagle`, `rollout.drafters.medusa`):
+
+- EAGLE (D = 2): the pair (h_i, x_{i+1}) at position i predicts h_{i+1}, whose logits are q for token
+  i + 2 — the first draft, with the causal context of every real pair before it, as in the engine. Its
+  later drafts feed predicted features, so depth 2 feeds the head its own prediction of h_i over the
+  real context (the engine's second draft); and EAGLE's feature-regression term (smooth L1 of the
+  predicted h_{i+1} to the real one, `feature_weight`) keeps the predictions in the target's space.
+- Medusa (D = K): head k reads h_i and predicts token i + 1 + k.
+
+Positions a head cannot predict (the first tokens) get a uniform q, and count as the poor drafts they are.
+
+The embedding and LM head are the policy's own modules, read at every call (`_frozen_embed`,
+`_frozen_logits`: detached weights, cast to the head's dtype), so the objective follows the policy as it
+is updated in place, and no gradient ever reaches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+
+from .data import FeatureBatch
+
+
+@dataclass
+class HeadOutput:
+    log_q: torch.Tensor  # [B, D, L, V]: the head's draft log-probabilities for token j at depth d
+    aux_loss: torch.Tensor  # scalar added to the distillation loss (0 if none)
+
+
+class HeadObjective(Protocol):
+    depths: int  # draft depths scored per position (D)
+
+    def __call__(self, head: nn.Module, batch: FeatureBatch, temperature: float, depths: int | None = None
+                 ) -> HeadOutput:
+        """log q at the first `depths` draft depths (None: all `self.depths`)."""
+        ...
+
+
+def _shifted(logits: torch.Tensor, shift: int, length: int) -> torch.Tensor:
+    """Logits [B, N, V] at positions i placed at i + shift of a length-`length` axis (zeros before): [B, L, V]."""
+    size, _, vocab = logits.shape
+    pad = logits.new_zeros(size, shift, vocab)
+    return torch.cat([pad, logits], 1)[:, :length]
+
+
+def _frozen_embed(embed: nn.Module, ids: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids, embed.weight.detach().to(like.device, like.dtype))
+
+
+def _frozen_logits(lm_head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    bias = None if lm_head.bias is None else lm_head.bias.detach().to(x.device, x.dtype)
+    return F.linear(x, lm_head.weight.detach().to(x.device, x.dtype), bias)
+
+
+class EagleObjective:
+    """Depth 1: real features. Depth 2: each pair's feature is the head's own prediction of it (from the
+    pair before), attending over the *real* pairs before it and itself — exactly what the engine's second
+    draft sees when the first was kept (the "training-time test" of EAGLE-3 / HASS, one step of it). With
+    `depths=1` (`LearnerConfig.train_depths`) only the first, in one causal pass: ~2x cheaper a step."""
+
+    depths = 2
+
+    def __init__(self, embed: nn.Module, lm_head: nn.Module, feature_weight: float = 1.0):
+        self.embed, self.lm_head, self.feature_weight = embed, lm_head, feature_weight
+
+    def __call__(self, head: EagleHead, batch: FeatureBatch, temperature: float, depths: int | None = None
+                 ) -> HeadOutput:
+        size, length = batch.token_ids.shape
+        pairs = length - 1
+        device = batch.hidden.device
+        positions = torch.arange(pairs, device=device)[None].expand(size, -1)
+        embeds = _frozen_embed(self.embed, batch.token_ids[:, 1:], batch.hidden)  # [B, N, H]: x_{i+1}
+        real_kv: list[torch.Tensor] = []
+
+        def keep_real(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            real_kv[:] = [k, v]
+            return k, v
+
+        if depths == 1:  # the first draft only: one causal pass (no key/value to keep for a second)
+            drafted = [head(embeds, batch.hidden, positions)]  # [B, N, H]: h_{i+1}
+        else:
+            causal = torch.ones(pairs, pairs, dtype=torch.bool, device=device).tril()
+            drafted = [head(embeds, batch.hidden, positions, keep_real, causal[None, None])]
+            own = torch.cat([drafted[0].new_zeros(size, 1, drafted[0].shape[-1]), drafted[0][:, :-1]], 1)  # ĥ_i
+
+            def after_real(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return torch.cat([real_kv[0], k], 2), torch.cat([real_kv[1], v], 2)
+
+            eye = torch.eye(pairs, dtype=torch.bool, device=device)
+            drafted.append(head(embeds, own, positions, after_real, torch.cat([causal & ~eye, eye], 1)[None, None]))
+        logits = torch.stack([_shifted(_frozen_logits(self.lm_head, x), 2, length) for x in drafted], 1)  # [B, D, L, V]
+        log_q = (logits.float() / temperature).log_softmax(-1)
+        predicted = drafted[0].float()
+        real = batch.hidden[:, 1:]  # [B, L-2, H]
+        valid = (real.abs().sum(-1) > 0).float()  # [B, L-2]: padding is all zeros
+        error = F.smooth_l1_loss(predicted[:, :-1], real, reduction="none").mean(-1)
+        return HeadOutput(log_q, self.feature_weight * (error * valid).sum() / valid.sum().clamp_min(1))
+
+
+class MedusaObjective:
+    def __init__(self, lm_head: nn.Module, num_heads: int):
+        self.lm_head, self.depths = lm_head, num_heads
+
+    def __call__(self, head: MedusaHeads, batch: FeatureBatch, temperature: float, depths: int | None = None
+                 ) -> HeadOutput:
+        # [B, L-1, K, V]: head k (0-based) at i predicts token i + 2 + k
+        logits = _frozen_logits(self.lm_head, head(batch.hidden))
+        length = batch.token_ids.shape[1]
+        per_head = [_shifted(logits[:, :, k], k + 2, length) for k in range(depths or self.depths)]
+        log_q = (torch.stack(per_head, 1).float() / temperature).log_softmax(-1)  # [B, K, L, V]
+        return HeadOutput(log_q, log_q.new_zeros(()))
+
+
+def objective_for(head: nn.Module, embed: nn.Module, lm_head: nn.Module, feature_weight: float = 1.0
+                  ) -> HeadObjective:
+    if isinstance(head, EagleHead):
+        return EagleObjective(embed, lm_head, feature_weight)
+    if isinstance(head, MedusaHeads):
+        return MedusaObjective(lm_head, head.num_heads)
+    raise ValueError(f"no head objective for {type(head).__name__}: an EagleHead or MedusaHeads")

@@ -1,0 +1,71 @@
+"""Scorer: how the learner trains and scores a drafter family's drafter, per entry and per prompt group.
+
+The learner asks its scorer three things, the same for every family: `loss(drafter, batch, loss_fn)`,
+a batch's distillation loss; `score_entries(drafter, entries)`, each entry's expected-acceptance sum
+Σ min(p, q) and position count, for the held-out set and probes; `group(per_entry, keys)`, those sums
+per prompt group for the paired decisions of `paired.py`, a group of policy version v weighed
+`recency_decay ** (newest − v)`. A family (`lm.scorer.DrafterScorer`, `heads.scorer.HeadScorer`) says
+how its drafter is trained on a batch (`loss`) and scored there (`acceptance`, per position); scoring
+entries in batches of similar length and grouping them are this module's, once for both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .batching import length_batches
+from .buffer import BufferEntry
+from .holdout import GroupKey
+from .paired import GroupScores
+
+Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (log q, top-k ids, p) -> per position
+
+
+class Scorer(ABC):
+    """`collate(entries)` pads a family's entries into its batch (weight 1 at every completion position)."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any], temperature: float, batch_size: int,
+                 recency_decay: float, device: torch.device):
+        self.collate = collate
+        self.temperature = temperature
+        self.batch_size = batch_size
+        self.recency_decay = recency_decay
+        self.device = device
+
+    @abstractmethod
+    def loss(self, drafter: nn.Module, batch: Any, loss_fn: Loss) -> torch.Tensor:
+        """The batch's distillation loss (a scalar), `loss_fn` per position weighted by `batch.weights`."""
+
+    @abstractmethod
+    def acceptance(self, drafter: nn.Module, batch: Any) -> torch.Tensor:
+        """Expected acceptance Σ min(p, q) at each of the batch's positions: [B, N], read where `batch.weights` > 0."""
+
+    @torch.inference_mode()
+    def score_entries(self, drafter: nn.Module, entries: list[BufferEntry]) -> torch.Tensor:
+        """Expected acceptance sum and completion-position count of each entry: [N, 2] float64."""
+        per_entry = torch.zeros(len(entries), 2, dtype=torch.float64)  # [N, (sum, count)]
+        for chunk in length_batches([e.token_ids.shape[0] for e in entries], self.batch_size):
+            rows = torch.tensor(chunk)  # [B] entry indices, batched by length
+            batch = self.collate([entries[i] for i in rows.tolist()]).to(self.device)
+            acc = self.acceptance(drafter, batch)  # [B, N]
+            per_entry[rows, 0] = (acc * batch.weights).sum(1).double().cpu()
+            per_entry[rows, 1] = batch.weights.sum(1).double().cpu()
+        return per_entry
+
+    def group(self, per_entry: torch.Tensor, keys: list[GroupKey]) -> GroupScores:
+        """Per-entry scores [N, 2] summed per group (in order of first appearance), recency-weighted."""
+        index: dict[GroupKey, int] = {}
+        group_of = torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)  # [N]
+        groups = torch.zeros(len(index), 2, dtype=torch.float64).index_add_(0, group_of, per_entry)
+        newest = max(version for version, _ in index)
+        weights = torch.tensor([self.recency_decay ** (newest - version) for version, _ in index], dtype=torch.float64)
+        return GroupScores(groups[:, 0], groups[:, 1], weights)
+
+    def score_groups(self, drafter: nn.Module, entries: list[BufferEntry], keys: list[GroupKey]) -> GroupScores:
+        """`group(score_entries(...))`: one drafter's scores per group."""
+        return self.group(self.score_entries(drafter, entries), keys)

@@ -1,0 +1,134 @@
+"""EagleDrafter: an EAGLE-style head that drafts autoregressively over the target's features.
+
+The head (`heads.EagleHead`) reads pairs (h_t, x_{t+1}) — the target's hidden state at position t
+(`hidden`) and the token it predicted there — and predicts h_{t+1}, whose LM-head logits are
+the draft distribution for x_{t+2}. Its own one-layer ragged KV cache holds one entry per pair, at
+slot and position t.
+
+A row of S tokens has target states for t ≤ S - 2 (verification's, kept tokens only), so its real pairs
+are t ∈ [0, S - 2]. The cache is kept at least one real pair behind, like `ModelDrafter`'s: each step
+catches up the missing real pairs in one ragged forward, whose last output gives q for the first draft;
+each further draft feeds the pair (predicted feature, previous draft). Those pairs (t ≥ S - 1) hold
+predicted features, so `keep` rolls the cache back to S - 1 pairs (the old S), and the next step feeds
+the real states verification computed for them. Rows it did not draft for (another drafter served them,
+or plain steps) just fall further behind and catch up the same way.
+
+Departs from EAGLE: no draft tree (one candidate per position); EAGLE-1 drops the layer's input norm,
+this head keeps it; the head's output is final-normed so that it lives where the target's features do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ..config import SamplingParams
+from ..core.batch import RowBuffers
+from ..models.cache import LayerShape, RaggedKVCache
+from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
+from ..models.weights import copy_into
+from ..sampling.logits import process_logits
+from ..sampling.noise import gumbel_max
+from .heads import EagleHead
+from .protocol import DraftDraw, Proposal
+
+
+class EagleDrafter:
+    names = ("eagle",)
+    trainable = True
+    wants_hidden = True
+
+    def __init__(self, head: EagleHead, embed: nn.Module, lm_head: nn.Module, slots: int, length: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        self.embed, self.lm_head = embed, lm_head  # the target's: never trained here
+        shape = LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)
+        self.cache = RaggedKVCache([shape], slots, length, dtype, device)
+        self.device = device
+        self.max_input_id = embed.weight.shape[0] - 1
+        self.num_forwards = 0
+
+    @torch.inference_mode()
+    def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
+                draw: DraftDraw) -> Proposal:
+        """`live` may be a slice or an index tensor of slots."""
+        seq_len = rows.seq_len[live]  # [n]
+        n = seq_len.shape[0]
+        drafts = torch.empty(n, gamma, dtype=torch.long, device=self.device)  # [n, γ]
+        q = torch.empty(n, gamma, self.lm_head.weight.shape[0], device=self.device)  # [n, γ, V]
+        if gamma == 0:
+            return Proposal(drafts, q)
+        start = self.cache.lens[live]  # [n]
+        count = (seq_len - 1 - start).clamp_min(1)  # [n] real pairs to catch up (≥ 1: its output drafts)
+        width = int(count.max())
+        t = start[:, None] + torch.arange(width, device=self.device)  # [n, Q] pair positions
+        hidden = rows.hidden[live]  # [n, L, H]
+        features = hidden.gather(1, t.clamp_max(hidden.shape[1] - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
+        tokens = rows.tokens[live].gather(1, (t + 1).clamp_max(rows.tokens.shape[1] - 1))  # [n, Q] x_{t+1}
+        out = self._feed(live, tokens, features, start, count)  # [n, Q, H]
+        feature = out[torch.arange(n, device=self.device), count - 1]  # [n, H]
+        for i in range(gamma):
+            q[:, i] = process_logits(self.lm_head(feature).float(), params)
+            drafts[:, i] = draw(q[:, i], i)
+            if i < gamma - 1:
+                feature = self._feed(live, drafts[:, i : i + 1], feature[:, None], self.cache.lens[live],
+                                     torch.ones_like(count))[:, 0]
+        return Proposal(drafts, q)
+
+    def _feed(self, rows: slice | torch.Tensor, tokens: torch.Tensor, features: torch.Tensor, start: torch.Tensor,
+              count: torch.Tensor) -> torch.Tensor:
+        """Pairs (features [n, Q, H], tokens [n, Q]) at positions start + q; `count` [n] of them are real
+        (the rest padding). Returns predicted features [n, Q, H] and advances the cache by `count`."""
+        positions = self.cache.plan_write(rows, start, tokens.shape[1])  # [n, Q]
+        slots = torch.arange(self.cache.plan.kv_len, device=self.device)
+        mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, Q, K]
+        try:
+            out = self.head(self.embed(tokens.clamp_max(self.max_input_id)), features.to(self.head.fc.weight.dtype),
+                            positions, self.cache.layers[0].update, mask)
+        finally:
+            self.cache.plan = None
+            self.num_forwards += 1
+        self.cache.set_lens(rows, start + count)
+        return out
+
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
+             drafted_len: torch.Tensor) -> None:
+        """Drop the pairs that used predicted features: those at positions ≥ the old length - 1."""
+        self.cache.set_lens(live, torch.minimum(self.cache.lens[live], (seq_len - 1).clamp_min(0)))
+
+    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
+        """Empty the slots; the first step catches the prompt's pairs up (the target's prefill wrote its states)."""
+        self.cache.reset_rows(slots)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.cache.move_row(src, dst)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        copy_into(self.head, state_dict, "eagle head")
+
+    def cost_key(self) -> str:
+        head = self.head
+        return (f"eagle:{head.fc.weight.shape}:{head.gate_proj.weight.shape}:{head.num_heads}/{head.num_kv_heads}:"
+                f"{head.fc.weight.dtype}:{self.lm_head.weight.shape}")
+
+    def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
+        """Timed on its own cache at engine start (nothing live); its lengths are reset after."""
+        width = self.head.fc.weight.shape[0]
+
+        @torch.inference_mode()
+        def draft(batch: int, query_len: int) -> None:
+            rows = slice(0, batch)
+            tokens = torch.zeros(batch, query_len, dtype=torch.long, device=self.device)
+            features = torch.zeros(batch, query_len, width, dtype=self.head.fc.weight.dtype, device=self.device)
+            start = torch.full((batch,), CALIBRATION_CONTEXT, dtype=torch.long, device=self.device)
+            out = self._feed(rows, tokens, features, start.clamp_max(self.cache.length - 3), torch.zeros_like(start))
+            probs = process_logits(self.lm_head(out[:, -1]).float(), DRAFT_PARAMS)
+            gumbel_max(probs, torch.zeros_like(probs))
+
+        try:
+            return time_draft_calls(draft, batch_sizes, deadline, self.device)
+        finally:
+            self.cache.set_lens(slice(None), torch.zeros_like(self.cache.lens))
+            self.num_forwards = 0

@@ -1,0 +1,84 @@
+"""MedusaDrafter: γ drafts in one shot from K heads on the target's newest hidden state.
+
+Each step reads the row's newest valid hidden state h (position seq_len - 2, written by the last
+verification: `hidden`), runs the K heads (`heads.MedusaHeads`) and the target's LM head once,
+and draft i is drawn from head i's processed distribution q_i. Tree-free: one candidate per position.
+Head i does not see drafts < i, so q_i is a distribution given the row's kept prefix only — a valid
+proposal for the lossless rule (any q that depends on the prefix is), just a worse one the further
+it reaches. Drafts past the K-th reuse head K's distribution. No cache, nothing to roll back: a
+row's state is its newest hidden state, which verification keeps current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ..config import SamplingParams
+from ..core.batch import RowBuffers
+from ..models.timing import DRAFT_PARAMS, ForwardTimes, time_draft_calls
+from ..models.weights import copy_into
+from ..sampling.logits import process_logits
+from ..sampling.noise import gumbel_max
+from .heads import MedusaHeads
+from .hidden import last_hidden
+from .protocol import DraftDraw, Proposal
+
+
+class MedusaDrafter:
+    names = ("medusa",)
+    trainable = True
+    wants_hidden = True
+
+    def __init__(self, heads: MedusaHeads, lm_head: nn.Module, dtype: torch.dtype, device: torch.device):
+        self.heads = heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        self.lm_head = lm_head  # the target's: follows the policy's weights, never trained here
+        self.device = device
+        self.num_forwards = 0
+
+    @torch.inference_mode()
+    def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
+                draw: DraftDraw) -> Proposal:
+        """`live` may be a slice or an index tensor of slots."""
+        logits = self.lm_head(self.heads(last_hidden(rows, live))).float()  # [n, K, V]
+        self.num_forwards += 1
+        columns = torch.arange(gamma, device=logits.device).clamp_max(self.heads.num_heads - 1)
+        q = process_logits(logits[:, columns], params)  # [n, γ, V]
+        drafts = torch.stack([draw(q[:, i], i) for i in range(gamma)], 1) if gamma else q.new_zeros(
+            q.shape[0], 0, dtype=torch.long)  # [n, γ]
+        return Proposal(drafts, q)
+
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
+             drafted_len: torch.Tensor) -> None:
+        """Nothing to roll back: the next step reads the hidden state verification kept."""
+
+    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
+        """The target's prefill writes the prompt's hidden states."""
+
+    def move_row(self, src: int, dst: int) -> None:
+        """`RowBuffers.move_row` moves the hidden states."""
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        copy_into(self.heads, state_dict, "medusa heads")
+
+    def cost_key(self) -> str:
+        heads = self.heads
+        return f"medusa{heads.num_heads}x{heads.weight.shape[-1]}:{heads.weight.dtype}:{self.lm_head.weight.shape}"
+
+    def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
+        """One call drafts all γ: its time is the catch-up column, a further draft costs ~one sample."""
+        width = self.heads.weight.shape[-1]
+
+        @torch.inference_mode()
+        def draft(batch: int, query_len: int) -> None:
+            hidden = torch.zeros(batch, width, dtype=self.heads.weight.dtype, device=self.device)
+            logits = self.lm_head(self.heads(hidden)).float()  # [b, K, V]
+            for i in range(query_len):
+                probs = process_logits(logits[:, min(i, logits.shape[1] - 1)], DRAFT_PARAMS)
+                gumbel_max(probs, torch.zeros_like(probs))
+
+        times = time_draft_calls(draft, batch_sizes, deadline, self.device)
+        # Q = 1 is the whole call; each further draft adds one sample (the difference of the columns).
+        return ForwardTimes(times.batch_sizes, [1, 2], [[max(two - one, 1e-7), one] for one, two in times.times])

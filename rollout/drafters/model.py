@@ -1,0 +1,96 @@
+"""ModelDrafter: the default drafter, an independent small causal LM with its own ragged cache.
+
+It keeps its cache one or two tokens behind the row (the last draft is never fed, and after a rejection
+the kept prefix is shorter than what it fed); more after steps it did not run in (plain steps, or rows
+another drafter served). Before drafting it catches up with one ragged forward, whose last logits give q
+for the first draft, then feeds each draft to get the next q.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from transformers import PreTrainedModel
+
+from ..config import SamplingParams
+from ..core.batch import RowBuffers
+from ..models.cache import STATE_HISTORY
+from ..models.runner import ModelRunner
+from ..models.timing import DRAFT_PARAMS, ForwardTimes, draft_noise, model_cost_key, time_forwards
+from ..models.weights import copy_into
+from ..sampling.logits import process_logits
+from ..sampling.noise import gumbel_max
+from .protocol import DraftDraw, Proposal
+
+
+class ModelDrafter:
+    """An independent small LM sharing the target's vocabulary (checked by the engine)."""
+
+    names = ("model",)
+    trainable = True
+    wants_hidden = False
+
+    def __init__(self, model: PreTrainedModel, slots: int, length: int, dtype: torch.dtype, device: torch.device,
+                 target_vocab_size: int, lean: bool = True, state_history: int = STATE_HISTORY):
+        self.runner = ModelRunner(model, slots, length, dtype, device, lean, state_history)
+        self.target_vocab_size = target_vocab_size
+
+    @property
+    def num_forwards(self) -> int:
+        return self.runner.num_forwards
+
+    def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
+                draw: DraftDraw) -> Proposal:
+        """`live` may also be an index tensor of slots (a subset of the live rows)."""
+        n, device = rows.seq_len[live].shape[0], self.runner.device
+        drafts = torch.empty(n, gamma, dtype=torch.long, device=device)  # [n, γ]
+        q = torch.empty(n, gamma, self.target_vocab_size, device=device)  # [n, γ, V]
+        if gamma == 0:
+            return Proposal(drafts, q)
+        lag = rows.seq_len[live] - self.runner.cache.lens[live]  # [n] ≥ 1
+        logits = self.runner.extend(live, rows.tokens[live], lag)  # [n, V_d]
+        for i in range(gamma):
+            q[:, i] = process_logits(self._to_target_vocab(logits), params)
+            drafts[:, i] = draw(q[:, i], i)
+            if i < gamma - 1:
+                logits = self.runner.feed(live, drafts[:, i : i + 1])[:, 0]
+        return Proposal(drafts, q)
+
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
+             drafted_len: torch.Tensor) -> None:
+        """Roll back to the kept prefix: the row's old tokens plus the accepted drafts it has fed (the
+        cache never holds the last draft, so `min` also covers a full acceptance and rows not drafted)."""
+        self.runner.rollback(live, torch.minimum(self.runner.cache.lens[live], seq_len + accepted_len))
+
+    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
+        self.runner.cache.reset_rows(slots)
+        if int(count.max()) > 0:
+            self.runner.extend(slots, rows.tokens[slots], count)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.runner.cache.move_row(src, dst)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        copy_into(self.runner.model, state_dict, "drafter")
+
+    def cost_key(self) -> str:
+        return model_cost_key(self.runner)
+
+    def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
+        # A draft costs its forward plus turning the logits into a sampled token (T = 1, the dearer
+        # mode): for small drafters, and on GPUs where small kernels are launch-bound, that is no
+        # rounding error.
+        def sample(logits: torch.Tensor) -> torch.Tensor:
+            return gumbel_max(process_logits(logits[:, -1], DRAFT_PARAMS), draft_noise(logits))
+
+        return time_forwards(self.runner, batch_sizes, [1, 2], deadline, then=sample)
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Drafter logits over the target's ids: extra drafter rows dropped, missing ones at -inf."""
+        extra = self.target_vocab_size - logits.shape[-1]
+        if extra < 0:
+            return logits[..., : self.target_vocab_size]
+        if extra > 0:
+            return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+        return logits

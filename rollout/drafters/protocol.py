@@ -1,0 +1,86 @@
+"""The `Drafter` protocol: what the engine asks of anything that proposes drafts, and the `Proposal` it returns.
+
+A drafter proposes up to γ tokens for every live row together with the distribution q each was drawn
+from (verification needs q), is told after the step which tokens the rows kept, and follows the
+scheduler's row moves and prefills. It reports what its drafts cost (`time_drafts`, for auto-γ's cost
+model) and whether it has weights the learner can update (`trainable`). The engine takes any object
+with these methods: `model.ModelDrafter` (an independent LM, the default), `suffix.SuffixDrafter`
+(model-free, over sibling and earlier completions), `suffix_or_model.SuffixOrModelDrafter` (a per-row
+choice between them), and the drafters that read the target (`layer_skip.LayerSkipDrafter`,
+`eagle.EagleDrafter`, `medusa.MedusaDrafter`; the last two ask for its hidden states: `wants_hidden`,
+`hidden`). `factory.make_drafter` builds what `EngineConfig.drafters` lists.
+
+A drafter owns no randomness: it draws each draft with the `draw(q_i, i)` the engine hands it —
+Gumbel-max with the token noise of that row and position (`sampling.noise.StepNoise.draw_draft`), the noise
+the target's own draw there uses. That shared noise is what makes the invariant rule's output
+independent of the drafter. A drafter whose q is a point mass (the suffix drafter) needs no draw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..config import SamplingParams
+from ..core.batch import RowBuffers
+from ..models.timing import ForwardTimes
+
+# draw(q_i [n, V], i) → draft i [n], with the token noise of each row's position of draft i.
+DraftDraw = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+@dataclass
+class Proposal:
+    drafts: torch.Tensor  # [n, γ] int64
+    # [n, γ, V] drafter's processed probabilities the drafts were drawn from; NaN where its logits
+    # were non-finite (`process_logits`): the engine then drops that row's drafts for the step.
+    q: torch.Tensor
+    # [n] drafts each row proposes (≤ γ; the rest are padding, never kept). None: all γ.
+    lengths: torch.Tensor | None = None
+    # [n] which of the drafter's `names` proposed each row (for per-drafter stats). None: all names[0].
+    source: torch.Tensor | None = None
+    # Host, [γ+1]: the drafts expected kept, all rows together, if only the first w columns are verified
+    # (w = 0..γ). Given, an adaptive γ policy may verify fewer columns (`GammaPolicy.narrow`).
+    expected_kept: list[float] | None = None
+
+
+class Drafter(Protocol):
+    names: tuple[str, ...]  # the kinds this drafter reports stats under (one, or one per sub-drafter)
+    trainable: bool  # has weights `load_weights` can replace (the online learner's target)
+    # reads the target's hidden states from verification (`RowBuffers.hidden`, kept only when asked)
+    wants_hidden: bool
+    num_forwards: int  # model forwards run so far
+
+    def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
+                draw: DraftDraw) -> Proposal:
+        """Up to γ drafts for each of the live rows (rows.tokens[:, :seq_len] is each row's text). The
+        proposal may be narrower than γ (no row's drafts past its width were worth verifying): the step
+        then verifies that width."""
+        ...
+
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
+             drafted_len: torch.Tensor) -> None:
+        """After a step: `rows` holds the kept tokens; `seq_len` [n] the lengths before the step,
+        `drafted_len` [n] the drafts of this drafter's proposal that were verified and `accepted_len` [n]
+        those kept (0 where it proposed none)."""
+        ...
+
+    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
+        """New requests in `slots` [k] (their prompts in `rows`); `count` [k] prompt tokens to feed now."""
+        ...
+
+    def move_row(self, src: int, dst: int) -> None: ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
+
+    def cost_key(self) -> str:
+        """What the drafts' cost depends on (model shape, layout, ...), for the calibration cache."""
+        ...
+
+    def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
+        """Seconds of one draft per batch size at query lengths [1, 2] (a draft after a catch-up of up
+        to two tokens costs the second column, each further draft the first)."""
+        ...

@@ -1,0 +1,142 @@
+"""SuffixOrModelDrafter: the suffix drafter and one model drafter serving one batch, chosen per row and step.
+
+Each step the suffix drafter looks up every live row (host work, no model). A row takes the suffix
+proposal when its expected kept drafts — from the match length and that length's running acceptance
+(`SuffixDrafter.expected_accepted`) — reach the model drafter's (its running per-position acceptance
+α_j: Σ_k Π_{j≤k} α_j); otherwise the model's. The model drafter runs only for the rows that take it
+(an index-tensor forward over those rows of its cache; none at all when every row takes the suffix),
+so its cost follows its share. Rows it skipped fall behind in its cache and catch up in its next
+forward. All rows are still verified in one target forward of γ + 1 tokens: a suffix proposal
+shorter than γ is padding past its `lengths` (verified, never kept — the price of one forward).
+
+`factory.make_drafter` builds it when `EngineConfig.drafters` lists "suffix" and one model-like kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..config import SamplingParams
+from ..core.batch import RowBuffers
+from ..core.rates import PRIOR_ACCEPTANCE, DecayedRates
+from ..models.timing import ForwardTimes
+from .protocol import DraftDraw, Drafter, Proposal
+from .suffix import Lookup, SuffixDrafter
+
+PRIOR_DRAFTS = 4  # the model's α_j starts at PRIOR_ACCEPTANCE, worth this many drafts
+DECAY = 0.98  # per step (memory ~50 steps)
+
+
+class SuffixOrModelDrafter:
+    """`suffix` and `model` (any drafter that proposes γ drafts for the rows it is given, `live` a slice or
+    an index tensor of slots) behind one `Drafter`; stats under "suffix" and the model's name."""
+
+    def __init__(self, suffix: SuffixDrafter, model: Drafter, vocab_size: int):
+        self.suffix, self.model = suffix, model
+        self.trainable, self.wants_hidden = model.trainable, model.wants_hidden
+        self.names = (*suffix.names, *model.names)
+        self.vocab_size = vocab_size
+        self.model_rates = DecayedRates()  # the model-served rows' drafts, per draft position
+        self._model_rows: list[bool] = []  # which rows this step's proposal gave the model (until `keep`)
+
+    @property
+    def num_forwards(self) -> int:
+        return self.model.num_forwards
+
+    def model_expected(self, gamma: int) -> float:
+        """Expected drafts kept of a model proposal of γ drafts: Σ_k Π_{j≤k} α_j."""
+        return self._model_survival(gamma)[-1]
+
+    def _model_survival(self, gamma: int) -> list[float]:
+        """[γ+1]: a model proposal's drafts expected kept if w of them are verified, w = 0..γ."""
+        out, survive = [0.0], 1.0
+        for j in range(gamma):
+            survive *= self.model_rates.rate(j, PRIOR_ACCEPTANCE, PRIOR_DRAFTS)
+            out.append(out[-1] + survive)
+        return out
+
+    def choose(self, found: Lookup, gamma: int) -> list[bool]:
+        """Per row: True where the model's proposal is expected to keep more drafts than the suffix's."""
+        bar = self.model_expected(gamma)
+        return [self.suffix.expected_accepted(m, len(d)) < bar for m, d in zip(found.match, found.drafts)]
+
+    def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
+                draw: DraftDraw) -> Proposal:
+        n = live.stop
+        self.model_rates.grow(gamma)
+        found = self.suffix.lookup(n, gamma)
+        use_model = self._model_rows = self.choose(found, gamma)
+        if not any(use_model):  # no model forward at all; as wide as the longest suffix proposal
+            return self.suffix.to_proposal(found, gamma)
+        padded = [[0] * gamma if m else d + [0] * (gamma - len(d)) for d, m in zip(found.drafts, use_model)]
+        drafts = torch.tensor(padded, dtype=torch.long, device=rows.tokens.device).reshape(n, gamma)  # [n, γ]
+        lengths = torch.tensor([gamma if m else len(d) for d, m in zip(found.drafts, use_model)],
+                               dtype=torch.long, device=drafts.device)  # [n]
+        source = torch.tensor(use_model, dtype=torch.long, device=drafts.device)  # [n] 0 suffix, 1 model
+        q = torch.nn.functional.one_hot(drafts, self.vocab_size).float()  # [n, γ, V]: point masses
+        served = [b for b, m in enumerate(use_model) if m]
+        if len(served) == n:
+            part = self.model.propose(live, rows, gamma, params, draw)
+            drafts, q = part.drafts, part.q
+        else:
+            idx = torch.tensor(served, dtype=torch.long, device=drafts.device)  # [k]
+            part = self.model.propose(idx, rows, gamma, params, _subset_draw(draw, idx, n))
+            drafts[idx], q[idx] = part.drafts, part.q
+        model = self._model_survival(gamma)
+        suffix = self.suffix.expected_by_width(found, gamma, [not m for m in use_model])
+        expected = [s + len(served) * m for s, m in zip(suffix, model)]
+        return Proposal(drafts, q, lengths, source, expected)
+
+    def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
+             drafted_len: torch.Tensor) -> None:
+        step = self.suffix.fetch(live, rows, accepted_len, drafted_len)
+        self.suffix.ingest(step)
+        # A plain step (γ = 0) was proposed nothing: no row took the model (the list is this step's only).
+        served, self._model_rows = self._model_rows or [False] * accepted_len.shape[0], []
+        if any(served):
+            self._count_model(step.accepted, step.drafted, served)
+        model_rows = torch.tensor(served, dtype=torch.bool, device=accepted_len.device)
+        self.model.keep(live, rows, seq_len, torch.where(model_rows, accepted_len, 0),
+                        torch.where(model_rows, drafted_len, 0))
+
+    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
+        self.suffix.prefill(slots, rows, count)
+        self.model.prefill(slots, rows, count)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.suffix.move_row(src, dst)
+        self.model.move_row(src, dst)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.model.load_weights(state_dict)
+
+    def cost_key(self) -> str:
+        return f"{self.suffix.cost_key()}+{self.model.cost_key()}"
+
+    def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
+        """The model's drafts plus the lookups: the step's cost when any row takes the model."""
+        model = self.model.time_drafts(batch_sizes, deadline)
+        lookups = self.suffix.time_drafts(batch_sizes, deadline)
+        return ForwardTimes(model.batch_sizes, model.query_lens,
+                            [[a + b for a, b in zip(m, s)] for m, s in zip(model.times, lookups.times)])
+
+    def _count_model(self, accepted: list[int], drafted: list[int], served: list[bool]) -> None:
+        """Fold in the model-served rows' outcomes: draft j was reached if drafts < j were kept."""
+        self.model_rates.decay(DECAY)
+        for kept, verified, model in zip(accepted, drafted, served):
+            if model:
+                for j in range(min(kept + 1, verified)):
+                    self.model_rates.add(j, j < kept, 1)
+
+
+def _subset_draw(draw: DraftDraw, idx: torch.Tensor, n: int) -> DraftDraw:
+    """`draw` for rows `idx` of the n live rows: each keeps the noise of its own row and position."""
+
+    def subset(q: torch.Tensor, i: int) -> torch.Tensor:
+        full = q.new_full((n, q.shape[-1]), 1.0 / q.shape[-1])  # [n, V]; other rows' draws are discarded
+        full[idx] = q
+        return draw(full, i)[idx]
+
+    return subset

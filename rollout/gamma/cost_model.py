@@ -1,0 +1,267 @@
+"""Forward-time cost model measured on the running hardware, for choosing γ.
+
+`calibrate` times target and drafter forwards through their ragged caches over a grid of live
+batch sizes and query lengths (≤ `budget_s` seconds, fastest of a few runs per point) and
+`CostModel` interpolates that grid piecewise-linearly. The result is cached on disk per model shape,
+weight layout, device, dtype and thread count, so a restarted engine does not measure again. The
+engine then refines it online from the steps it runs (`CostModel.observe`): a measured slow-down of
+the drafts and a measured per-step overhead on top of the target's forward.
+
+The timing itself is `models.timing`'s (`time_forwards`, and each drafter's `time_drafts`). A cached file
+that is not a cost model (cut short, edited) is a `ValueError` naming it, never a silent re-measure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..drafters.protocol import Drafter
+from ..models.runner import ModelRunner
+from ..models.timing import CALIBRATION_CONTEXT, ForwardTimes, model_cost_key, time_forwards
+
+# The target is timed at CALIBRATION_CONTEXT tokens of context and again at this many (the model
+# interpolates in between, extrapolates past).
+LONG_CONTEXT = 512
+OFFSET_MEMORY = 100  # steps (at one batch size) over which a per-γ overhead offset fades when γ is not run
+
+
+@dataclass
+class CostModel:
+    """Predicted step times: the target's forward (interpolated in the KV length between the two
+    calibrated contexts) plus the step's measured overhead, and γ drafter forwards times their
+    measured slow-down.
+
+    Measured on this project's CPU (demo models), a step differs from its calibrated forwards in two
+    ways that do not share one factor: each draft costs ~2× its calibrated forward at every batch
+    size and γ (a small model's weights and activations fall out of the caches while the target
+    runs), while the verification part costs its forward plus a per-step overhead that hardly
+    depends on γ (+4–9 ms at 1 row, +11–16 ms at 16: sampling, verification, bookkeeping, colder
+    weights). One factor for the whole step made each extra query token look up to 1.4× dearer than
+    it is and the policy drafted too little; hence a multiplicative correction for the drafts and an
+    additive one, per live batch size, for the rest.
+    """
+
+    target: ForwardTimes  # at `contexts[0]` tokens already cached
+    drafter: ForwardTimes
+    target_long: ForwardTimes | None = None  # at `contexts[1]`; None: context-independent
+    contexts: tuple[int, int] = (CALIBRATION_CONTEXT, CALIBRATION_CONTEXT)
+    draft_scale: float | None = None  # measured / calibrated drafting time; None until measured
+    overhead: dict[int, float] = field(default_factory=dict)  # live rows → step seconds beyond the forwards
+    overhead_offsets: dict[int, list[float]] = field(default_factory=dict)  # live rows → per-γ offsets from it
+    ema: float = 0.8
+    _gamma_parts: dict[tuple[int, int], tuple[list[float], list[float], list[float]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    def context_weight(self, context: int) -> float:
+        """Where `context` lies between the two calibrated contexts (0 at the short one; the time is
+        linear in the KV length the attention reads, and extrapolated past the long one)."""
+        lo, hi = self.contexts
+        if self.target_long is None or hi <= lo:
+            return 0.0
+        return max(0.0, (context - lo) / (hi - lo))
+
+    def target_parts(self, batch: int, query_len: int) -> tuple[float, float]:
+        """(seconds at the short context, seconds the long context adds): the forward's time at any
+        context is `short + context_weight(context) * added`."""
+        long = self.target_long
+        short = self.target(batch, query_len)
+        if long is None or self.contexts[1] <= self.contexts[0]:
+            return short, 0.0
+        # The long context is timed on a coarser query grid: the staircase in the query length comes
+        # from the matrix products (the short table has every step of it), while what the longer
+        # context adds — attention over the cached K/V — grows smoothly, so it is interpolated.
+        return short, long(batch, query_len) - self.target.at(long.query_lens)(batch, query_len)
+
+    def target_time(self, batch: int, query_len: int, context: int = CALIBRATION_CONTEXT) -> float:
+        short, added = self.target_parts(batch, query_len)
+        return max(short + self.context_weight(context) * added, 1e-7)
+
+    def draft_time(self, batch: int, gamma: int) -> float:
+        """Calibrated seconds of γ drafts: a catch-up forward of up to two tokens, then γ - 1 of one."""
+        return self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1) if gamma else 0.0
+
+    def gamma_parts(self, batch: int, max_gamma: int) -> tuple[list[float], list[float], list[float]]:
+        """For γ = 0..max_gamma at `batch` live rows, the calibrated parts of a step: the target's forward at the
+        short context and what the long one adds (`target_parts`), and the drafts (`draft_time`). The γ policies
+        ask every step, so the grid lookups are kept per (batch, max_gamma): a policy that costs a millisecond
+        a step would eat a small model's gain."""
+        parts = self._gamma_parts.get((batch, max_gamma))
+        if parts is None:
+            gammas = range(max_gamma + 1)
+            target = [self.target_parts(batch, g + 1) for g in gammas]
+            parts = self._gamma_parts[batch, max_gamma] = ([s for s, _ in target], [a for _, a in target],
+                                                           [self.draft_time(batch, g) for g in gammas])
+        return parts
+
+    def raw_step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> tuple[float, float]:
+        """Calibrated (verify, draft) seconds of a step with γ drafts for `batch` live rows."""
+        return self.target_time(batch, gamma + 1, context), self.draft_time(batch, gamma)
+
+    def step_overheads(self, batch: int, max_gamma: int) -> list[float]:
+        """Measured seconds a step spends beyond its calibrated forwards at `batch` live rows, for
+        γ = 0..max_gamma: the batch size's (the nearest measured one's; 0 before any step) plus each
+        (batch, γ)'s own offset where one was measured."""
+        if batch in self.overhead:
+            pooled = self.overhead[batch]
+        elif self.overhead:
+            pooled = self.overhead[min(self.overhead, key=lambda b: abs(b - batch))]
+        else:
+            pooled = 0.0
+        offsets = self.overhead_offsets.get(batch)
+        if offsets is None:
+            return [pooled] * (max_gamma + 1)
+        return [pooled + (offsets[g] if g < len(offsets) else 0.0) for g in range(max_gamma + 1)]
+
+    def corrected(self, batch: int, verify: list[float], draft: list[float]) -> list[float]:
+        """Predicted step seconds for γ = 0, 1, … from their calibrated (verify, draft) parts."""
+        overheads, scale = self.step_overheads(batch, len(verify) - 1), self.draft_scale or 1.0
+        return [v + o + scale * d for v, o, d in zip(verify, overheads, draft)]
+
+    def step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> float:
+        """Predicted seconds of one engine step with γ drafts for `batch` live rows."""
+        parts = [self.raw_step_time(batch, g, context) for g in range(gamma + 1)]
+        return self.corrected(batch, [v for v, _ in parts], [d for _, d in parts])[gamma]
+
+    def observe(self, batch: int, gamma: int, seconds: float, context: int = CALIBRATION_CONTEXT,
+                draft_seconds: float | None = None, predicted: tuple[float, float] | None = None) -> None:
+        """Fold one measured step into the corrections. `draft_seconds`: the part of `seconds` spent
+        drafting (None: unknown, taken as predicted); `predicted`: the step's `raw_step_time`, if the
+        caller has it at hand."""
+        verify, draft = predicted or self.raw_step_time(batch, gamma, context)
+        if draft_seconds is None:
+            draft_seconds = (self.draft_scale or 1.0) * draft
+        elif gamma:
+            ratio = draft_seconds / draft
+            old = self.draft_scale
+            # One stalled step (GC, another process) must not make drafting look dear for good.
+            if old is not None:
+                ratio = self.ema * old + (1 - self.ema) * min(max(ratio, old / 2), old * 2)
+            self.draft_scale = ratio
+        extra = seconds - draft_seconds - verify
+        old = self.overhead.get(batch)
+        if old is None:
+            self.overhead[batch] = extra
+            return
+        extra = min(max(extra, -verify / 2), 2 * max(old, 0.0) + verify / 10)  # ... nor a step look slow
+        self.overhead[batch] = self.ema * old + (1 - self.ema) * extra
+        # The calibrated forwards get the growth with γ right only to a few ms (e.g. one row at 450
+        # tokens of context: 3.3 ms over for γ = 0, 0.4 ms for γ = 4), so each (batch, γ) also learns
+        # an offset from the batch size's overhead; offsets of γ not run fade (memory ~OFFSET_MEMORY
+        # steps at that batch size), so one unlucky measurement cannot rule a γ out for good.
+        offsets = self.overhead_offsets.setdefault(batch, [0.0] * (gamma + 1))
+        if len(offsets) <= gamma:
+            offsets.extend([0.0] * (gamma + 1 - len(offsets)))
+        fade = 1.0 - 1.0 / OFFSET_MEMORY
+        for g in range(len(offsets)):
+            if g != gamma:
+                offsets[g] *= fade
+        offsets[gamma] = self.ema * offsets[gamma] + (1 - self.ema) * (extra - self.overhead[batch])
+
+
+def _query_grid(max_gamma: int) -> list[int]:
+    """Every query length a step can use up to 9 (γ ≤ 8), then doubling to max_gamma + 1.
+
+    Forward time is a staircase in the query length on CPUs (and GPUs): the matrix kernels work in
+    blocks, so one more token costs nothing or a whole block. Measured on this project's CPU (demo
+    target, 16 rows, 400 tokens of context): 58.1, 67.6, 67.6, 72.3 ms at 3, 4, 5, 6 tokens — linear
+    interpolation between 3 and 5 put 4 tokens 7% too cheap, and elsewhere the grid [1, 2, 3, 5, 9]
+    erred by up to 16%, several times the few percent that separate the γ near the best.
+    """
+    top = max_gamma + 1
+    lens = list(range(1, min(top, 9) + 1))
+    while lens[-1] < top:
+        lens.append(min(2 * lens[-1] - 1, top))
+    return lens
+
+
+def _grid(max_batch: int) -> list[int]:
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 4 if b >= 4 else 2
+    return [*sizes, max_batch]
+
+
+def calibrate(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: int, budget_s: float,
+              cache_dir: str | None = None) -> CostModel:
+    """Measure (or load from the on-disk cache) target and drafter forward times.
+
+    The target is timed at two cached-context lengths, `CALIBRATION_CONTEXT` and up to
+    `LONG_CONTEXT` (as far as the cache allows): attention over a long ragged batch reads every
+    row's K/V up to the longest row, which at rollout lengths costs as much as the matrix products.
+    The drafter times its own drafts (`Drafter.time_drafts`).
+    """
+    key = _cache_key(target, drafter, max_batch, max_gamma)
+    path = Path(cache_dir or _default_cache_dir()) / f"{key}.json"
+    if path.exists():
+        return _load(path)
+    batch_sizes = _grid(max_batch)
+    query_lens = _query_grid(max_gamma)
+    coarse = [q for q in query_lens if q <= 3 or (q - 1) & (q - 2) == 0 or q == query_lens[-1]]  # 1, 2, 3, 5, 9, …
+    long_context = min(LONG_CONTEXT, target.cache.length - max_gamma - 2)
+    two = long_context >= 2 * CALIBRATION_CONTEXT
+    now = time.perf_counter()
+    drafter_times = drafter.time_drafts(batch_sizes, now + budget_s * 0.2)
+    target_times = time_forwards(target, batch_sizes, query_lens, now + budget_s * (0.6 if two else 1.0))
+    target_long = None
+    if two:
+        target_long = time_forwards(target, batch_sizes, coarse, now + budget_s, context=long_context)
+    contexts = (CALIBRATION_CONTEXT, long_context if two else CALIBRATION_CONTEXT)
+    model = CostModel(target=target_times, drafter=drafter_times, target_long=target_long, contexts=contexts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"target": asdict(target_times), "drafter": asdict(drafter_times),
+                               "target_long": asdict(target_long) if target_long else None,
+                               "contexts": list(contexts)}))
+    tmp.replace(path)
+    return model
+
+
+def _default_cache_dir() -> str:
+    root = os.environ.get("SPECROLL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specroll")
+    return os.path.join(root, "cost_model")
+
+
+def _cache_key(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: int) -> str:
+    device = target.device
+    hw = f"{device}|{torch.get_num_threads()}|{torch.__version__}"
+    if device.type == "cuda":
+        hw += torch.cuda.get_device_name(device)
+    raw = "|".join(["v4", model_cost_key(target), drafter.cost_key(), str(max_batch), str(max_gamma), hw])
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def _load(path: Path) -> CostModel:
+    """The cost model cached at `path`, checked as a checkpoint is: a file cut short (a crash while another
+    process wrote it), edited or of another layout is a `ValueError` naming the path (delete it to measure
+    again); a file that cannot be opened raises its `OSError`."""
+    try:
+        data = json.loads(path.read_text())
+        long = _forward_times(data["target_long"]) if data.get("target_long") else None
+        contexts = tuple(int(c) for c in data["contexts"])
+        if len(contexts) != 2:
+            raise ValueError(f"contexts={data['contexts']!r}: two context lengths expected")
+        return CostModel(target=_forward_times(data["target"]), drafter=_forward_times(data["drafter"]),
+                         target_long=long, contexts=contexts)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSON and Unicode errors are ValueErrors
+        raise ValueError(f"calibration cache {path} cannot be read (truncated, or not a cost model): {err!r}; "
+                         "delete it to measure again") from err
+
+
+def _forward_times(raw: dict) -> ForwardTimes:
+    """A `ForwardTimes` from its JSON fields, whose grid must be complete: a time per (batch, query) point."""
+    times = ForwardTimes(**raw)
+    rows, cols = len(times.batch_sizes), len(times.query_lens)
+    if not rows or not cols or len(times.times) != rows or any(len(row) != cols for row in times.times):
+        raise ValueError(f"an incomplete grid of times for {rows} batch sizes × {cols} query lengths")
+    if not all(isinstance(t, (int, float)) and math.isfinite(t) for row in times.times for t in row):
+        raise ValueError("times must be finite numbers")
+    return times

@@ -1,0 +1,294 @@
+"""Ragged KV cache: one preallocated `[B_max, H_kv, L_max, D]` buffer per layer and a length per row.
+
+Each layer's buffers are shaped after what that layer writes, not after the config: `probe_layer_shapes`
+runs the model once on one token through HF's own `DynamicCache` and reads each layer's K and V
+shapes. Configs do not say it reliably — Falcon's multi-query attention writes 1 K/V head where
+`num_key_value_heads` says more, MLA (DeepSeek-V2/V3) writes K and V of different head dims, Gemma 4
+gives full and sliding layers different head dims and K/V heads. A layer that writes nothing in the
+probe (a KV-sharing layer reading another layer's K/V) gets no buffers. A recurrent layer (Gated
+DeltaNet, Mamba) gets per-row state rings instead (`recurrent.linear_state.RaggedStateLayer`, `StateShape`), a
+layer with attention and a recurrent mixer side by side (Falcon-H1) both (`HybridShape`); the
+probe reads their shapes from HF's conv and recurrent states.
+
+A forward over rows `rows` with Q new tokens per row writes K/V of query q of row b at slot
+`start[b] + q` and attends over slots `[0, max(start) + Q)`; the 4D mask built by the runner hides
+each row's stale or padded slots. Rolling back rejected drafts is setting `lens` — nothing is copied
+or cropped. Live rows are kept packed in slots `[0, n)` by the engine, so a decode forward reads a
+view of the buffers, never a gather.
+
+Masked slots still enter attention's arithmetic (weight 0 × value, or value + finfo.min for an
+additive mask), so one non-finite value left in a slot a forward reads poisons the whole row. Each
+row therefore keeps a bound on how far it has written (`written`, a host tensor: it costs the hot
+path one small CPU op per forward); every slot at or past it is zero. `reset_rows` zeroes that
+much when a new request takes a slot, and `move_row` copies as far as either row has written, so
+nothing a previous request (or a previous drafter's weights) wrote reaches a later one.
+
+This is a `transformers.cache_utils.Cache` subclass: HF attention layers call `update` per layer,
+which is all the engine needs. HF's own Dynamic/Static caches keep one offset for the whole batch,
+which is why HF assisted generation refuses batch size > 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin
+
+from .recurrent.linear_state import RaggedStateLayer, StateShape
+
+# Lengths of each row whose linear-attention state is kept (how far a row can be rolled back): the
+# engine needs max_gamma + 1, and EngineConfig's default max_gamma is 8.
+STATE_HISTORY = 16
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What one attention layer writes per token: K/V heads, and the head dims of K and of V."""
+
+    num_heads: int
+    key_dim: int
+    value_dim: int
+
+
+@dataclass(frozen=True)
+class HybridShape:
+    """A layer that writes attention K/V and keeps a recurrent state (Falcon-H1's parallel mixers)."""
+
+    attention: LayerShape
+    state: StateShape
+
+
+@torch.inference_mode()
+def probe_layer_shapes(model: PreTrainedModel) -> list[LayerShape | StateShape | HybridShape | None]:
+    """Each cache layer's `LayerShape` (`StateShape` for a linear-attention layer, `HybridShape` for
+    one with both, None where the layer writes nothing), from one 1-token forward.
+
+    Raises `ValueError` for a recurrent layer whose state is not one conv window and one recurrent
+    matrix (e.g. a conv-only layer, or several states per layer).
+    """
+    probe = DynamicCache(config=model.config)
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.get_input_embeddings().weight.device)
+    model(input_ids=ids, position_ids=torch.zeros_like(ids), cache=probe, use_cache=True)
+    return [_layer_shape(model, index, layer) for index, layer in enumerate(probe.layers)]
+
+
+def _layer_shape(model: PreTrainedModel, index: int, layer: CacheLayerMixin
+                 ) -> LayerShape | StateShape | HybridShape | None:
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    attention = None if keys is None or keys.numel() == 0 else LayerShape(keys.shape[1], keys.shape[3],
+                                                                            values.shape[3])
+    if not isinstance(layer, LinearAttentionCacheLayerMixin):
+        return attention
+    conv, state = layer.conv_states.get(0), layer.recurrent_states.get(0)
+    if layer.number_of_states != 1 or conv is None or state is None:
+        raise ValueError(
+            f"{model.config.model_type!r} layer {index} keeps a recurrent/conv state ({type(layer).__name__}) "
+            "the ragged cache cannot hold: it holds attention K/V, and one conv window and one recurrent state"
+        )
+    state_shape = StateShape(conv.shape[1], conv.shape[2], tuple(state.shape[1:]), state.dtype)
+    return state_shape if attention is None else HybridShape(attention, state_shape)
+
+
+@dataclass
+class WritePlan:
+    """Where the next forward writes: row ids (a prefix `slice` or an index tensor) and positions."""
+
+    rows: slice | torch.Tensor
+    row_ids: torch.Tensor  # [n] the rows as indices
+    start: torch.Tensor  # [n] int64 first slot each row writes
+    count: torch.Tensor  # [n] int64 real tokens per row (the rest of the Q are right padding)
+    positions: torch.Tensor  # [n, Q] int64 slot of each new token
+    kv_len: int  # slots the attention reads: max(start) + Q
+    same_start: int | None = None  # every row writes at this slot (then a slice copy replaces the scatter)
+    first_snapshot: int = 0  # linear-attention layers snapshot their state from this query index on
+    _index: dict[torch.Size, torch.Tensor] = field(default_factory=dict)
+    _ring: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def scatter_index(self, shape: torch.Size) -> torch.Tensor:
+        """`positions` broadcast to [n, H, Q, D], built once per forward and shape (K and V may differ)."""
+        index = self._index.get(shape)
+        if index is None:
+            index = self._index[shape] = self.positions[:, None, :, None].expand(shape)
+        return index
+
+    def ring_slots(self, size: int, offset: int = 0) -> torch.Tensor:
+        """[n, Q]: slot `(start + q + offset) mod size` of a ring of `size`, for each row's last `size`
+        real tokens; `size` (the ring's spare slot) for padding and older tokens."""
+        slots = self._ring.get((size, offset))
+        if slots is None:
+            q = torch.arange(self.positions.shape[1], device=self.start.device)[None, :]  # [1, Q]
+            count = self.count[:, None]  # [n, 1]
+            kept = (q < count) & (q >= count - size)
+            slots = self._ring[(size, offset)] = torch.where(kept, (self.start[:, None] + q + offset) % size, size)
+        return slots
+
+
+class RaggedLayer(CacheLayerMixin):
+    """One attention layer's K/V buffers (None for a layer that writes none); `update` follows the plan
+    its parent cache set."""
+
+    is_compileable = False
+
+    def __init__(self, owner: RaggedKVCache, keys: torch.Tensor | None, values: torch.Tensor | None):
+        super().__init__()
+        self.owner = owner
+        self.keys = keys
+        self.values = values
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("RaggedLayer buffers are preallocated")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        plan = self.owner.plan
+        if plan is None:
+            raise RuntimeError("RaggedKVCache.plan_write must be called before each forward")
+        if self.keys is None:
+            raise RuntimeError("this layer wrote no K/V when its shapes were probed; it has no buffers")
+        rows = plan.rows
+        if isinstance(rows, slice) and plan.same_start is not None:
+            span = slice(plan.same_start, plan.same_start + key_states.shape[2])
+            self.keys[rows, :, span] = key_states
+            self.values[rows, :, span] = value_states
+        elif isinstance(rows, slice):
+            # Live prefix: scatter in place into views of the buffers (cheaper than index_put).
+            self.keys[rows].scatter_(2, plan.scatter_index(key_states.shape), key_states.to(self.keys.dtype))
+            self.values[rows].scatter_(2, plan.scatter_index(value_states.shape), value_states.to(self.values.dtype))
+        else:
+            # Advanced indices around a slice put the indexed dims first: [n, Q, H, D].
+            self.keys[rows[:, None], :, plan.positions] = key_states.transpose(1, 2).to(self.keys.dtype)
+            self.values[rows[:, None], :, plan.positions] = value_states.transpose(1, 2).to(self.values.dtype)
+        return self.keys[rows, :, : plan.kv_len], self.values[rows, :, : plan.kv_len]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.plan.kv_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.plan.kv_len if self.owner.plan is not None else 0
+
+    def get_max_length(self) -> int:
+        return self.owner.length
+
+
+class RaggedKVCache(Cache):
+    """K/V (and linear-attention state) of up to `batch` rows of up to `length` tokens each, for one model.
+
+    `lens[b]` is how many tokens of row b the cache holds. The runner calls `plan_write` before
+    each forward and `set_lens` after it (and to roll back: `ModelRunner.rollback`); `lens` is
+    written nowhere else but here (`reset_rows`, `move_row`). Linear-attention layers
+    (`recurrent.linear_state.RaggedStateLayer`) keep each row's state at its last `history` lengths, so a
+    row can be rolled back at most that far; further raises at the next forward.
+    """
+
+    def __init__(self, shapes: list[LayerShape | StateShape | HybridShape | None], batch: int, length: int,
+                 dtype: torch.dtype, device: torch.device, history: int = STATE_HISTORY):
+        def buffer(heads: int, dim: int) -> torch.Tensor:
+            # Zero-init, and zero again on reset: masked slots get 0 attention weight, and 0 × NaN is NaN.
+            return torch.zeros(batch, heads, length, dim, dtype=dtype, device=device)
+
+        def attention(shape: LayerShape | None) -> RaggedLayer:
+            if shape is None:
+                return RaggedLayer(self, None, None)
+            return RaggedLayer(self, buffer(shape.num_heads, shape.key_dim), buffer(shape.num_heads, shape.value_dim))
+
+        # A linear-attention layer is its state; a hybrid layer's state sits beside its K/V.
+        self.states_by_layer = {
+            index: RaggedStateLayer(self, shape.state if isinstance(shape, HybridShape) else shape, batch, history,
+                                    dtype, device)
+            for index, shape in enumerate(shapes) if isinstance(shape, StateShape | HybridShape)
+        }
+        super().__init__(layers=[
+            self.states_by_layer[index] if isinstance(shape, StateShape)
+            else attention(shape.attention if isinstance(shape, HybridShape) else shape)
+            for index, shape in enumerate(shapes)
+        ])
+        self.lens = torch.zeros(batch, dtype=torch.long, device=device)
+        # Per row, a bound on the slots written since the row was last reset; slots past it are zero.
+        self.written = torch.zeros(batch, dtype=torch.long)
+        self.length = length
+        self.history = history
+        self.plan: WritePlan | None = None
+        self.state_layers = list(self.states_by_layer.values())
+        # Linear-attention rows: the furthest length fed since reset, and whether a rollback went
+        # further back than the state history holds (checked at the next forward's host sync).
+        self.reach = torch.zeros(batch, dtype=torch.long, device=device)
+        self.overrun = torch.zeros((), dtype=torch.bool, device=device)
+
+    @property
+    def buffered_layers(self) -> list[RaggedLayer]:
+        return [layer for layer in self.layers if isinstance(layer, RaggedLayer) and layer.keys is not None]
+
+    def plan_write(self, rows: slice | torch.Tensor, start: torch.Tensor, query_len: int,
+                   count: torch.Tensor | None = None) -> torch.Tensor:
+        """Set where the next forward writes; returns `position_ids` [n, Q] (= start + arange(Q)).
+
+        `count` [n] (default: all Q) is how many of the Q tokens of each row are real; the rest are
+        right padding, which linear-attention layers keep out of the row's state. Slots past the
+        buffer (only ever padding of a ragged call) are clamped onto the last slot, which never
+        holds a valid token.
+        """
+        positions = start[:, None] + torch.arange(query_len, device=start.device)  # [n, Q]
+        count = torch.full_like(start, query_len) if count is None else count
+        first_snapshot = 0
+        if self.state_layers:  # one host sync for all of it
+            lo, hi, low_count, overrun = torch.stack([start.min(), start.max(), count.min(), self.overrun]).tolist()
+            if overrun:
+                raise RuntimeError(f"a row was rolled back more than the {self.history} lengths its linear-attention "
+                                   "state history holds (RaggedKVCache history): its state is lost")
+            first_snapshot = max(low_count - self.history, 0)
+        else:
+            lo, hi = torch.stack([start.min(), start.max()]).tolist()
+        kv_len = min(hi + query_len, self.length)
+        same = lo if lo == hi and hi + query_len <= self.length else None
+        # Every write of this forward lands below kv_len (clamped padding lands on slot length - 1).
+        if isinstance(rows, slice):
+            self.written[rows].clamp_min_(kv_len)
+        else:
+            host_rows = rows.cpu()
+            self.written[host_rows] = self.written[host_rows].clamp_min(kv_len)
+        row_ids = torch.arange(self.lens.shape[0], device=start.device)[rows]
+        if self.state_layers:
+            self.reach[row_ids] = torch.maximum(self.reach[row_ids], start + count)
+        self.plan = WritePlan(rows=rows, row_ids=row_ids, start=start, count=count,
+                              positions=positions.clamp_max(self.length - 1), kv_len=kv_len, same_start=same,
+                              first_snapshot=first_snapshot)
+        return positions
+
+    def set_lens(self, rows: slice | torch.Tensor, lens: torch.Tensor) -> None:
+        """Rows `rows` hold their first `lens` [n] tokens (slots past them are stale, never read)."""
+        self.lens[rows] = lens
+        if self.state_layers:
+            # Length 0 is always exact (a zero state): the row starts over, as after `reset_rows`.
+            self.overrun |= ((self.reach[rows] - lens >= self.history) & (lens > 0)).any()
+            self.reach[rows] = self.reach[rows].masked_fill(lens == 0, 0)
+
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Empty `rows` [k] for new requests: length 0, and every slot they have written zeroed."""
+        host_rows = rows.cpu()
+        reach = int(self.written[host_rows].max())
+        if reach:
+            for layer in self.buffered_layers:
+                layer.keys[rows, :, :reach] = 0
+                layer.values[rows, :, :reach] = 0
+        for layer in self.state_layers:
+            layer.reset_rows(rows)
+        self.written[host_rows] = 0
+        self.reach[rows] = 0
+        self.lens[rows] = 0
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Copy row `src`'s K/V, state and length into slot `dst` (used to keep live rows packed).
+
+        Copies as far as either row has written, so `dst` keeps none of its previous request's slots.
+        """
+        reach = int(torch.maximum(self.written[src], self.written[dst]))
+        for layer in self.buffered_layers:
+            layer.keys[dst, :, :reach] = layer.keys[src, :, :reach]
+            layer.values[dst, :, :reach] = layer.values[src, :, :reach]
+        for layer in self.state_layers:
+            layer.move_row(src, dst)
+        self.lens[dst] = self.lens[src]
+        self.reach[dst] = self.reach[src]
+        self.written[dst] = self.written[src]

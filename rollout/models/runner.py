@@ -1,0 +1,200 @@
+"""ModelRunner: turns (rows, token ids, start positions) into logits through a ragged KV cache.
+
+Every call feeds the same number Q of tokens to each row (ragged calls pad on the right), with
+per-row `position_ids = start[:, None] + arange(Q)` and one 4D mask shared by all layers: query q
+of row b sees slots `<= start[b] + q`. Eager attention *adds* its mask, so it gets 0 / finfo.min
+floats; sdpa takes booleans. Llama-family models run through `lean.LeanDecoder` when `lean`
+(the default), everything else through HF's forward.
+
+Sliding-window layers see only the last `sliding_window` positions (HF's `sliding_window_overlay`:
+slot > position - window), per row. HF builds that mask itself only from a 2D padding mask with
+one offset for the whole batch, and uses a 4D mask as given — so the runner builds one mask per
+kind of layer and passes them as the `{layer_type: mask}` dict HF's hybrid models accept, or as
+the one tensor when every layer is of one kind (Mistral-style models without `layer_types` apply
+`config.sliding_window` to every layer). The cache keeps every slot of a row (no ring buffer): the
+window is the mask's business alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from .cache import STATE_HISTORY, HybridShape, RaggedKVCache, StateShape, probe_layer_shapes
+from .lean import lean_decoder, unsupported_reason
+from .mixers import install_ragged_mixers
+
+MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
+# Layers that keep a per-row state in the cache instead of reading K/V slots: they take no mask.
+STATE_LAYER_TYPES = ("linear_attention",)
+# Layers that mix no tokens (Nemotron-H's MLP / MoE blocks): no mask, no cache.
+MIXERLESS_LAYER_TYPES = ("mlp", "moe")
+# Layers with attention and a recurrent mixer side by side (Falcon-H1): HF's decoder gives them the
+# full-attention mask and the linear-attention one.
+HYBRID_LAYER_TYPES = {"hybrid": ("full_attention", "linear_attention")}
+
+
+def attention_windows(config) -> dict[str, int | None]:
+    """The window each kind of attention layer of `config` sees (None: the whole causal prefix);
+    `STATE_LAYER_TYPES` are left out (they take no mask).
+
+    Raises `ValueError` for a layer type whose mask the runner cannot build (chunked attention, say).
+    """
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None) or None
+    declared = _mask_kinds(text)
+    kinds = sorted(declared - set(STATE_LAYER_TYPES) - set(MIXERLESS_LAYER_TYPES))
+    if not kinds:  # no layer types declared: all full attention; only state layers: no attention mask
+        return {} if declared else {"full_attention": window}
+    unknown = [kind for kind in kinds if kind not in MASKED_LAYER_TYPES]
+    if unknown:
+        raise ValueError(f"{text.model_type!r} has layer types {unknown}: the runner builds masks for "
+                         f"{', '.join(MASKED_LAYER_TYPES)} only")
+    return {kind: window if kind == "sliding_attention" else None for kind in kinds}
+
+
+def state_layer_kinds(config) -> list[str]:
+    """The `STATE_LAYER_TYPES` among the masks `config`'s layers read."""
+    kinds = _mask_kinds(config.get_text_config())
+    return [kind for kind in STATE_LAYER_TYPES if kind in kinds]
+
+
+def _mask_kinds(text_config) -> set[str]:
+    """The kinds of mask the layers read (a hybrid layer reads two)."""
+    kinds = set(getattr(text_config, "layer_types", None) or ())
+    return {read for kind in kinds for read in HYBRID_LAYER_TYPES.get(kind, (kind,))}
+
+
+def check_state_layers(model: PreTrainedModel, shapes: list) -> None:
+    """Raise `ValueError` if a layer keeps a recurrent/conv state that no ragged forward handles
+    (`mixers.install_ragged_mixers` covers Gated DeltaNet, Mamba and Mamba-2 mixers; installs it on the way)."""
+    covered = install_ragged_mixers(model)
+    missing = [index for index, shape in enumerate(shapes)
+               if isinstance(shape, StateShape | HybridShape) and index not in covered]
+    if missing:
+        raise ValueError(f"{model.config.model_type!r} layers {missing} keep a recurrent/conv state that the ragged "
+                         "cache has no forward for (it has: Gated DeltaNet, Mamba, Mamba-2)")
+
+
+class ModelRunner:
+    """One model (target or drafter) with its ragged cache."""
+
+    def __init__(self, model: PreTrainedModel, batch: int, length: int, dtype: torch.dtype, device: torch.device,
+                 lean: bool = True, state_history: int = STATE_HISTORY):
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.lean = lean_decoder(self.model) if lean else None
+        self.device = device
+        shapes = probe_layer_shapes(self.model)
+        check_state_layers(self.model, shapes)
+        self.cache = RaggedKVCache(shapes, batch, length, dtype, device, state_history)
+        self.windows = attention_windows(self.model.config)
+        self.unmasked = state_layer_kinds(self.model.config)
+        # A drafter may have fewer embedding rows than the target (both padded past the same tokenizer
+        # vocabulary); ids past its rows are padding ids the target can still emit. Feeding them as the
+        # drafter's last row keeps it running; only its draft quality at those positions suffers.
+        self.max_input_id = model.get_input_embeddings().weight.shape[0] - 1
+        self.additive_mask = model.config._attn_implementation == "eager"
+        self.mask_dtype = dtype
+        self.num_forwards = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @torch.inference_mode()
+    def forward(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor,
+                logits_at: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+                num_layers: int | None = None, count: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed `input_ids` [n, Q] to `rows` at slots `start` [n] onward; returns logits [n, Q, V].
+
+        With `logits_at` [n] only each row's logits at that query index are returned, [n, V] (the
+        lean forward then skips the LM head elsewhere — most of a prefill's cost at a large vocab).
+        `hidden` [B, L, H], if given, receives the final-normed last hidden state of query q of row b at
+        `hidden[rows[b], start[b] + q]` (`drafters.hidden`). `num_layers` runs only the first that many
+        decoder layers (layer-skip drafts; lean forward only). `count` [n] (default: all Q) is how many
+        of each row's tokens are real; the rest is right padding (kept out of linear-attention state).
+
+        Does not move `cache.lens`: the caller keeps what it keeps (`rollback`, or `feed`/`extend`).
+        """
+        query_len = input_ids.shape[1]
+        position_ids = self.cache.plan_write(rows, start, query_len, count)  # [n, Q]
+        kv_len = self.cache.plan.kv_len
+        masks = {kind: self._mask(position_ids, kv_len, window) for kind, window in self.windows.items()}
+        if masks:
+            masks |= dict.fromkeys(self.unmasked)
+        # One kind: its tensor; none (state layers only, e.g. Mamba-2): no mask, which those layers ignore.
+        mask = masks if len(masks) > 1 else next(iter(masks.values()), None)
+        input_ids = input_ids.clamp_max(self.max_input_id)
+        hidden_out = None if hidden is None else _writer(hidden, rows, position_ids.clamp_max(hidden.shape[1] - 1))
+        try:
+            if self.lean is not None:
+                return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out)
+            if num_layers is not None:
+                raise ValueError(f"num_layers={num_layers} needs the lean forward, which does not run "
+                                 f"{self.model.config.model_type!r} here ({unsupported_reason(self.model)})")
+            if hidden_out is not None:
+                base = getattr(self.model, self.model.base_model_prefix)
+                states = base(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
+                              use_cache=True).last_hidden_state  # [n, Q, H], final-normed
+                hidden_out(states)
+                logits = self.model.get_output_embeddings()(states)
+            else:
+                logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                                    cache=self.cache, use_cache=True).logits
+            return logits if logits_at is None else logits[torch.arange(logits.shape[0], device=self.device), logits_at]
+        finally:
+            self.cache.plan = None
+            self.num_forwards += 1
+
+    def _mask(self, position_ids: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:
+        """[n, 1, Q, K]: query q of row b sees slots <= its position (and > position - window)."""
+        slots = torch.arange(kv_len, device=self.device)[None, None, :]  # [1, 1, K]
+        positions = position_ids[:, :, None]  # [n, Q, 1]
+        visible = slots <= positions
+        if window is not None:
+            visible &= slots > positions - window
+        mask = visible[:, None]
+        if self.additive_mask:
+            mask = torch.zeros(mask.shape, dtype=self.mask_dtype, device=self.device).masked_fill_(
+                ~mask, torch.finfo(self.mask_dtype).min
+            )
+        return mask
+
+    def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, hidden: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V] (`hidden`: see `forward`)."""
+        start = self.cache.lens[rows]  # [n]
+        logits = self.forward(rows, input_ids, start, hidden=hidden)
+        self.cache.set_lens(rows, start + input_ids.shape[1])
+        return logits
+
+    def extend(self, rows: slice | torch.Tensor, tokens: torch.Tensor, count: torch.Tensor,
+               hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed each row the `count[b]` tokens of `tokens` [n, L] from its cache length onward.
+
+        Returns the logits at each row's last fed token [n, V] and advances `cache.lens` by `count`.
+        Rows are padded on the right to the longest count; a row with count 0 is fed padding only
+        and its returned logits are meaningless (`hidden`: see `forward`; padding lands past the row).
+        """
+        start = self.cache.lens[rows]  # [n]
+        query_len = max(int(count.max()), 1)
+        idx = (start[:, None] + torch.arange(query_len, device=self.device)).clamp_max(tokens.shape[1] - 1)
+        last = (count - 1).clamp_min(0)  # [n]
+        logits = self.forward(rows, tokens.gather(1, idx), start, logits_at=last, hidden=hidden,
+                              count=count)  # [n, V]
+        self.cache.set_lens(rows, start + count)
+        return logits
+
+    def rollback(self, rows: slice | torch.Tensor, lens: torch.Tensor) -> None:
+        """Keep only the first `lens` [n] tokens of each row (rejected drafts are dropped by length alone)."""
+        self.cache.set_lens(rows, lens)
+
+
+def _writer(store: torch.Tensor, rows: slice | torch.Tensor, positions: torch.Tensor):
+    """A `hidden_out` that writes hidden states [n, Q, H] into `store` [B, L, H] at `positions` [n, Q]."""
+    row_ids = torch.arange(store.shape[0], device=store.device)[rows]  # [n]
+
+    def write(states: torch.Tensor) -> None:
+        store[row_ids[:, None], positions] = states.to(store.dtype)
+
+    return write
