@@ -22,10 +22,10 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from specroll.integrations.model_source import ModelPaths
-from specroll.integrations.ray_backend.broadcast_sync import TorchBroadcastTransport
 from specroll.integrations.ray_backend.cluster import connect_ray
 from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.integrations.ray_backend.settings import ActorResources, ControllerConfig, SyncConfig, TopologyConfig
+from specroll.integrations.ray_backend.sync.broadcast import TorchBroadcastTransport
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 

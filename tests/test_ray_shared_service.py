@@ -14,7 +14,7 @@ from ray_helpers import GREEDY, make_config, prompts_for
 
 from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.integrations.ray_backend.shared_service import shared_controller
-from specroll.integrations.ray_backend.weight_sync import WeightSyncError
+from specroll.integrations.ray_backend.sync.protocol import WeightSyncError
 
 
 class FakeRanks:

@@ -14,7 +14,7 @@ from ray.exceptions import RayActorError
 from ray_helpers import GREEDY, generate_killing_a_worker, make_config, prompts_for, tiny_llama, versions_once_alive
 
 from specroll.integrations.ray_backend.controller import RolloutController
-from specroll.integrations.ray_backend.weight_sync import WeightSyncError
+from specroll.integrations.ray_backend.sync.protocol import WeightSyncError
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import ray
 import torch
 from ray_helpers import GREEDY, prompts_for, tiny_llama
 
-from specroll.integrations.ray_backend.broadcast_sync import BroadcastRoute, TorchBroadcastTransport
-from specroll.integrations.ray_backend.weight_sync import WeightSyncError, pack_buckets, unpack_buckets
+from specroll.integrations.ray_backend.sync.broadcast import BroadcastRoute, TorchBroadcastTransport
+from specroll.integrations.ray_backend.sync.protocol import WeightSyncError, pack_buckets, unpack_buckets
 from specroll.rollout import EngineConfig, SpecEngine
 
 

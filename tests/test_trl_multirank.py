@@ -158,7 +158,7 @@ def ray_service_state(controller, model, history: list[dict]) -> dict:
     import ray
     import torch
 
-    from specroll.integrations.ray_backend.weight_sync import unpack_buckets
+    from specroll.integrations.ray_backend.sync.protocol import unpack_buckets
 
     board = ray.get(controller.board.latest.remote())["policy"]
     served = unpack_buckets(board, [torch.from_numpy(a.copy()) for a in ray.get(list(board.route))])

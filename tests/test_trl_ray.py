@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOTrainer
 from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_tokenizer
 
-from specroll.integrations.ray_backend.weight_sync import unpack_buckets
+from specroll.integrations.ray_backend.sync.protocol import unpack_buckets
 from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

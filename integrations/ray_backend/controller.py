@@ -18,7 +18,7 @@ With a learner, the workers' engines record verification signals (forced here: t
 on them; for an EAGLE / Medusa head they carry the target's hidden states too). A head's learner reads
 the policy's embedding and LM head: every policy sync sends it those tensors (`LearnerActor.policy_names`).
 A sync waits for workers Ray is restarting, then stages, posts on the board and commits (see
-`weight_sync`): after it, or after a sync that failed, every worker serves one version.
+`sync.protocol`): after it, or after a sync that failed, every worker serves one version.
 
 One service for several trainer ranks (`shared_service`): built with a `namespace`, the controller
 names its workers, board and learner there, and `RolloutController.attach` gives another process (rank
@@ -49,8 +49,8 @@ from .dispatch import run_chunks, split_groups
 from .learner_actor import LearnerActor
 from .service_names import BOARD_NAME, LEARNER_NAME, lookup_actor, named, worker_name
 from .settings import ControllerConfig
-from .weight_board import WeightBoard
-from .weight_sync import (
+from .sync.board import WeightBoard
+from .sync.protocol import (
     ObjectStoreTransport,
     WeightSyncError,
     commit_weights,

@@ -18,7 +18,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from specroll.rollout import SamplingParams
 
-from .weight_sync import RESTART_PROBE_INTERVAL_S
+from .sync.protocol import RESTART_PROBE_INTERVAL_S
 from .worker import WorkerBatch
 
 

@@ -34,7 +34,7 @@ from specroll.rollout.core.stats import BatchStats
 from specroll.rollout.models.weights import check_fits
 
 from .metrics import WorkerMetrics
-from .weight_sync import WeightPayload, WeightSyncError, receiving_transport, unpack_buckets
+from .sync.protocol import WeightPayload, WeightSyncError, receiving_transport, unpack_buckets
 
 ROLES = ("policy", "drafter")
 

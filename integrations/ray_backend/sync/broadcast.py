@@ -18,7 +18,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from .weight_sync import WeightPayload, WeightSyncError
+from .protocol import WeightPayload, WeightSyncError
 
 
 @dataclass(frozen=True)

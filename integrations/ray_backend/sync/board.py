@@ -5,7 +5,7 @@ given this board's handle and, in `__init__`, loads whatever the board holds bef
 restarted worker never generates with stale weights. The board keeps object-store payloads (refs
 owned by the controller) whatever transport the live sync used. A version is posted once every live
 worker has staged it, and posting is a sync's commit point: the workers commit it next, and one that
-restarts from then on loads it here (see `weight_sync`).
+restarts from then on loads it here (see `protocol`).
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ import ray
 import torch
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
+from ..settings import SyncConfig
 from .payload import TensorMeta, WeightPayload
-from .settings import SyncConfig
 
 RESTART_PROBE_INTERVAL_S = 0.2  # how often a worker Ray is restarting is asked again whether it is up
 
@@ -118,7 +118,7 @@ def make_transport(config: SyncConfig) -> WeightTransport:
     """The transport named by `config.transport`."""
     if config.transport == "object_store":
         return ObjectStoreTransport()
-    from .broadcast_sync import TorchBroadcastTransport
+    from .broadcast import TorchBroadcastTransport
 
     return TorchBroadcastTransport(backend=config.backend)
 
@@ -127,7 +127,7 @@ def receiving_transport(payload: WeightPayload) -> WeightTransport:
     """The transport a receiver uses for `payload`, told by its route (refs or a broadcast group)."""
     if isinstance(payload.route, tuple):
         return ObjectStoreTransport()
-    from .broadcast_sync import TorchBroadcastTransport
+    from .broadcast import TorchBroadcastTransport
 
     return TorchBroadcastTransport(backend=payload.route.backend)
 
