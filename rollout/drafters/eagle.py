@@ -28,7 +28,7 @@ from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.cache import LayerShape, RaggedKVCache
 from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
-from ..models.weights import copy_into
+from ..models.weights import cast_module, copy_into
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
 from .heads import EagleHead
@@ -42,7 +42,7 @@ class EagleDrafter:
 
     def __init__(self, head: EagleHead, embed: nn.Module, lm_head: nn.Module, slots: int, length: int,
                  dtype: torch.dtype, device: torch.device):
-        self.head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        self.head = cast_module(head, device, dtype).eval().requires_grad_(False)
         self.embed, self.lm_head = embed, lm_head  # the target's: never trained here
         shape = LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)
         self.cache = RaggedKVCache([shape], slots, length, dtype, device)

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 from .cache import STATE_HISTORY, HybridShape, RaggedKVCache, StateShape, probe_layer_shapes
 from .lean import lean_decoder, unsupported_reason
 from .mixers import install_ragged_mixers
+from .weights import cast_module
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 # Layers that keep a per-row state in the cache instead of reading K/V slots: they take no mask.
@@ -81,7 +82,7 @@ class ModelRunner:
 
     def __init__(self, model: PreTrainedModel, batch: int, length: int, dtype: torch.dtype, device: torch.device,
                  lean: bool = True, state_history: int = STATE_HISTORY):
-        self.model = model.to(device=device, dtype=dtype).eval()
+        self.model = cast_module(model, device, dtype).eval()
         self.lean = lean_decoder(self.model) if lean else None
         self.device = device
         shapes = probe_layer_shapes(self.model)

@@ -1,4 +1,5 @@
-"""In-place weight loading by parameter name, validated before anything is written."""
+"""Weights in place: loading by parameter name, validated before anything is written, and casting a model to
+the engine's dtype with its rotary frequencies kept in fp32."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ def copy_into(model: torch.nn.Module, named_tensors: Mapping[str, torch.Tensor],
     params = _named_tensors(model)
     for name, tensor in named_tensors.items():
         params[name].copy_(tensor)
+
+
+# Buffers that stay fp32 whatever the model's dtype: rotary inverse frequencies. HF builds them in fp32 for a
+# bf16 model and its trainer computes logprobs with them so; `Module.to(dtype)` would cast them too, and bf16
+# frequencies (8 mantissa bits) turn into angle errors that grow with position (at position 8k, θ = 1e6,
+# whole radians): rollout logprobs then drift from the trainer's with length.
+FP32_BUFFER_SUFFIXES = ("inv_freq",)
+
+
+def cast_module(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """`module.to(device, dtype)` in place, but fp32 rotary frequency buffers (`FP32_BUFFER_SUFFIXES`) stay fp32."""
+    keep = {name: buffer.detach().clone() for name, buffer in module.named_buffers()
+            if name.endswith(FP32_BUFFER_SUFFIXES) and buffer.dtype == torch.float32}
+    module.to(device=device, dtype=dtype)
+    for name, buffer in keep.items():
+        owner, _, attr = name.rpartition(".")
+        setattr(module.get_submodule(owner) if owner else module, attr, buffer.to(device))
+    return module
 
 
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
