@@ -106,10 +106,11 @@ class RolloutController:
             ray.get([w.versions.remote() for w in self.workers] + [self.board.ping.remote(warm_up)],
                     timeout=placement_timeout_s)
         except GetTimeoutError as err:
-            raise RuntimeError(
-                f"{topo.num_workers} rollout workers ({topo.worker}) not all started within {placement_timeout_s}s; "
-                f"cluster resources {ray.cluster_resources()}, available {ray.available_resources()}"
-            ) from err
+            message = (f"{topo.num_workers} rollout workers ({topo.worker}) not all started within "
+                       f"{placement_timeout_s}s; cluster resources {ray.cluster_resources()}, available "
+                       f"{ray.available_resources()}")
+            self.shutdown()  # a half-built service must not hold its actors and placement group after it
+            raise RuntimeError(message) from err
         self._init_state()
         if self.learner is not None:
             self._learner_policy_names = ray.get(self.learner.policy_names.remote(), timeout=placement_timeout_s)
