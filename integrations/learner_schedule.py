@@ -92,7 +92,6 @@ class LearnerSchedule:
     _first_rollout_at: float | None = None
     _update_s: float | None = None  # from a round's start to its collection: the trainer's update
     _pending_probe: int | None = None  # the policy version of the probe in flight
-    alarms: list[str] = field(default_factory=list)  # the learner's alarms (also among `events`), in order
     num_rounds: int = 0
     num_published: int = 0  # rounds that published a drafter version (the gate's or the watchdog's)
 
@@ -160,8 +159,12 @@ class LearnerSchedule:
         metrics["drafter/events"] = float(len(self.events))
         return metrics
 
+    @property
+    def alarms(self) -> list[str]:
+        """The learner's alarms among the events, in order."""
+        return [event.removeprefix("ALARM ") for event in self.events if event.startswith("ALARM ")]
+
     def _raise_alarm(self, line: str) -> None:
         """Record a learner alarm as an event and print it (once: the learner raises each alarm once)."""
-        self.alarms.append(line)
         self.events.append(f"ALARM {line}")
         tqdm.write(f"specroll: WARNING: {line}", file=sys.stderr)  # on a line of its own, under a progress bar
