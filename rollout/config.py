@@ -136,6 +136,12 @@ class EngineConfig:
     without "suffix": with the suffix drafter each row each step takes the proposal expected to keep the
     most tokens (`drafters.suffix_or_model`), all rows still verified in one target forward.
     None: the drafter passed to `SpecEngine` as what it is (an LM: "model"), else plain decoding.
+
+    `draft_vocab` N: the drafter with an LM head ("model", "eagle", "medusa", "layer_skip") drafts over N
+    target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper drafts at a large
+    vocabulary, the output still exactly the target's. The first subset is the first N ids plus the stop
+    ids; `SpecEngine.set_draft_vocab` and a drafter version that carries one (the online learner's, counted
+    from the policy's rollouts) replace it. None: the whole vocabulary.
     """
 
     max_batch_size: int = 16
@@ -163,6 +169,7 @@ class EngineConfig:
     layer_skip_layers: int | None = None
     eagle_intermediate_size: int | None = None
     medusa_heads: int = 4
+    draft_vocab: int | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -220,6 +227,9 @@ class EngineConfig:
                 "eagle_intermediate_size", self.eagle_intermediate_size, "None (the target's MLP width) or an int >= 1")
         require(isinstance(self.medusa_heads, int) and not isinstance(self.medusa_heads, bool)
                 and self.medusa_heads >= 1, "medusa_heads", self.medusa_heads, "an int >= 1")
+        require(self.draft_vocab is None or (isinstance(self.draft_vocab, int) and not isinstance(self.draft_vocab, bool)
+                and self.draft_vocab >= 1), "draft_vocab", self.draft_vocab,
+                "None (the whole vocabulary) or an int >= 1 (token ids the drafter drafts over)")
         require(isinstance(self.suffix, SuffixConfig), "suffix", self.suffix, "a SuffixConfig")
         require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
         try:

@@ -42,6 +42,7 @@ from .core.request import Request, Rollout, make_requests
 from .core.scheduler import Scheduler
 from .core.stats import EngineStats
 from .core.validate import validate_generate_args
+from .drafters.draft_vocab import DraftVocab, first_ids
 from .drafters.factory import DrafterWeights, make_drafter
 from .drafters.protocol import Drafter, Proposal
 from .gamma.factory import make_gamma_policy
@@ -52,9 +53,13 @@ from .models.timing import CALIBRATION_CONTEXT
 from .models.vocab import check_vocab_compatible
 from .models.weights import copy_into
 from .sampling.accept import ACCEPT_RULES, AcceptRule
+from .sampling.draft_q import DraftQ
 from .sampling.logits import process_logits
 from .sampling.noise import StepNoise
 from .sampling.randomness import draw_seed
+
+
+VOCAB_DRAFTER_KINDS = ("model", "eagle", "medusa", "layer_skip")  # the drafters with an LM head to cut
 
 
 class SpecEngine:
@@ -82,6 +87,8 @@ class SpecEngine:
                                   config.state_history)
         self.vocab_size = self.target.vocab_size
         self.drafter: Drafter | None = make_drafter(drafter, config, self.target)
+        if config.draft_vocab is not None:
+            self._first_draft_vocab(target, config.draft_vocab)
         wants_hidden = self.drafter is not None and self.drafter.wants_hidden
         hidden_size = target.config.get_text_config().hidden_size if wants_hidden else None
         self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None,
@@ -191,6 +198,29 @@ class SpecEngine:
         rows = max(1, round(self.stats.mean_live_rows)) if self.stats.steps else self.config.max_batch_size
         return self.gamma_policy.break_even_acceptance(rows, CALIBRATION_CONTEXT)
 
+    def set_draft_vocab(self, ids: torch.Tensor | Sequence[int] | None) -> None:
+        """Draft over these target ids only (None: the whole vocabulary), between `generate` calls. The
+        output is the target's either way; a subset only makes drafts cheaper and some of them impossible.
+        A drafter state dict carrying `drafters.draft_vocab.STATE_KEY` (`update_drafter`) does the same."""
+        if self.drafter is None:
+            raise ValueError("set_draft_vocab called on an engine without a drafter")
+        self.drafter.set_draft_vocab(None if ids is None else DraftVocab(torch.as_tensor(ids), self.vocab_size))
+
+    def _first_draft_vocab(self, target: PreTrainedModel, size: int) -> None:
+        """`config.draft_vocab` before any rollout was counted: the first `size` ids and the stop ids
+        (`drafters.draft_vocab.first_ids`); the online learner publishes subsets counted from rollouts."""
+        if size > self.vocab_size:
+            raise ValueError(f"draft_vocab={size} is invalid: an int in [1, {self.vocab_size}] (the target's "
+                             "vocabulary)")
+        kinds = self.drafter.names if self.drafter else ()
+        if not set(kinds) & set(VOCAB_DRAFTER_KINDS):
+            raise ValueError(f"draft_vocab={size} is invalid with drafters {kinds}: it needs a drafter with an LM "
+                             f"head, one of {VOCAB_DRAFTER_KINDS}")
+        eos = target.generation_config.eos_token_id if target.generation_config is not None else None
+        eos = target.config.eos_token_id if eos is None else eos
+        stop = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self.set_draft_vocab(first_ids(size, self.vocab_size, always=stop))
+
     def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (all or some parameters, by name) between `generate` calls."""
         copy_into(self.target.model, named_tensors, "target")
@@ -242,8 +272,8 @@ class SpecEngine:
         n = live.stop
         if not gamma:
             return Proposal(torch.empty(n, 0, dtype=torch.long, device=self.device),
-                            torch.empty(n, 0, self.vocab_size, device=self.device))
-        proposal = self.drafter.propose(live, self.rows, gamma, params, noise.draw_draft)  # [n, γ], [n, γ, V]
+                            DraftQ(None, None, None, self.vocab_size))
+        proposal = self.drafter.propose(live, self.rows, gamma, params, noise.draw_draft)
         if self.gamma_policy.adaptive and proposal.drafts.is_cuda:
             torch.cuda.synchronize(proposal.drafts.device)  # the policy times the draft part on its own
         return proposal
@@ -257,13 +287,13 @@ class SpecEngine:
         if width >= proposal.drafts.shape[1]:
             return proposal
         lengths = None if proposal.lengths is None else proposal.lengths.clamp_max(width)
-        return Proposal(proposal.drafts[:, :width], proposal.q[:, :width], lengths, proposal.source)
+        return Proposal(proposal.drafts[:, :width], proposal.q.narrow(width), lengths, proposal.source)
 
     def _usable(self, proposal: Proposal, gamma: int) -> torch.Tensor:
         """[n, γ] bool: the drafts verification may keep — each row's proposed ones, none of a row whose
         q is non-finite anywhere (it takes a plain step)."""
         n = proposal.drafts.shape[0]
-        usable = proposal.q.sum(-1).isfinite().all(1, keepdim=True).expand(n, gamma)  # [n, γ]
+        usable = proposal.q.finite_rows(n, self.device)[:, None].expand(n, gamma)  # [n, γ]
         if proposal.lengths is not None:
             usable = usable & (torch.arange(gamma, device=self.device) < proposal.lengths[:, None])
         return usable

@@ -74,8 +74,8 @@ def test_eagle_cached_drafting_matches_its_training_pass():
             tokens = torch.cat([rows.tokens[b, 1:length], proposal.drafts[b, :1]])[None]
             features = torch.cat([rows.hidden[b, : length - 1], real[-1:]])[None]
             both = drafter.head(embed(tokens), features, torch.arange(length)[None])[0]  # [S, H]
-        torch.testing.assert_close(proposal.q[b, 0], lm_head(real[-1]).softmax(-1), atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(proposal.q[b, 1], lm_head(both[-1]).softmax(-1), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(proposal.q.probs[b, 0], lm_head(real[-1]).softmax(-1), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(proposal.q.probs[b, 1], lm_head(both[-1]).softmax(-1), atol=1e-5, rtol=1e-4)
 
 
 def test_medusa_fresh_heads_predict_the_targets_next_token():

@@ -78,7 +78,7 @@ def test_drafter_proposes_from_the_true_context_after_rejections(trained_pair):
             with torch.no_grad():
                 q_ref = (drafter(input_ids=context[None]).logits[0] / params.temperature).softmax(-1)
             start = int(rows.seq_len[b]) - 1
-            errors.append(float((q_ref[start : start + gamma] - proposal.q[b]).abs().max()))
+            errors.append(float((q_ref[start : start + gamma] - proposal.q.probs[b]).abs().max()))
         return proposal
 
     engine.drafter.propose = checked_propose

@@ -89,8 +89,9 @@ def test_proposes_what_followed_the_longest_match_in_a_sibling():
     assert found.drafts[1] == [3, 4] and found.match[1] == 3
     proposal = drafter.to_proposal(found, 3)
     assert proposal.lengths.tolist() == [len(found.drafts[0]), 2]
-    assert torch.equal(proposal.q[1, :2].argmax(-1), torch.tensor([3, 4]))
-    assert torch.all(proposal.q.sum(-1) == 1)  # point masses, padded to γ = 3
+    q = proposal.q.expanded(proposal.drafts)  # [n, γ, V]
+    assert torch.equal(q[1, :2].argmax(-1), torch.tensor([3, 4]))
+    assert torch.all(q.sum(-1) == 1)  # point masses, padded to γ = 3
 
 
 def test_prompts_do_not_share_drafts():

@@ -31,6 +31,7 @@ from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, tim
 from ..models.weights import cast_module, copy_into
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
+from .draft_vocab import DraftVocab, VocabDraws, split_state
 from .heads import EagleHead
 from .protocol import DraftDraw, Proposal
 
@@ -48,6 +49,7 @@ class EagleDrafter:
         self.cache = RaggedKVCache([shape], slots, length, dtype, device)
         self.device = device
         self.max_input_id = embed.weight.shape[0] - 1
+        self.draws = VocabDraws(lm_head.weight.shape[0])
         self.num_forwards = 0
 
     @torch.inference_mode()
@@ -57,9 +59,9 @@ class EagleDrafter:
         seq_len = rows.seq_len[live]  # [n]
         n = seq_len.shape[0]
         drafts = torch.empty(n, gamma, dtype=torch.long, device=self.device)  # [n, γ]
-        q = torch.empty(n, gamma, self.lm_head.weight.shape[0], device=self.device)  # [n, γ, V]
+        q = torch.empty(n, gamma, self.draws.width, device=self.device)  # [n, γ, K]
         if gamma == 0:
-            return Proposal(drafts, q)
+            return Proposal(drafts, self.draws.proposal_q(q))
         start = self.cache.lens[live]  # [n]
         count = (seq_len - 1 - start).clamp_min(1)  # [n] real pairs to catch up (≥ 1: its output drafts)
         width = int(count.max())
@@ -70,12 +72,11 @@ class EagleDrafter:
         out = self._feed(live, tokens, features, start, count)  # [n, Q, H]
         feature = out[torch.arange(n, device=self.device), count - 1]  # [n, H]
         for i in range(gamma):
-            q[:, i] = process_logits(self.lm_head(feature).float(), params)
-            drafts[:, i] = draw(q[:, i], i)
+            q[:, i], drafts[:, i] = self.draws.draw(self.draws.logits(feature, self.lm_head), params, draw, i)
             if i < gamma - 1:
                 feature = self._feed(live, drafts[:, i : i + 1], feature[:, None], self.cache.lens[live],
                                      torch.ones_like(count))[:, 0]
-        return Proposal(drafts, q)
+        return Proposal(drafts, self.draws.proposal_q(q))
 
     def _feed(self, rows: slice | torch.Tensor, tokens: torch.Tensor, features: torch.Tensor, start: torch.Tensor,
               count: torch.Tensor) -> torch.Tensor:
@@ -106,12 +107,18 @@ class EagleDrafter:
         self.cache.move_row(src, dst)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        copy_into(self.head, state_dict, "eagle head")
+        weights, ids = split_state(state_dict)
+        copy_into(self.head, weights, "eagle head")
+        if ids is not None:
+            self.set_draft_vocab(DraftVocab(ids, self.draws.vocab_size))
+
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.device), vocab.vocab_size))
 
     def cost_key(self) -> str:
         head = self.head
         return (f"eagle:{head.fc.weight.shape}:{head.gate_proj.weight.shape}:{head.num_heads}/{head.num_kv_heads}:"
-                f"{head.fc.weight.dtype}:{self.lm_head.weight.shape}")
+                f"{head.fc.weight.dtype}:{self.lm_head.weight.shape}:draft_vocab{self.draws.width}")
 
     def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
         """Timed on its own cache at engine start (nothing live); its lengths are reset after."""
@@ -124,7 +131,7 @@ class EagleDrafter:
             features = torch.zeros(batch, query_len, width, dtype=self.head.fc.weight.dtype, device=self.device)
             start = torch.full((batch,), CALIBRATION_CONTEXT, dtype=torch.long, device=self.device)
             out = self._feed(rows, tokens, features, start.clamp_max(self.cache.length - 3), torch.zeros_like(start))
-            probs = process_logits(self.lm_head(out[:, -1]).float(), DRAFT_PARAMS)
+            probs = process_logits(self.draws.logits(out[:, -1], self.lm_head), DRAFT_PARAMS)
             gumbel_max(probs, torch.zeros_like(probs))
 
         try:

@@ -40,6 +40,7 @@ from ..models.timing import (
 )
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
+from .draft_vocab import DraftVocab, VocabDraws
 from .protocol import DraftDraw, Proposal
 
 
@@ -57,6 +58,7 @@ class LayerSkipDrafter:
             raise ValueError(f"layer_skip_layers={num_layers} is invalid: an int in [1, {total - 1}] "
                              f"(the target has {total} layers)")
         self.target, self.num_layers = target, num_layers
+        self.draws = VocabDraws(target.vocab_size)
         self.num_forwards = 0
 
     def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
@@ -65,20 +67,20 @@ class LayerSkipDrafter:
         start = rows.seq_len[live] - 1  # [n] = the target cache's length: it holds all but the last token
         n, device = start.shape[0], start.device
         drafts = torch.empty(n, gamma, dtype=torch.long, device=device)  # [n, γ]
-        q = torch.empty(n, gamma, self.target.vocab_size, device=device)  # [n, γ, V]
+        q = torch.empty(n, gamma, self.draws.width, device=device)  # [n, γ, K]
         token = rows.tokens[live].gather(1, start[:, None])  # [n, 1] the row's last token
         for i in range(gamma):
-            logits = self._forward(live, token, start + i)[:, 0]  # [n, V]
-            q[:, i] = process_logits(logits.float(), params)
-            drafts[:, i] = draw(q[:, i], i)
+            logits = self._forward(live, token, start + i)[:, 0]  # [n, K]
+            q[:, i], drafts[:, i] = self.draws.draw(logits.float(), params, draw, i)
             token = drafts[:, i : i + 1]
-        return Proposal(drafts, q)
+        return Proposal(drafts, self.draws.proposal_q(q))
 
     def _forward(self, rows: slice | torch.Tensor, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         # The target runner counts forwards for the target's stats: a draft is not one.
         before = self.target.num_forwards
         try:
-            return self.target.forward(rows, ids, start, num_layers=self.num_layers)
+            head = self.draws.head(self.target.model.get_output_embeddings())
+            return self.target.forward(rows, ids, start, num_layers=self.num_layers, head=head)
         finally:
             self.target.num_forwards = before
             self.num_forwards += 1
@@ -96,8 +98,11 @@ class LayerSkipDrafter:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise ValueError("the layer-skip drafter has no weights of its own: it follows the target's")
 
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.target.device), vocab.vocab_size))
+
     def cost_key(self) -> str:
-        return f"layer_skip{self.num_layers}:{model_cost_key(self.target)}"
+        return f"layer_skip{self.num_layers}:{model_cost_key(self.target)}:draft_vocab{self.draws.width}"
 
     def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
         """Timed on the target's cache at engine start (no row is live then); its lengths are reset after."""

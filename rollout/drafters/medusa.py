@@ -24,6 +24,7 @@ from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
 from .heads import MedusaHeads
 from .hidden import last_hidden
+from .draft_vocab import DraftVocab, VocabDraws, split_state
 from .protocol import DraftDraw, Proposal
 
 
@@ -36,19 +37,21 @@ class MedusaDrafter:
         self.heads = heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.lm_head = lm_head  # the target's: follows the policy's weights, never trained here
         self.device = device
+        self.draws = VocabDraws(lm_head.weight.shape[0])
         self.num_forwards = 0
 
     @torch.inference_mode()
     def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
                 draw: DraftDraw) -> Proposal:
         """`live` may be a slice or an index tensor of slots."""
-        logits = self.lm_head(self.heads(last_hidden(rows, live))).float()  # [n, K, V]
+        logits = self.draws.logits(self.heads(last_hidden(rows, live)), self.lm_head)  # [n, heads, V or N]
         self.num_forwards += 1
         columns = torch.arange(gamma, device=logits.device).clamp_max(self.heads.num_heads - 1)
-        q = process_logits(logits[:, columns], params)  # [n, γ, V]
-        drafts = torch.stack([draw(q[:, i], i) for i in range(gamma)], 1) if gamma else q.new_zeros(
+        q = process_logits(logits[:, columns], params)  # [n, γ, K]
+        extra = () if self.draws.vocab is None else (self.draws.vocab.ids,)
+        drafts = torch.stack([draw(q[:, i], i, *extra) for i in range(gamma)], 1) if gamma else q.new_zeros(
             q.shape[0], 0, dtype=torch.long)  # [n, γ]
-        return Proposal(drafts, q)
+        return Proposal(drafts, self.draws.proposal_q(q))
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:
@@ -61,11 +64,18 @@ class MedusaDrafter:
         """`RowBuffers.move_row` moves the hidden states."""
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        copy_into(self.heads, state_dict, "medusa heads")
+        weights, ids = split_state(state_dict)
+        copy_into(self.heads, weights, "medusa heads")
+        if ids is not None:
+            self.set_draft_vocab(DraftVocab(ids, self.draws.vocab_size))
+
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.device), vocab.vocab_size))
 
     def cost_key(self) -> str:
         heads = self.heads
-        return f"medusa{heads.num_heads}x{heads.weight.shape[-1]}:{heads.weight.dtype}:{self.lm_head.weight.shape}"
+        return (f"medusa{heads.num_heads}x{heads.weight.shape[-1]}:{heads.weight.dtype}:{self.lm_head.weight.shape}"
+                f":draft_vocab{self.draws.width}")
 
     def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
         """One call drafts all γ: its time is the catch-up column, a further draft costs ~one sample."""
@@ -74,7 +84,7 @@ class MedusaDrafter:
         @torch.inference_mode()
         def draft(batch: int, query_len: int) -> None:
             hidden = torch.zeros(batch, width, dtype=self.heads.weight.dtype, device=self.device)
-            logits = self.lm_head(self.heads(hidden)).float()  # [b, K, V]
+            logits = self.draws.logits(self.heads(hidden), self.lm_head)  # [b, heads, V or N]
             for i in range(query_len):
                 probs = process_logits(logits[:, min(i, logits.shape[1] - 1)], DRAFT_PARAMS)
                 gumbel_max(probs, torch.zeros_like(probs))

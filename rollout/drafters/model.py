@@ -21,6 +21,7 @@ from ..models.timing import DRAFT_PARAMS, ForwardTimes, draft_noise, model_cost_
 from ..models.weights import copy_into
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
+from .draft_vocab import DraftVocab, VocabDraws, split_state
 from .protocol import DraftDraw, Proposal
 
 
@@ -35,6 +36,7 @@ class ModelDrafter:
                  target_vocab_size: int, lean: bool = True, state_history: int = STATE_HISTORY):
         self.runner = ModelRunner(model, slots, length, dtype, device, lean, state_history)
         self.target_vocab_size = target_vocab_size
+        self.draws = VocabDraws(target_vocab_size)
 
     @property
     def num_forwards(self) -> int:
@@ -45,17 +47,17 @@ class ModelDrafter:
         """`live` may also be an index tensor of slots (a subset of the live rows)."""
         n, device = rows.seq_len[live].shape[0], self.runner.device
         drafts = torch.empty(n, gamma, dtype=torch.long, device=device)  # [n, γ]
-        q = torch.empty(n, gamma, self.target_vocab_size, device=device)  # [n, γ, V]
+        q = torch.empty(n, gamma, self.draws.width, device=device)  # [n, γ, K]
         if gamma == 0:
-            return Proposal(drafts, q)
+            return Proposal(drafts, self.draws.proposal_q(q))
+        head = self.draws.head(self.runner.model.get_output_embeddings())
         lag = rows.seq_len[live] - self.runner.cache.lens[live]  # [n] ≥ 1
-        logits = self.runner.extend(live, rows.tokens[live], lag)  # [n, V_d]
+        logits = self.runner.extend(live, rows.tokens[live], lag, head=head)  # [n, V_d] or [n, N]
         for i in range(gamma):
-            q[:, i] = process_logits(self._to_target_vocab(logits), params)
-            drafts[:, i] = draw(q[:, i], i)
+            q[:, i], drafts[:, i] = self.draws.draw(self._to_target_vocab(logits.float()), params, draw, i)
             if i < gamma - 1:
-                logits = self.runner.feed(live, drafts[:, i : i + 1])[:, 0]
-        return Proposal(drafts, q)
+                logits = self.runner.feed(live, drafts[:, i : i + 1], head=head)[:, 0]
+        return Proposal(drafts, self.draws.proposal_q(q))
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:
@@ -72,10 +74,17 @@ class ModelDrafter:
         self.runner.cache.move_row(src, dst)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        copy_into(self.runner.model, state_dict, "drafter")
+        weights, ids = split_state(state_dict)
+        copy_into(self.runner.model, weights, "drafter")
+        if ids is not None:
+            self.set_draft_vocab(DraftVocab(ids, self.target_vocab_size))
+
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.runner.device), vocab.vocab_size),
+                       head_rows=self.runner.vocab_size)
 
     def cost_key(self) -> str:
-        return model_cost_key(self.runner)
+        return model_cost_key(self.runner) + f":draft_vocab{self.draws.width}"
 
     def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
         # A draft costs its forward plus turning the logits into a sampled token (T = 1, the dearer
@@ -84,10 +93,14 @@ class ModelDrafter:
         def sample(logits: torch.Tensor) -> torch.Tensor:
             return gumbel_max(process_logits(logits[:, -1], DRAFT_PARAMS), draft_noise(logits))
 
-        return time_forwards(self.runner, batch_sizes, [1, 2], deadline, then=sample)
+        head = self.draws.head(self.runner.model.get_output_embeddings())
+        return time_forwards(self.runner, batch_sizes, [1, 2], deadline, then=sample, head=head)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Drafter logits over the target's ids: extra drafter rows dropped, missing ones at -inf."""
+        """Drafter logits over the target's ids: extra drafter rows dropped, missing ones at -inf (over a draft
+        vocabulary they already are)."""
+        if self.draws.vocab is not None:
+            return logits
         extra = self.target_vocab_size - logits.shape[-1]
         if extra < 0:
             return logits[..., : self.target_vocab_size]

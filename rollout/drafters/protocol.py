@@ -27,17 +27,22 @@ import torch
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.timing import ForwardTimes
+from ..sampling.draft_q import DraftQ
+from .draft_vocab import DraftVocab
 
-# draw(q_i [n, V], i) → draft i [n], with the token noise of each row's position of draft i.
-DraftDraw = Callable[[torch.Tensor, int], torch.Tensor]
+# draw(q_i [n, K], i, ids=None, rows=None) → draft i [n] (target ids), with the token noise of each row's position
+# of draft i: K = V, or q over a draft vocabulary's target ids `ids` [K]; `rows` [n] the live rows q is for (None:
+# all of them). `sampling.noise.StepNoise.draw_draft`.
+DraftDraw = Callable[..., torch.Tensor]
 
 
 @dataclass
 class Proposal:
     drafts: torch.Tensor  # [n, γ] int64
-    # [n, γ, V] drafter's processed probabilities the drafts were drawn from; NaN where its logits
-    # were non-finite (`process_logits`): the engine then drops that row's drafts for the step.
-    q: torch.Tensor
+    # The drafter's processed probabilities the drafts were drawn from, as compact as known (over the whole
+    # vocabulary, a draft vocabulary, or point masses: `sampling.draft_q.DraftQ`); NaN where its logits were
+    # non-finite (`process_logits`): the engine then drops that row's drafts for the step.
+    q: DraftQ
     # [n] drafts each row proposes (≤ γ; the rest are padding, never kept). None: all γ.
     lengths: torch.Tensor | None = None
     # [n] which of the drafter's `names` proposed each row (for per-drafter stats). None: all names[0].
@@ -74,7 +79,14 @@ class Drafter(Protocol):
 
     def move_row(self, src: int, dst: int) -> None: ...
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """New weights; a state dict carrying `draft_vocab.STATE_KEY` also brings a new draft vocabulary."""
+        ...
+
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """Draft over `vocab`'s ids only (None: the whole vocabulary). A drafter without an LM head (suffix)
+        ignores it."""
+        ...
 
     def cost_key(self) -> str:
         """What the drafts' cost depends on (model shape, layout, ...), for the calibration cache."""

@@ -35,6 +35,8 @@ from ..config import SamplingParams, SuffixConfig
 from ..core.batch import RowBuffers
 from ..core.rates import DecayedRates
 from ..models.timing import ForwardTimes, time_host_drafts
+from ..sampling.draft_q import DraftQ
+from .draft_vocab import DraftVocab
 from .protocol import DraftDraw, Proposal
 from .suffix_index import KEY_LENS, CompletionIndex
 
@@ -124,6 +126,9 @@ class SuffixDrafter:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise ValueError("the suffix drafter has no weights to load")
 
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """Its drafts are point masses on earlier text: no LM head to cut."""
+
     def cost_key(self) -> str:
         return f"suffix|{self.config.max_match}|{self.config.candidates}|{KEY_LENS}"
 
@@ -170,7 +175,7 @@ class SuffixDrafter:
         gamma = max((len(d) for d in found.drafts), default=0)
         padded = [d + [0] * (gamma - len(d)) for d in found.drafts]
         drafts = torch.tensor(padded, dtype=torch.long, device=self.device).reshape(len(padded), gamma)  # [n, γ]
-        q = torch.nn.functional.one_hot(drafts, self.vocab_size).float()  # [n, γ, V]
+        q = DraftQ.points(drafts.shape[0], self.vocab_size, self.device)
         lengths = torch.tensor([len(d) for d in found.drafts], dtype=torch.long, device=self.device)  # [n]
         return Proposal(drafts, q, lengths, expected_kept=self.expected_by_width(found, gamma))
 

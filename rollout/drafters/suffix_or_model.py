@@ -14,6 +14,7 @@ shorter than γ is padding past its `lengths` (verified, never kept — the pric
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import torch
@@ -22,6 +23,7 @@ from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..core.rates import PRIOR_ACCEPTANCE, DecayedRates
 from ..models.timing import ForwardTimes
+from .draft_vocab import DraftVocab
 from .protocol import DraftDraw, Drafter, Proposal
 from .suffix import Lookup, SuffixDrafter
 
@@ -75,15 +77,15 @@ class SuffixOrModelDrafter:
         lengths = torch.tensor([gamma if m else len(d) for d, m in zip(found.drafts, use_model)],
                                dtype=torch.long, device=drafts.device)  # [n]
         source = torch.tensor(use_model, dtype=torch.long, device=drafts.device)  # [n] 0 suffix, 1 model
-        q = torch.nn.functional.one_hot(drafts, self.vocab_size).float()  # [n, γ, V]: point masses
         served = [b for b, m in enumerate(use_model) if m]
         if len(served) == n:
             part = self.model.propose(live, rows, gamma, params, draw)
             drafts, q = part.drafts, part.q
-        else:
+        else:  # the model's q for the rows it served, point masses for the suffix's
             idx = torch.tensor(served, dtype=torch.long, device=drafts.device)  # [k]
-            part = self.model.propose(idx, rows, gamma, params, _subset_draw(draw, idx, n))
-            drafts[idx], q[idx] = part.drafts, part.q
+            part = self.model.propose(idx, rows, gamma, params, functools.partial(draw, rows=idx))
+            drafts[idx] = part.drafts
+            q = part.q.select(idx, n)
         model = self._model_survival(gamma)
         suffix = self.suffix.expected_by_width(found, gamma, [not m for m in use_model])
         expected = [s + len(served) * m for s, m in zip(suffix, model)]
@@ -112,6 +114,9 @@ class SuffixOrModelDrafter:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.model.load_weights(state_dict)
 
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        self.model.set_draft_vocab(vocab)
+
     def cost_key(self) -> str:
         return f"{self.suffix.cost_key()}+{self.model.cost_key()}"
 
@@ -130,13 +135,3 @@ class SuffixOrModelDrafter:
                 for j in range(min(kept + 1, verified)):
                     self.model_rates.add(j, j < kept, 1)
 
-
-def _subset_draw(draw: DraftDraw, idx: torch.Tensor, n: int) -> DraftDraw:
-    """`draw` for rows `idx` of the n live rows: each keeps the noise of its own row and position."""
-
-    def subset(q: torch.Tensor, i: int) -> torch.Tensor:
-        full = q.new_full((n, q.shape[-1]), 1.0 / q.shape[-1])  # [n, V]; other rows' draws are discarded
-        full[idx] = q
-        return draw(full, i)[idx]
-
-    return subset

@@ -129,12 +129,14 @@ class LeanDecoder:
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
                  cache: RaggedKVCache, logits_at: torch.Tensor | None = None, num_layers: int | None = None,
-                 hidden_out: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+                 hidden_out: Callable[[torch.Tensor], None] | None = None,
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """Logits [n, Q, V], or [n, V] at query index `logits_at` [n] of each row when given.
 
         `num_layers`: run only the first that many decoder layers, then the final norm and LM head (a
         layer-skip draft). `hidden_out`, if given, is handed the final-normed hidden state at every query
-        [n, Q, H] — what the LM head reads, and what feature drafters read (`drafters.hidden`)."""
+        [n, Q, H] — what the LM head reads, and what feature drafters read (`drafters.hidden`). `head` replaces
+        the LM head (a draft vocabulary's rows of it, `drafters.draft_vocab`)."""
         if not self.layers[0].is_fused():
             self._fuse()
         n, q_len = input_ids.shape
@@ -164,7 +166,7 @@ class LeanDecoder:
             hidden_out(hidden)
         if logits_at is not None:
             hidden = hidden[torch.arange(n, device=hidden.device), logits_at][:, None]  # [n, 1, H]
-        logits = self.lm_head(hidden if hidden_out is not None else _rms_norm(hidden, self.final_norm))
+        logits = (head or self.lm_head)(hidden if hidden_out is not None else _rms_norm(hidden, self.final_norm))
         return logits[:, 0] if logits_at is not None else logits
 
 

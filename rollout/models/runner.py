@@ -17,6 +17,8 @@ window is the mask's business alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import PreTrainedModel
 
@@ -105,7 +107,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor,
                 logits_at: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
-                num_layers: int | None = None, count: torch.Tensor | None = None) -> torch.Tensor:
+                num_layers: int | None = None, count: torch.Tensor | None = None,
+                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """Feed `input_ids` [n, Q] to `rows` at slots `start` [n] onward; returns logits [n, Q, V].
 
         With `logits_at` [n] only each row's logits at that query index are returned, [n, V] (the
@@ -114,6 +117,8 @@ class ModelRunner:
         `hidden[rows[b], start[b] + q]` (`drafters.hidden`). `num_layers` runs only the first that many
         decoder layers (layer-skip drafts; lean forward only). `count` [n] (default: all Q) is how many
         of each row's tokens are real; the rest is right padding (kept out of linear-attention state).
+        `head` replaces the LM head on the final-normed hidden states (a draft vocabulary's rows,
+        `drafters.draft_vocab`): the logits are then [..., N].
 
         Does not move `cache.lens`: the caller keeps what it keeps (`rollback`, or `feed`/`extend`).
         """
@@ -129,16 +134,17 @@ class ModelRunner:
         hidden_out = None if hidden is None else _writer(hidden, rows, position_ids.clamp_max(hidden.shape[1] - 1))
         try:
             if self.lean is not None:
-                return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out)
+                return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out, head)
             if num_layers is not None:
                 raise ValueError(f"num_layers={num_layers} needs the lean forward, which does not run "
                                  f"{self.model.config.model_type!r} here ({unsupported_reason(self.model)})")
-            if hidden_out is not None:
+            if hidden_out is not None or head is not None:
                 base = getattr(self.model, self.model.base_model_prefix)
                 states = base(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
                               use_cache=True).last_hidden_state  # [n, Q, H], final-normed
-                hidden_out(states)
-                logits = self.model.get_output_embeddings()(states)
+                if hidden_out is not None:
+                    hidden_out(states)
+                logits = (head or self.model.get_output_embeddings())(states)
             else:
                 logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                                     cache=self.cache, use_cache=True).logits
@@ -161,28 +167,29 @@ class ModelRunner:
             )
         return mask
 
-    def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, hidden: torch.Tensor | None = None
-             ) -> torch.Tensor:
-        """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V] (`hidden`: see `forward`)."""
+    def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, hidden: torch.Tensor | None = None,
+             head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V] (`hidden`, `head`: see `forward`)."""
         start = self.cache.lens[rows]  # [n]
-        logits = self.forward(rows, input_ids, start, hidden=hidden)
+        logits = self.forward(rows, input_ids, start, hidden=hidden, head=head)
         self.cache.set_lens(rows, start + input_ids.shape[1])
         return logits
 
     def extend(self, rows: slice | torch.Tensor, tokens: torch.Tensor, count: torch.Tensor,
-               hidden: torch.Tensor | None = None) -> torch.Tensor:
+               hidden: torch.Tensor | None = None, head: Callable[[torch.Tensor], torch.Tensor] | None = None
+               ) -> torch.Tensor:
         """Feed each row the `count[b]` tokens of `tokens` [n, L] from its cache length onward.
 
         Returns the logits at each row's last fed token [n, V] and advances `cache.lens` by `count`.
         Rows are padded on the right to the longest count; a row with count 0 is fed padding only
-        and its returned logits are meaningless (`hidden`: see `forward`; padding lands past the row).
+        and its returned logits are meaningless (`hidden`, `head`: see `forward`; padding lands past the row).
         """
         start = self.cache.lens[rows]  # [n]
         query_len = max(int(count.max()), 1)
         idx = (start[:, None] + torch.arange(query_len, device=self.device)).clamp_max(tokens.shape[1] - 1)
         last = (count - 1).clamp_min(0)  # [n]
         logits = self.forward(rows, tokens.gather(1, idx), start, logits_at=last, hidden=hidden,
-                              count=count)  # [n, V]
+                              count=count, head=head)  # [n, V]
         self.cache.set_lens(rows, start + count)
         return logits
 

@@ -61,10 +61,12 @@ def _bracket(grid: list[int], x: float) -> tuple[int, int, float]:
 @torch.inference_mode()
 def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[int], deadline: float,
                   repeats: int = 5, point_budget_s: float = 0.4, context: int = CALIBRATION_CONTEXT,
-                  then: Callable[[torch.Tensor], object] | None = None) -> ForwardTimes:
+                  then: Callable[[torch.Tensor], object] | None = None,
+                  head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> ForwardTimes:
     """Fastest forward time per (batch, query) on the runner's own cache; stops early at `deadline`
     and extrapolates the missing large batches linearly from the measured ones. `then(logits)`, if
-    given, is timed with the forward (the drafter's sampling of each draft).
+    given, is timed with the forward (the drafter's sampling of each draft); `head` replaces the LM head
+    (a draft vocabulary's, `ModelRunner.forward`).
 
     The minimum of up to `repeats` runs (at least 2, within `point_budget_s` per point), not the
     median: on a shared machine the noise is other work, which only ever adds time.
@@ -82,7 +84,7 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
             point_started = time.perf_counter()
             for i in range(repeats + 1):  # the first run warms up
                 t0 = time.perf_counter()
-                logits = runner.forward(rows, ids, start)
+                logits = runner.forward(rows, ids, start, head=head)
                 if then is not None:
                     then(logits)
                 if device.type == "cuda":

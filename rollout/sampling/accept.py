@@ -33,6 +33,7 @@ from typing import Protocol
 
 import torch
 
+from .draft_q import DraftQ
 from .noise import StepNoise, gumbel_max
 from .randomness import Purpose
 
@@ -51,10 +52,10 @@ class Verdict:
 class AcceptRule(Protocol):
     """Which drafts the target keeps, and the token after them."""
 
-    def verify(self, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, noise: StepNoise,
+    def verify(self, drafts: torch.Tensor, q: DraftQ, p: torch.Tensor, noise: StepNoise,
                draft_ok: torch.Tensor) -> Verdict:
-        """drafts [n, γ] (drawn by `StepNoise.draw_draft`, or proposed with a point-mass q), q [n, γ, V]
-        (the drafter's processed probs they were drawn from), p [n, γ+1, V] (the target's at the same
+        """drafts [n, γ] (drawn by `StepNoise.draw_draft`, or proposed with a point-mass q), q (the drafter's
+        processed probs they were drawn from, `draft_q.DraftQ`), p [n, γ+1, V] (the target's at the same
         positions plus the bonus one); `draft_ok` [n, γ] bool, prefix-closed, marks the drafts that may be
         kept (a row's proposal may be shorter than γ, or dropped: then the row takes a plain step). After
         a row's last usable draft its next token is the target's own draw. A draft is never kept where p
@@ -79,12 +80,11 @@ class RejectionSampling:
     def __init__(self, resample_residual: bool = True):
         self.resample_residual = resample_residual
 
-    def verify(self, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, noise: StepNoise,
+    def verify(self, drafts: torch.Tensor, q: DraftQ, p: torch.Tensor, noise: StepNoise,
                draft_ok: torch.Tensor) -> Verdict:
         n, gamma = drafts.shape
-        idx = drafts.unsqueeze(-1)
-        p_d = p[:, :gamma].gather(-1, idx).squeeze(-1)  # [n, γ]
-        q_d = q.gather(-1, idx).squeeze(-1)  # [n, γ]
+        p_d = p[:, :gamma].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)  # [n, γ]
+        q_d = q.of(drafts)  # [n, γ]
         u = noise.uniform(gamma, Purpose.ACCEPT)  # [n, γ]
         # u < p/q written without the division; q_d > 0 because d was drawn from q. False where p is NaN.
         accepted, accepted_len = _kept_prefix((u * q_d < p_d) & draft_ok)
@@ -96,8 +96,7 @@ class RejectionSampling:
         p_next = p[rows, accepted_len]  # [n, V]: target distribution at the first non-accepted slot
         residual = p_next
         if self.resample_residual and gamma > 0:
-            q_next = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows, accepted_len]  # [n, V]
-            q_next = torch.where(rejected[:, None], q_next, 0.0)  # an unused or dropped q (maybe NaN) plays no part
+            q_next = q.row(drafts, accepted_len, rejected)  # [n, V]; zero where no draft was rejected (maybe NaN q)
             residual = (p_next - q_next).clamp_min(0)  # q_next = 0 → residual = p
             mass = residual.sum(-1, keepdim=True)
             # Rounding can leave no mass when p ≈ q; then p itself is the right law to sample.
@@ -118,7 +117,7 @@ class InvariantSampling:
     """Drafter-invariant speculative sampling (Daliri, Musco, Suresh 2024): the output is plain
     Gumbel-max decoding's for the seed, whatever the drafter proposes."""
 
-    def verify(self, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, noise: StepNoise,
+    def verify(self, drafts: torch.Tensor, q: DraftQ, p: torch.Tensor, noise: StepNoise,
                draft_ok: torch.Tensor) -> Verdict:
         n, gamma = drafts.shape
         tokens = gumbel_max(p, noise.token())  # [n, γ+1]: the target's token at every position of the step

@@ -53,10 +53,18 @@ class StepNoise:
             self._token = gumbel(self.keys, self.start[:, None] + offsets, Purpose.TOKEN, self.vocab_size)
         return self._token
 
-    def draw_draft(self, q: torch.Tensor, i: int) -> torch.Tensor:
-        """Draft i [n] from the drafter's processed q [n, V], with the token noise of its position."""
+    def draw_draft(self, q: torch.Tensor, i: int, ids: torch.Tensor | None = None,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft i [n] from the drafter's processed q [n, V], with the token noise of its position.
+
+        `ids` [N]: q [n, N] is over those target ids (a draft vocabulary) and the draft is the one of them
+        Gumbel-max picks with their noise — the draw a q zero elsewhere would give. `rows` [n]: q is for
+        those live rows only (each keeps its own row's noise)."""
         token = self.token()
-        return gumbel_max(q, None if token is None else token[:, i])
+        noise = None if token is None else token[:, i] if rows is None else token[rows, i]  # [n, V]
+        if ids is None:
+            return gumbel_max(q, noise)
+        return ids[gumbel_max(q, None if noise is None else noise[:, ids])]
 
     def residual(self, offset: torch.Tensor) -> torch.Tensor | None:
         """Residual noise [n, V] at each row's position start + offset [n] (`Purpose.RESIDUAL`)."""

@@ -1,0 +1,144 @@
+"""Draft vocabularies: a drafter drafts over a subset of the target's token ids, q = 0 outside it.
+
+At a real vocabulary the LM head is most of a small drafter's cost (at V = 151,936 one draft token through
+the target's head costs ~0.3 of a plain step on a 2-core CPU, ~0.08 through 32k rows). A `DraftVocab` holds
+N target ids (sorted); a drafter with one computes its logits through those N rows of its LM head only
+(`logits`), processes them as usual and draws its draft among them. Verification is unchanged — the target's
+p is always over the whole vocabulary — so the output stays exactly the target's: the drafter just never
+proposes a token outside the subset (EAGLE-3's `d2t` map, FR-Spec).
+
+Which ids: the most frequent in the policy's own rollouts (`top_ids`), counted by the online learner, which
+publishes a new subset with a new drafter version when the policy's token frequencies drift
+(`online_drafter.token_counts`). The subset travels inside the drafter's state dict under `STATE_KEY`, so
+every weight-sync path carries it; `split_state` takes it out before the weights are copied in. Before any
+rollout there is no count: `first_ids` takes the tokenizer's first N ids (byte-level BPE numbers its merges
+in the order it learned them, most frequent first) plus the stop ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from ..config import SamplingParams
+from ..sampling.draft_q import DraftQ
+from ..sampling.logits import process_logits
+
+STATE_KEY = "draft_vocab.ids"  # int64 [N] sorted target ids, in a drafter's state dict
+
+
+class DraftVocab:
+    """N sorted target token ids a drafter drafts over, and its LM head's rows for them (cached)."""
+
+    def __init__(self, ids: torch.Tensor, vocab_size: int):
+        ids = torch.as_tensor(ids)
+        if ids.dim() != 1 or ids.numel() < 1 or ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"draft vocabulary ids {tuple(ids.shape)} {ids.dtype} are invalid: a 1-D int tensor "
+                             "of at least one target id")
+        ids = ids.long().unique(sorted=True)
+        if int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
+            raise ValueError(f"draft vocabulary ids span [{int(ids[0])}, {int(ids[-1])}]: they must lie in "
+                             f"[0, {vocab_size}) (the target's vocabulary)")
+        self.ids = ids
+        self.vocab_size = vocab_size
+        self._rows: tuple[tuple, torch.Tensor, torch.Tensor | None] | None = None
+
+    @property
+    def size(self) -> int:
+        return self.ids.shape[0]
+
+    def to(self, device: torch.device) -> DraftVocab:
+        self.ids = self.ids.to(device)
+        self._rows = None
+        return self
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """hidden [..., H] → logits [..., N] over the draft vocabulary, through those rows of `lm_head`."""
+        weight, bias = self._head_rows(lm_head)
+        return nn.functional.linear(hidden, weight, bias)
+
+    def _head_rows(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head's rows for `ids`, copied once and again only when the head's weights change (a policy or
+        drafter update writes them in place, which bumps the tensor's version counter)."""
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device,
+               None if bias is None else (bias.data_ptr(), bias._version))
+        if self._rows is None or self._rows[0] != key:
+            ids = self.ids.to(weight.device)
+            self._rows = (key, weight.index_select(0, ids), None if bias is None else bias.index_select(0, ids))
+        return self._rows[1], self._rows[2]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {STATE_KEY: self.ids.cpu()}
+
+
+def top_ids(counts: torch.Tensor, size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The `size` ids with the highest `counts` [V] (ties: lower id first), `always` included first."""
+    vocab_size = counts.shape[0]
+    _check_size(size, vocab_size)
+    keep = [i for i in dict.fromkeys(int(a) for a in always) if 0 <= i < vocab_size][:size]
+    order = torch.sort(-counts.double().cpu(), stable=True).indices  # descending, stable: lower id first on ties
+    taken = torch.zeros(vocab_size, dtype=torch.bool)
+    taken[keep] = True
+    rest = order[~taken[order]][: size - len(keep)]
+    return torch.cat([torch.tensor(keep, dtype=torch.long), rest]).sort().values
+
+
+def first_ids(size: int, vocab_size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The first `size` ids (byte-level BPE: its bytes and earliest, most frequent merges), `always` included."""
+    counts = torch.arange(vocab_size, 0, -1, dtype=torch.float64)  # lower id = higher rank
+    return top_ids(counts, size, always)
+
+
+def split_state(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """A drafter's state dict → (its weights, the draft vocabulary's ids if it carries one)."""
+    weights = {k: v for k, v in state_dict.items() if k != STATE_KEY}
+    return weights, state_dict.get(STATE_KEY)
+
+
+def _check_size(size: int, vocab_size: int) -> None:
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= vocab_size:
+        raise ValueError(f"draft_vocab={size!r} is invalid: an int in [1, {vocab_size}] (the target's vocabulary)")
+
+
+class VocabDraws:
+    """What a drafter with an LM head does at each draft, over its draft vocabulary when it has one: its head's
+    logits → the processed q → the draft (drawn by the engine's `draw` with that position's noise), and the
+    step's `DraftQ`. Drafters hold one as `self.draws`."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size  # the target's: what drafts are ids of
+        self.vocab: DraftVocab | None = None
+
+    def set(self, vocab: DraftVocab | None, head_rows: int | None = None) -> None:
+        """Draft over `vocab` (None: everything). `head_rows`: the LM head has only that many rows (a drafter
+        LM with a smaller vocabulary than the target's): the ids past them are left out."""
+        if vocab is not None and head_rows is not None and int(vocab.ids[-1]) >= head_rows:
+            vocab = DraftVocab(vocab.ids[vocab.ids < head_rows], self.vocab_size)
+        self.vocab = vocab
+
+    @property
+    def width(self) -> int:
+        """K of the q this drafter proposes: N with a draft vocabulary, else the target's V."""
+        return self.vocab_size if self.vocab is None else self.vocab.size
+
+    def head(self, lm_head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The LM head to apply: the draft vocabulary's rows of `lm_head`, or None (the head itself)."""
+        vocab = self.vocab
+        return None if vocab is None else lambda hidden: vocab.logits(hidden, lm_head)
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """hidden [..., H] → fp32 logits [..., K]."""
+        return (lm_head(hidden) if self.vocab is None else self.vocab.logits(hidden, lm_head)).float()
+
+    def draw(self, logits: torch.Tensor, params: SamplingParams, draw: Callable[..., torch.Tensor], i: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [n, K] of draft i → (q [n, K], draft [n] target ids)."""
+        q = process_logits(logits, params)
+        return q, draw(q, i) if self.vocab is None else draw(q, i, self.vocab.ids)
+
+    def proposal_q(self, probs: torch.Tensor) -> DraftQ:
+        """probs [n, γ, K] of a proposal as its `DraftQ`."""
+        return DraftQ.over(probs, None if self.vocab is None else self.vocab.ids.to(probs.device), self.vocab_size)
