@@ -227,8 +227,8 @@ class EngineConfig:
                 "eagle_intermediate_size", self.eagle_intermediate_size, "None (the target's MLP width) or an int >= 1")
         require(isinstance(self.medusa_heads, int) and not isinstance(self.medusa_heads, bool)
                 and self.medusa_heads >= 1, "medusa_heads", self.medusa_heads, "an int >= 1")
-        require(self.draft_vocab is None or (isinstance(self.draft_vocab, int) and not isinstance(self.draft_vocab, bool)
-                and self.draft_vocab >= 1), "draft_vocab", self.draft_vocab,
+        require(self.draft_vocab is None or (isinstance(self.draft_vocab, int)
+                and not isinstance(self.draft_vocab, bool) and self.draft_vocab >= 1), "draft_vocab", self.draft_vocab,
                 "None (the whole vocabulary) or an int >= 1 (token ids the drafter drafts over)")
         require(isinstance(self.suffix, SuffixConfig), "suffix", self.suffix, "a SuffixConfig")
         require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")

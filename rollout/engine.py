@@ -58,7 +58,6 @@ from .sampling.logits import process_logits
 from .sampling.noise import StepNoise
 from .sampling.randomness import draw_seed
 
-
 VOCAB_DRAFTER_KINDS = ("model", "eagle", "medusa", "layer_skip")  # the drafters with an LM head to cut
 
 

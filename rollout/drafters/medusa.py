@@ -22,9 +22,9 @@ from ..models.timing import DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..models.weights import copy_into
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
+from .draft_vocab import DraftVocab, VocabDraws, split_state
 from .heads import MedusaHeads
 from .hidden import last_hidden
-from .draft_vocab import DraftVocab, VocabDraws, split_state
 from .protocol import DraftDraw, Proposal
 
 

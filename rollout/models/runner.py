@@ -169,7 +169,8 @@ class ModelRunner:
 
     def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, hidden: torch.Tensor | None = None,
              head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-        """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V] (`hidden`, `head`: see `forward`)."""
+        """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V] (`hidden`, `head`: see
+        `forward`)."""
         start = self.cache.lens[rows]  # [n]
         logits = self.forward(rows, input_ids, start, hidden=hidden, head=head)
         self.cache.set_lens(rows, start + input_ids.shape[1])
