@@ -2,7 +2,8 @@
 
 The test generates long sampled completions (≥ 200k tokens in all) with a drafter deliberately
 unlike the target, so drafts are rejected often and every path of the accept/reject rule runs:
-accepted drafts, residual resamples at each draft position, bonus tokens, drafter-cache catch-up.
+accepted drafts, residual resamples at each draft position, bonus tokens, drafter-cache catch-up —
+and with a draft vocabulary (q zero on 6 of the 16 ids, tokens the target emits).
 
 Statistic: at generated position t the target's exact processed distribution p_t is known from one
 full forward of the target over prompt + completion (processed by Hugging Face's own logits
@@ -54,7 +55,7 @@ def models():
 
 def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,
                     wrong_sampler: RejectionSampling | None = None, drafters: tuple[str, ...] | None = None,
-                    pin_choice: bool = False, rows: int = ROWS) -> float:
+                    pin_choice: bool = False, rows: int = ROWS, draft_vocab: list[int] | None = None) -> float:
     target, drafter = models()
     # Half as many slots as rows: finished rows are refilled, so continuous batching is under test too.
     # The suffix drafter proposes every match it finds (min_survival 0): many drafts, most of them rejected.
@@ -63,6 +64,8 @@ def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,
     engine = SpecEngine(target, drafter if drafters is None or "model" in drafters else None, config)
     if wrong_sampler is not None:
         engine.accept_rule = wrong_sampler
+    if draft_vocab is not None:
+        engine.set_draft_vocab(draft_vocab)
     if pin_choice:  # the per-row choice alternates: even slots take the model's drafts, odd ones the suffix's
         engine.drafter.choose = lambda found, gamma: [b % 2 == 0 for b in range(len(found.drafts))]
     rollouts = engine.generate(PROMPTS[:rows], params)
@@ -97,6 +100,22 @@ def test_emitted_tokens_follow_target_distribution(params, sampler):
 @pytest.mark.parametrize("drafters", [("suffix",), ("suffix", "model")])
 def test_suffix_and_combined_drafts_follow_target_distribution(drafters):
     assert sample_and_test(SETTINGS[1], "rejection", gamma=4, drafters=drafters, pin_choice=len(drafters) > 1) > ALPHA
+
+
+# A draft vocabulary: the drafter's q is zero outside 10 of the 16 ids, which the target emits often (q is
+# kept over the subset; q(d) and the residual's q row are read from that compact form).
+SUBSET = list(range(3, 13))
+
+
+@pytest.mark.parametrize("drafters", [("model",), ("suffix", "model")])
+def test_drafts_over_a_draft_vocabulary_follow_target_distribution(drafters):
+    assert sample_and_test(SETTINGS[1], "rejection", gamma=4, drafters=drafters, pin_choice=len(drafters) > 1,
+                           draft_vocab=SUBSET) > ALPHA
+
+
+def test_same_test_rejects_draft_vocabulary_drafts_without_residual():
+    wrong = RejectionSampling(resample_residual=False)
+    assert sample_and_test(SETTINGS[1], "rejection", wrong_sampler=wrong, rows=POWER_ROWS, draft_vocab=SUBSET) < ALPHA
 
 
 def test_same_test_rejects_point_mass_drafts_without_residual():

@@ -5,7 +5,8 @@ a full target forward, α = 1e-3 per test: a correct engine fails a given test w
 seeds fixed) on 1500 rows × 40 tokens = 60k tokens per test, with drafters far from the target so
 rejections are frequent: layer-skip at 1 of 2 layers, a fresh (random) EAGLE head, fresh Medusa heads
 (which propose the target's distribution one position back), and the EAGLE head with the suffix drafter
-under a pinned per-row choice (even slots the head, odd ones the suffix). Both samplers on one drafter.
+under a pinned per-row choice (even slots the head, odd ones the suffix), and the EAGLE head over a draft
+vocabulary (10 of the 16 ids). Both samplers on one drafter.
 """
 
 from __future__ import annotations
@@ -36,11 +37,16 @@ def target():
     (("medusa",), "rejection", SamplingParams(NEW_TOKENS, temperature=1.5, top_p=0.8, seed=7)),
     (("eagle", "suffix"), "rejection", PARAMS),
     (("medusa",), "invariant", PARAMS),
+    (("eagle", "draft_vocab"), "rejection", PARAMS),  # q over ids 3..12 of 16, zero on ids the target emits
 ], ids=lambda v: "+".join(v) if isinstance(v, tuple) else v if isinstance(v, str) else f"T{v.temperature}")
 def test_emitted_tokens_follow_target_distribution(drafters, sampler, params):
+    subset = "draft_vocab" in drafters
+    drafters = tuple(k for k in drafters if k != "draft_vocab")
     config = EngineConfig(max_batch_size=ROWS // 2, max_seq_len=6 + NEW_TOKENS, gamma=3, sampler=sampler,
                           drafters=drafters, layer_skip_layers=1, suffix=SuffixConfig(min_survival=0.0))
     engine = SpecEngine(target(), None, config)
+    if subset:
+        engine.set_draft_vocab(list(range(3, 13)))
     if len(drafters) > 1:
         engine.drafter.choose = lambda found, gamma: [b % 2 == 0 for b in range(len(found.drafts))]
     rollouts = engine.generate(PROMPTS, params)
