@@ -119,6 +119,8 @@ def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
         kind, payload = call["kind"], call["payload"]
         if kind == "add":
             learner.add_rollouts(payload)
+        elif kind == "vocab":  # the engine's first draft vocabulary
+            learner.set_draft_vocab(payload["ids"], payload["vocab_size"])
         elif kind == "policy":  # a head's: the policy's new embedding and LM head weights
             for name, state in payload.items():
                 reads[name].load_state_dict(state)

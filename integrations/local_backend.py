@@ -36,6 +36,7 @@ from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import OnlineLearner, make_online_learner
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
+from specroll.rollout.drafters.draft_vocab import initial_ids
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
@@ -78,7 +79,11 @@ class LocalBackend:
             engine_config = dataclasses.replace(engine_config, record_signals=True)
         # The learner copies the drafter before the engine takes it (a head is moved to the engine's dtype).
         learner = None if learner_config is None else make_online_learner(drafter, target, learner_config)
-        return cls(SpecEngine(target, drafter, engine_config, target_tokenizer, drafter_tokenizer), learner)
+        engine = SpecEngine(target, drafter, engine_config, target_tokenizer, drafter_tokenizer)
+        if learner is not None and engine_config.draft_vocab is not None:  # the engine's first subset, counted on
+            learner.set_draft_vocab(initial_ids(engine_config.draft_vocab, engine.vocab_size, target.config),
+                                    engine.vocab_size)
+        return cls(engine, learner)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
         self._join_round()

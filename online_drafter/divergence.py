@@ -26,11 +26,22 @@ def _bucket_masses(log_q: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torc
     """q at the top-k ids (0 at zero-p columns) and both tails: [B, T, V], [B, T, k] → [B, T, k], [B, T]."""
     valid = topk_probs > 0  # [B, T, k]
     log_q_k = log_q.gather(-1, topk_ids.clamp_max(log_q.shape[-1] - 1))  # [B, T, k]
-    valid = valid & (topk_ids < log_q.shape[-1])  # ids the drafter cannot emit have q = 0
+    # Ids the drafter cannot emit have q = 0: past its vocabulary, or outside its draft vocabulary (log q = -inf,
+    # `restrict`). Their p is in no bucket, so the KL's minimum is q ∝ p over what the drafter can emit.
+    valid = valid & (topk_ids < log_q.shape[-1]) & log_q_k.isfinite()
     q_k = torch.where(valid, log_q_k.exp(), 0.0)  # [B, T, k]
     p_tail = (1 - topk_probs.sum(-1)).clamp_min(0)  # [B, T]
     q_tail = (1 - q_k.sum(-1)).clamp_min(0)  # [B, T]
     return valid, log_q_k, q_k, p_tail, q_tail
+
+
+def restrict(log_q: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """log q [..., V] renormalised over the `allowed` ids [V] bool (a draft vocabulary: -inf elsewhere), as the
+    engine's drafter computes q over its subset; None: log q as it is."""
+    if allowed is None:
+        return log_q
+    masked = log_q.masked_fill(~allowed, float("-inf"))
+    return masked - masked.logsumexp(-1, keepdim=True)
 
 
 def expected_acceptance(log_q: torch.Tensor, topk_ids: torch.Tensor,

@@ -55,6 +55,13 @@ class LearnerConfig:
     the learner says it stopped learning (`alarms.LearnerAlarms`): fewer than `alarm_min_steps` optimizer steps over
     `alarm_rounds` rounds, or no version for `alarm_publish_rounds` rounds while the probe's frozen drafter falls (the
     demo's healthy runs publish 9–14 versions in 20 rounds).
+
+    Draft vocabularies (`rollout.drafters.draft_vocab`; the size is the engine's `draft_vocab`, the first subset the
+    engine's, handed over with `Learner.set_draft_vocab`): the learner counts the completion tokens of the rollouts
+    it gets, each policy version's counts weighing `draft_vocab_decay` times the next one's, and with
+    `draft_vocab_updates` each round's candidate drafts over the most counted ids — trained and scored over that
+    subset, and published with it, so the engine's drafter follows the policy's token frequencies as they drift.
+    False: every version keeps the first subset.
     """
 
     lr: float = 1e-4
@@ -85,6 +92,8 @@ class LearnerConfig:
     alarm_rounds: int = 3
     alarm_min_steps: int = 3
     alarm_publish_rounds: int = 6
+    draft_vocab_decay: float = 0.7
+    draft_vocab_updates: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.buffer, dict):  # from `asdict` (a checkpoint) or a plain mapping
@@ -120,6 +129,8 @@ class LearnerConfig:
              "an int >= 0 (0: never)"),
             ("alarm_publish_rounds", isinstance(self.alarm_publish_rounds, int) and self.alarm_publish_rounds >= 1,
              "an int >= 1"),
+            ("draft_vocab_decay", 0 < self.draft_vocab_decay <= 1, "a number in (0, 1] (1: never forget)"),
+            ("draft_vocab_updates", isinstance(self.draft_vocab_updates, bool), "True or False"),
         ]
         for name, ok, allowed in checks:
             if not ok:

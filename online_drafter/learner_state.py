@@ -28,7 +28,7 @@ def state_of(learner: Learner) -> dict[str, Any]:
     return {
         "config": asdict(learner.config),
         "version": learner.version,
-        "published": learner.published_state_dict(),
+        "published": learner._published_weights,
         "frozen": weights_of(learner.frozen),
         "candidate": weights_of(learner.candidate.model),
         "averaged": weights_of(learner.candidate.averaged),
@@ -36,6 +36,11 @@ def state_of(learner: Learner) -> dict[str, Any]:
         "buffer": learner.buffer.state_dict(),
         "holdout": learner.holdout.state_dict(),
         "generator": learner._generator.get_state(),
+        # Draft vocabularies (absent without): each drafter's subset and the token counts they are recounted from.
+        **({} if learner.vocab is None else {"draft_vocab": {
+            **learner.vocab, "counts": learner.token_counts.counts, "total": learner.token_counts.total,
+            "policy_version": -1 if learner.token_counts.policy_version is None
+            else learner.token_counts.policy_version}}),
     }
 
 
@@ -51,3 +56,10 @@ def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
     learner.newest_policy_version = max([e.policy_version for e in learner.holdout.entries]
                                         + [max(learner.buffer.versions, default=-1)])
     learner._generator.set_state(state["generator"])
+    vocab = state.get("draft_vocab")
+    if vocab is not None:
+        learner.set_draft_vocab(vocab["frozen"], vocab["counts"].shape[0])
+        learner.vocab.update({name: vocab[name] for name in ("published", "candidate")})
+        counts = learner.token_counts
+        counts.counts, counts.total = vocab["counts"].clone(), int(vocab["total"])
+        counts.policy_version = None if int(vocab["policy_version"]) < 0 else int(vocab["policy_version"])

@@ -28,6 +28,15 @@ from .reports import LearnerReport, ProbeReport
 class OnlineLearner(Protocol):
     version: int  # the published version: moves when a round (or its watchdog) publishes
 
+    def set_draft_vocab(self, ids: torch.Tensor, vocab_size: int) -> None:
+        """Drafters draft over a subset of the vocabulary: the engine's first one; the learner recounts it from the
+        rollouts and publishes new ones with its versions (`learner.Learner.set_draft_vocab`)."""
+        ...
+
+    def draft_vocab(self, name: str = "published") -> torch.Tensor | None:
+        """The "frozen", "published" or "candidate" drafter's draft vocabulary (None: the whole vocabulary)."""
+        ...
+
     def add_rollouts(self, rollouts: list[Rollout]) -> None:
         """Buffer training rollouts (generated with `record_signals=True`), holding a stride of groups out."""
         ...

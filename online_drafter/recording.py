@@ -65,6 +65,13 @@ class RecordingLearner:
     def version(self) -> int:
         return self.learner.version
 
+    def set_draft_vocab(self, ids: torch.Tensor, vocab_size: int) -> None:
+        self._record("vocab", {"ids": torch.as_tensor(ids).clone(), "vocab_size": vocab_size})
+        self.learner.set_draft_vocab(ids, vocab_size)
+
+    def draft_vocab(self, name: str = "published") -> torch.Tensor | None:
+        return self.learner.draft_vocab(name)
+
     def add_rollouts(self, rollouts: list[Rollout]) -> None:
         self._record("add", list(rollouts))
         self.learner.add_rollouts(rollouts)

@@ -11,8 +11,9 @@ entries in batches of similar length and grouping them are this module's, once f
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from .batching import length_batches
 from .buffer import BufferEntry
+from .divergence import restrict
 from .holdout import GroupKey
 from .paired import GroupScores
 
@@ -27,7 +29,10 @@ Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (lo
 
 
 class Scorer(ABC):
-    """`collate(entries)` pads a family's entries into its batch (weight 1 at every completion position)."""
+    """`collate(entries)` pads a family's entries into its batch (weight 1 at every completion position).
+
+    `vocab_ids` [N], when set (`over`), is the draft vocabulary of the drafter being trained or scored: its q is
+    renormalised over those ids (`divergence.restrict`), as the engine drafts with it."""
 
     def __init__(self, collate: Callable[[list[Any]], Any], temperature: float, batch_size: int,
                  recency_decay: float, device: torch.device):
@@ -36,6 +41,25 @@ class Scorer(ABC):
         self.batch_size = batch_size
         self.recency_decay = recency_decay
         self.device = device
+        self.vocab_ids: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def over(self, vocab_ids: torch.Tensor | None) -> Iterator[None]:
+        """Train or score a drafter whose draft vocabulary is `vocab_ids` [N] (None: the whole vocabulary)."""
+        before, self.vocab_ids = self.vocab_ids, vocab_ids
+        try:
+            yield
+        finally:
+            self.vocab_ids = before
+
+    def restricted(self, log_q: torch.Tensor) -> torch.Tensor:
+        """log q [..., V] over the current draft vocabulary (`over`; ids past the drafter's V are left out)."""
+        if self.vocab_ids is None:
+            return log_q
+        width = log_q.shape[-1]
+        allowed = torch.zeros(width, dtype=torch.bool, device=log_q.device)
+        allowed[self.vocab_ids[self.vocab_ids < width].to(log_q.device)] = True
+        return restrict(log_q, allowed)
 
     @abstractmethod
     def loss(self, drafter: nn.Module, batch: Any, loss_fn: Loss) -> torch.Tensor:

@@ -42,7 +42,7 @@ from .core.request import Request, Rollout, make_requests
 from .core.scheduler import Scheduler
 from .core.stats import EngineStats
 from .core.validate import validate_generate_args
-from .drafters.draft_vocab import DraftVocab, first_ids
+from .drafters.draft_vocab import DraftVocab, initial_ids
 from .drafters.factory import DrafterWeights, make_drafter
 from .drafters.protocol import Drafter, Proposal
 from .gamma.factory import make_gamma_policy
@@ -206,8 +206,8 @@ class SpecEngine:
         self.drafter.set_draft_vocab(None if ids is None else DraftVocab(torch.as_tensor(ids), self.vocab_size))
 
     def _first_draft_vocab(self, target: PreTrainedModel, size: int) -> None:
-        """`config.draft_vocab` before any rollout was counted: the first `size` ids and the stop ids
-        (`drafters.draft_vocab.first_ids`); the online learner publishes subsets counted from rollouts."""
+        """`config.draft_vocab` before any rollout was counted: the first `size` ids and the EOS ids
+        (`drafters.draft_vocab.initial_ids`); the online learner publishes subsets counted from rollouts."""
         if size > self.vocab_size:
             raise ValueError(f"draft_vocab={size} is invalid: an int in [1, {self.vocab_size}] (the target's "
                              "vocabulary)")
@@ -215,10 +215,7 @@ class SpecEngine:
         if not set(kinds) & set(VOCAB_DRAFTER_KINDS):
             raise ValueError(f"draft_vocab={size} is invalid with drafters {kinds}: it needs a drafter with an LM "
                              f"head, one of {VOCAB_DRAFTER_KINDS}")
-        eos = target.generation_config.eos_token_id if target.generation_config is not None else None
-        eos = target.config.eos_token_id if eos is None else eos
-        stop = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        self.set_draft_vocab(first_ids(size, self.vocab_size, always=stop))
+        self.set_draft_vocab(initial_ids(size, self.vocab_size, target.config))
 
     def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (all or some parameters, by name) between `generate` calls."""

@@ -110,7 +110,7 @@ def test_first_subset_holds_the_first_ids_and_the_stop_ids():
     target = tiny_lm("llama", layers=3)
     engine = SpecEngine(target, noisy_copy_of(target), EngineConfig(max_batch_size=2, max_seq_len=40, gamma=2,
                                                                     draft_vocab=8))
-    expected = first_ids(8, VOCAB, always=[target.config.eos_token_id])
+    expected = first_ids(8, VOCAB, always=[target.config.eos_token_id])  # `initial_ids`
     assert torch.equal(engine.drafter.draws.vocab.ids, expected)
     assert target.config.eos_token_id in expected.tolist() and expected.numel() == 8
 

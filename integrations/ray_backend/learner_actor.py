@@ -24,13 +24,14 @@ from typing import Any
 
 import ray
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_drafter, trained_drafter_kind
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.rollout import EngineConfig
+from specroll.rollout.drafters.draft_vocab import initial_ids
 from specroll.rollout.models.weights import copy_into
 
 from .metrics import LearnerMetrics
@@ -46,6 +47,10 @@ class LearnerActor:
         self.policy = AutoModelForCausalLM.from_pretrained(models.target, dtype=torch.float32) if head else None
         drafter = load_drafter(models, engine, self.policy)
         self.learner = make_online_learner(drafter, self.policy, config)
+        if engine.draft_vocab is not None:  # the workers' engines start from this subset (`initial_ids`)
+            target_config = AutoConfig.from_pretrained(models.target)
+            vocab_size = target_config.get_text_config().vocab_size
+            self.learner.set_draft_vocab(initial_ids(engine.draft_vocab, vocab_size, target_config), vocab_size)
         self.metrics = LearnerMetrics()
         self.num_rollouts = 0  # added since start, from every controller (every rank of a shared service)
         self.num_rounds = 0

@@ -33,13 +33,14 @@ class HeadScorer(Scorer):
         """Distillation loss per completion position (weighted: weights sum to 1 per sequence) and trained depth
         (the first `train_depths`), averaged over sequences and depths, plus the objective's auxiliary term."""
         out = self.objective(head, batch, self.temperature, self.train_depths)
-        depths = out.log_q.shape[1]
-        per_position = torch.stack([loss_fn(out.log_q[:, d], batch.topk_ids, batch.topk_probs)
+        log_q = self.restricted(out.log_q)  # [B, D, L, V]
+        depths = log_q.shape[1]
+        per_position = torch.stack([loss_fn(log_q[:, d], batch.topk_ids, batch.topk_probs)
                                     for d in range(depths)], 1)  # [B, D, L]
         return (per_position * batch.weights[:, None]).sum() / (batch.weights.sum() * depths) + out.aux_loss
 
     def acceptance(self, head: nn.Module, batch: FeatureBatch) -> torch.Tensor:
         """Σ min(p, q) at each sequence position, averaged over the depths the head is scored at: [B, L]."""
-        log_q = self.objective(head, batch, self.temperature).log_q  # [B, D, L, V]
+        log_q = self.restricted(self.objective(head, batch, self.temperature).log_q)  # [B, D, L, V]
         return torch.stack([expected_acceptance(log_q[:, d], batch.topk_ids, batch.topk_probs)
                             for d in range(log_q.shape[1])], 1).mean(1)

@@ -20,10 +20,11 @@ class DrafterScorer(Scorer):
         super().__init__(collate, temperature, batch_size, recency_decay, device)
 
     def log_q(self, drafter: torch.nn.Module, batch: DraftBatch) -> torch.Tensor:
-        """Drafter log-probs at each completion position, at the rollouts' temperature: [B, T, V]."""
+        """Drafter log-probs at each completion position, at the rollouts' temperature (over its draft vocabulary,
+        if any: `Scorer.over`): [B, T, V]."""
         logits = drafter(input_ids=batch.input_ids).logits  # [B, L, V]
         index = batch.loss_index[..., None].expand(-1, -1, logits.shape[-1])  # [B, T, V]
-        return (logits.gather(1, index).float() / self.temperature).log_softmax(-1)
+        return self.restricted((logits.gather(1, index).float() / self.temperature).log_softmax(-1))
 
     def loss(self, drafter: torch.nn.Module, batch: DraftBatch, loss_fn: Loss) -> torch.Tensor:
         """The batch's distillation loss: per-position `loss_fn` weighted (weights sum to 1 per rollout),

@@ -92,6 +92,14 @@ def first_ids(size: int, vocab_size: int, always: Iterable[int] = ()) -> torch.T
     return top_ids(counts, size, always)
 
 
+def initial_ids(size: int, vocab_size: int, model_config) -> torch.Tensor:
+    """A drafter's first draft vocabulary before any rollout was counted: `first_ids` with the model's EOS ids
+    (its text config's `eos_token_id`). The engine and the online learner both start from it."""
+    eos = model_config.get_text_config().eos_token_id
+    stop = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return first_ids(size, vocab_size, always=stop)
+
+
 def split_state(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
     """A drafter's state dict → (its weights, the draft vocabulary's ids if it carries one)."""
     weights = {k: v for k, v in state_dict.items() if k != STATE_KEY}
