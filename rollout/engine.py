@@ -205,6 +205,10 @@ class SpecEngine:
             raise ValueError("set_draft_vocab called on an engine without a drafter")
         self.drafter.set_draft_vocab(None if ids is None else DraftVocab(torch.as_tensor(ids), self.vocab_size))
 
+    def draft_vocab(self) -> torch.Tensor | None:
+        """The target ids the drafter drafts over now [N] (None: the whole vocabulary, or no drafter)."""
+        return None if self.drafter is None else self.drafter.draft_vocab()
+
     def _first_draft_vocab(self, target: PreTrainedModel, size: int) -> None:
         """`config.draft_vocab` before any rollout was counted: the first `size` ids and the EOS ids
         (`drafters.draft_vocab.initial_ids`); the online learner publishes subsets counted from rollouts."""

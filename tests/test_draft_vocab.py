@@ -111,7 +111,7 @@ def test_first_subset_holds_the_first_ids_and_the_stop_ids():
     engine = SpecEngine(target, noisy_copy_of(target), EngineConfig(max_batch_size=2, max_seq_len=40, gamma=2,
                                                                     draft_vocab=8))
     expected = first_ids(8, VOCAB, always=[target.config.eos_token_id])  # `initial_ids`
-    assert torch.equal(engine.drafter.draws.vocab.ids, expected)
+    assert torch.equal(engine.draft_vocab(), expected)
     assert target.config.eos_token_id in expected.tolist() and expected.numel() == 8
 
 
@@ -121,7 +121,7 @@ def test_a_drafter_version_carries_its_subset():
     engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=5, max_seq_len=40, gamma=3, draft_vocab=SIZE))
     new = torch.arange(40, 40 + SIZE)
     engine.update_drafter({**drafter.state_dict(), STATE_KEY: new}, version=1)
-    assert torch.equal(engine.drafter.draws.vocab.ids, new)
+    assert torch.equal(engine.draft_vocab(), new)
     log = DraftLog(engine)
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == plain(GREEDY)
     assert bool(torch.isin(log.all(), new).all())

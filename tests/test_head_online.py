@@ -89,9 +89,10 @@ def test_local_backend_trains_the_eagle_head_online_and_follows_the_policy():
 
 
 def test_ray_learner_actor_trains_the_eagle_head_and_gets_the_policy(ray_cluster, tiny_model_paths):
+    """Over a draft vocabulary: each published version brings its subset to the workers through the weight sync."""
     config = ControllerConfig(
         models=ModelPaths(tiny_model_paths["target"]),
-        engine=ENGINE,
+        engine=dataclasses.replace(ENGINE, draft_vocab=24),
         topology=TopologyConfig(num_workers=1, worker=ActorResources(num_cpus=1), learner=ActorResources(num_cpus=1)),
         sync=SyncConfig(timeout_s=30.0),
         learner=dataclasses.replace(LEARNER, max_steps=20),  # what the actor does, not how far it learns
@@ -106,5 +107,7 @@ def test_ray_learner_actor_trains_the_eagle_head_and_gets_the_policy(ray_cluster
         assert len(schedule.probes) == 2 and not math.isnan(schedule.probes[-1]["drafter/probe_gain"])
         versions = ray.get(controller.workers[0].versions.remote())
         assert versions == {"policy": 2, "drafter": reports[-1].version}
+        served = ray.get(controller.workers[0].draft_vocab.remote())
+        assert len(served) == 24 and served == ray.get(controller.learner.draft_vocab.remote())
     finally:
         controller.shutdown()

@@ -82,7 +82,7 @@ def test_the_published_subset_follows_the_policys_tokens(policies):
     assert learner.version >= 1
     published = learner.draft_vocab("published")
     assert torch.equal(learner.published_state_dict()[STATE_KEY], published)
-    assert torch.equal(engine.drafter.draws.vocab.ids, published)  # the engine drafts over the served subset
+    assert torch.equal(engine.draft_vocab(), published)  # the engine drafts over the served subset
     # The moved policy emits ids 16..31: the recounted subset holds them (measured: 89% of its tokens), the
     # first one (ids 0..11, EOS among them) almost none (0.3%).
     assert covered(latest, published) > 0.5 > covered(latest, start) + 0.3
@@ -106,7 +106,7 @@ def test_the_frozen_subset_setting_keeps_the_first_subset(policies):
     start = initial_ids(SIZE, V, first.config)
     for name in ("frozen", "published", "candidate"):
         assert torch.equal(b.learner.draft_vocab(name), start)
-    assert torch.equal(b.engine.drafter.draws.vocab.ids, start)
+    assert torch.equal(b.engine.draft_vocab(), start)
 
 
 def test_counts_decay_with_the_policy_version(policies):

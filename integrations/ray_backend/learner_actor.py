@@ -69,6 +69,11 @@ class LearnerActor:
         self.metrics.record_round(report)
         return report
 
+    def draft_vocab(self, name: str = "published") -> list[int] | None:
+        """The "frozen", "published" or "candidate" drafter's draft vocabulary (None: the whole vocabulary)."""
+        ids = self.learner.draft_vocab(name)
+        return None if ids is None else ids.tolist()
+
     def counts(self) -> dict[str, int]:
         """Rollouts added and rounds run since the actor started."""
         return {"rollouts": self.num_rollouts, "rounds": self.num_rounds}

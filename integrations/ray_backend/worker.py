@@ -31,6 +31,7 @@ from specroll.integrations.model_source import ModelPaths, load_drafter, tokeniz
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
+from specroll.rollout.drafters.draft_vocab import DraftVocab, split_state
 from specroll.rollout.models.weights import check_fits
 
 from .metrics import WorkerMetrics
@@ -86,6 +87,11 @@ class RolloutWorker:
         self.metrics.record_batch(stats)
         return WorkerBatch(rollouts, stats)
 
+    def draft_vocab(self) -> list[int] | None:
+        """The token ids the engine's drafter drafts over now (None: the whole vocabulary)."""
+        ids = self.engine.draft_vocab()
+        return None if ids is None else ids.tolist()
+
     def break_even_acceptance(self) -> float | None:
         """`SpecEngine.break_even_acceptance` of this worker's engine (for the learner's watchdog)."""
         return self.engine.break_even_acceptance()
@@ -105,7 +111,11 @@ class RolloutWorker:
         started = time.perf_counter()
         named = unpack_buckets(payload, receiving_transport(payload).fetch(payload, rank, timeout_s))
         try:
-            check_fits(model, named, role)
+            # A drafter version may carry its draft vocabulary (`draft_vocab.STATE_KEY`): checked as one, not a weight.
+            weights, vocab_ids = split_state(named) if role == "drafter" else (named, None)
+            check_fits(model, weights, role)
+            if vocab_ids is not None:
+                DraftVocab(vocab_ids, self.engine.vocab_size)
         except ValueError as err:
             raise WeightSyncError(f"worker {self.worker_index}: {role} version {payload.version} "
                                   f"does not fit the model: {err}") from err

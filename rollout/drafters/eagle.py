@@ -112,6 +112,9 @@ class EagleDrafter:
         if ids is not None:
             self.set_draft_vocab(DraftVocab(ids, self.draws.vocab_size))
 
+    def draft_vocab(self) -> torch.Tensor | None:
+        return None if self.draws.vocab is None else self.draws.vocab.ids
+
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
         self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.device), vocab.vocab_size))
 

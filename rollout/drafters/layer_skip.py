@@ -98,6 +98,9 @@ class LayerSkipDrafter:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise ValueError("the layer-skip drafter has no weights of its own: it follows the target's")
 
+    def draft_vocab(self) -> torch.Tensor | None:
+        return None if self.draws.vocab is None else self.draws.vocab.ids
+
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
         self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.target.device), vocab.vocab_size))
 

@@ -79,6 +79,9 @@ class ModelDrafter:
         if ids is not None:
             self.set_draft_vocab(DraftVocab(ids, self.target_vocab_size))
 
+    def draft_vocab(self) -> torch.Tensor | None:
+        return None if self.draws.vocab is None else self.draws.vocab.ids
+
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
         self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.runner.device), vocab.vocab_size),
                        head_rows=self.runner.vocab_size)

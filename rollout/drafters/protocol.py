@@ -88,6 +88,10 @@ class Drafter(Protocol):
         ignores it."""
         ...
 
+    def draft_vocab(self) -> torch.Tensor | None:
+        """The target ids it drafts over now (None: the whole vocabulary, or no LM head)."""
+        ...
+
     def cost_key(self) -> str:
         """What the drafts' cost depends on (model shape, layout, ...), for the calibration cache."""
         ...

@@ -129,6 +129,9 @@ class SuffixDrafter:
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
         """Its drafts are point masses on earlier text: no LM head to cut."""
 
+    def draft_vocab(self) -> torch.Tensor | None:
+        return None
+
     def cost_key(self) -> str:
         return f"suffix|{self.config.max_match}|{self.config.candidates}|{KEY_LENS}"
 

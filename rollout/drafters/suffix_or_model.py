@@ -117,6 +117,9 @@ class SuffixOrModelDrafter:
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
         self.model.set_draft_vocab(vocab)
 
+    def draft_vocab(self) -> torch.Tensor | None:
+        return self.model.draft_vocab()
+
     def cost_key(self) -> str:
         return f"{self.suffix.cost_key()}+{self.model.cost_key()}"
 
