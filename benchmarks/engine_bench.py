@@ -15,6 +15,9 @@ engines in lockstep (one engine step each, in turn, timed per engine):
 3. A GRPO-shaped workload (`grpo_bench`): P prompts × G = 8 samples at T = 1 with the stop token, two
    epochs, plain vs the model drafter vs the suffix drafter vs both, with each one's ceiling.
 
+`--workload real-shape` runs `real_shape` instead: a Qwen2.5-0.5B-shaped target's forward and each drafter's
+draft cost, the ceiling per drafter and live batch, and a check of auto-γ against it.
+
 Every speculative contender uses `--sampler` (`EngineConfig.sampler`). Prints tokens/s and ratios,
 and writes the JSON file after every finished cell, so an interrupted run keeps what it measured. The
 races live in `engine_race`; this module imports nothing heavy before `--help` is answered.
@@ -27,8 +30,12 @@ import json
 import os
 from pathlib import Path
 
+from . import real_shape
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", default="engine", choices=["engine", "real-shape"],
+                        help="engine: the races below (default); real-shape: `real_shape`'s cost table, auto-γ check")
     parser.add_argument("--models", default="demo", choices=["demo", "tiny"])
     parser.add_argument("--batch-sizes", default="1,4,16,64")
     parser.add_argument("--modes", default="greedy,sample")
@@ -43,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-repeats", type=int, default=1)
     parser.add_argument("--auto-policies", default="auto",
                         help="comma-separated auto-γ policies (EngineConfig.gamma names), 'auto' first")
-    parser.add_argument("--out", default="bench_results/engine_bench.json")
+    parser.add_argument("--out", default=None,
+                        help="JSON file (default bench_results/engine_bench.json, or real_shape.json)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--sampler", default="rejection",
                         help="accept rule of every speculative contender (EngineConfig.sampler; default rejection)")
@@ -56,9 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpo-gamma", default="auto", help="γ of every speculative GRPO contender: an int or 'auto'")
     parser.add_argument("--grpo-contenders", default="plain,model,suffix,suffix+model",
                         help="comma-separated, from plain, model, suffix, suffix+model")
+    real_shape.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workload == "real-shape":
+        return real_shape.run(args)
     import torch
 
     from specroll.rollout.config import SAMPLER_NAMES
@@ -77,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
               f"repeats={args.repeats} interleaved, torch threads={torch.get_num_threads()}, fp32 CPU, "
               f"sampler={args.sampler}")
     print(header, flush=True)
-    out = Path(args.out)
+    out = Path(args.out or "bench_results/engine_bench.json")
     report: dict = {"header": header}
 
     def record(part: str):

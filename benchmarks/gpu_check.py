@@ -1,7 +1,7 @@
 """`python -m specroll.benchmarks.gpu_check`: the engine's first run on a GPU, in one script.
 
-Builds a random-init Qwen2 pair from configs (no downloads): a ~0.5B target (Qwen2.5-0.5B's shape)
-and a ~50M-class drafter over the same vocabulary, then
+Builds a random-init Qwen2 pair from configs (no downloads, `shapes.SHAPES`): a ~0.5B target (Qwen2.5-0.5B's
+shape) and a ~50M-class drafter over the same vocabulary, then
 
 1. greedy exactness in fp32: plain decoding vs the model drafter, the suffix drafter and both
    (`EngineConfig.drafters`), token for token, two calls (the second drafts from the first's history);
@@ -25,30 +25,11 @@ import sys
 import time
 
 import torch
-from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 from .grpo_bench import DRAFTERS, race_repeat
-
-SHAPES = {  # (hidden, layers, heads, kv heads, intermediate, vocab)
-    "target": (896, 24, 14, 2, 4864, 151936),
-    "drafter": (256, 4, 4, 2, 1024, 151936),
-    "tiny_target": (64, 2, 4, 2, 128, 512),
-    "tiny_drafter": (32, 1, 4, 2, 64, 512),
-}
-
-
-def build(kind: str, seed: int) -> PreTrainedModel:
-    hidden, layers, heads, kv, inter, vocab = SHAPES[kind]
-    torch.manual_seed(seed)
-    config = Qwen2Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
-                         max_position_embeddings=4096, attn_implementation="sdpa",
-                         # Untied: a random model with tied embeddings predicts its own last input
-                         # token, and any two such models agree on every greedy token.
-                         tie_word_embeddings=False)
-    return Qwen2ForCausalLM(config).eval()
+from .shapes import build
 
 
 def prompts_for(rows: int, vocab: int, seed: int, length: int = 16) -> list[list[int]]:
