@@ -251,8 +251,8 @@ class SpecEngine:
         usable = self._usable(proposal, gamma)  # [n, γ]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
         logits = self.target.feed(live, torch.cat([last_token, proposal.drafts], dim=1),
-                                  self.rows.hidden).float()  # [n, γ+1, V]
-        p = process_logits(logits, params)  # [n, γ+1, V]
+                                  self.rows.hidden)  # [n, γ+1, V] in the target's dtype
+        p = process_logits(logits, params)  # [n, γ+1, V] fp32
         verdict = self.accept_rule.verify(proposal.drafts, proposal.q, p, noise, usable)
         step = VerifiedStep(seq_len, proposal.drafts, proposal.lengths, proposal.source, usable, verdict, logits, p)
         summary = append_kept(self.rows, live, step, params, stop_ids, self.drafter.names if self.drafter else (),

@@ -30,7 +30,7 @@ class VerifiedStep:
     source: torch.Tensor | None  # [n] which drafter kind proposed each row; None: the first
     usable: torch.Tensor  # [n, γ] bool: the drafts verification could keep
     verdict: Verdict
-    logits: torch.Tensor  # [n, γ+1, V] target logits (fp32)
+    logits: torch.Tensor  # [n, γ+1, V] target logits (the target's dtype)
     p: torch.Tensor  # [n, γ+1, V] target processed probabilities
 
 
@@ -57,12 +57,18 @@ def append_kept(rows: RowBuffers, live: slice, step: VerifiedStep, params: Sampl
         failed &= ~stopped  # a stop token among the kept drafts ends the row before the fault
     positions = (seq_len[:, None] + offsets).clamp_max(rows.tokens.shape[1] - 1)  # [n, γ+1]
     rows.tokens[live] = rows.tokens[live].scatter(1, positions, verdict.tokens)
-    # Greedy's processed distribution is one-hot: report the raw model's log-probs instead.
-    dist = step.logits.log_softmax(-1) if params.greedy else step.p.log()  # [n, γ+1, V]
-    token_logprobs = dist.gather(-1, verdict.tokens[..., None]).squeeze(-1)  # [n, γ+1]
+    # Greedy's processed distribution is one-hot: report the raw model's log-probs (and T = 1 signals) instead.
+    # Gathered before the log: no [n, γ+1, V] log-probs.
+    index = verdict.tokens[..., None]  # [n, γ+1, 1]
+    if params.greedy:
+        logits = step.logits.float()
+        token_logprobs = (logits.gather(-1, index) - logits.logsumexp(-1, keepdim=True)).squeeze(-1)  # [n, γ+1]
+    else:
+        token_logprobs = step.p.gather(-1, index).squeeze(-1).log()  # [n, γ+1]
     rows.logprobs[live] = rows.logprobs[live].scatter(1, positions, token_logprobs)
     if rows.signal_top_k:
-        rows.record_signals(live, positions, step.drafts.masked_fill(~usable, -1), verdict.accepted, dist)
+        probs = step.logits.float().softmax(-1) if params.greedy else step.p  # [n, γ+1, V]
+        rows.record_signals(live, positions, step.drafts.masked_fill(~usable, -1), verdict.accepted, probs)
     drafted_len = usable.sum(1)  # [n]
     new_len = seq_len + num_emit
     rows.seq_len[live] = new_len

@@ -77,15 +77,15 @@ class RowBuffers:
         self.host_error[dst] = self.host_error[src]
 
     def record_signals(self, live: slice, positions: torch.Tensor, drafts: torch.Tensor, accepted: torch.Tensor,
-                       logprobs: torch.Tensor) -> None:
-        """Keep the top-k of `logprobs` [n, γ+1, V] (exponentiating only those k) at `positions` [n, γ+1],
-        the drafts [n, γ] and whether each was kept [n, γ]."""
-        n, k = drafts.shape[0], min(self.signal_top_k, logprobs.shape[-1])
-        top = logprobs.topk(k, dim=-1)  # [n, γ+1, k]
+                       probs: torch.Tensor) -> None:
+        """Keep the top-k of `probs` [n, γ+1, V] at `positions` [n, γ+1], the drafts [n, γ] and whether each
+        was kept [n, γ]."""
+        n, k = drafts.shape[0], min(self.signal_top_k, probs.shape[-1])
+        top = probs.topk(k, dim=-1)  # [n, γ+1, k]
         pos_k = positions[..., None].expand(-1, -1, k)
         # `live` is a slice, so these are views: scatter in place instead of copying [n, L, k] per step.
         self.topk_ids[live, :, :k].scatter_(1, pos_k, top.indices)
-        self.topk_probs[live, :, :k].scatter_(1, pos_k, top.values.exp())
+        self.topk_probs[live, :, :k].scatter_(1, pos_k, top.values)
         self.draft_ids[live].scatter_(1, positions, torch.cat([drafts, drafts.new_full((n, 1), -1)], 1))
         self.draft_accepted[live].scatter_(1, positions, torch.cat([accepted, accepted.new_zeros(n, 1)], 1))
 

@@ -101,9 +101,9 @@ class RejectionSampling:
             mass = residual.sum(-1, keepdim=True)
             # Rounding can leave no mass when p ≈ q; then p itself is the right law to sample.
             residual = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), p_next)
-        token, next_noise = noise.token(), None  # greedy draws no noise
-        if token is not None:
-            own_draw = token[rows, accepted_len]  # [n, V]
+        next_noise = None  # greedy draws no noise
+        if not noise.greedy:
+            own_draw = noise.token_at(accepted_len)  # [n, V]
             next_noise = own_draw if gamma == 0 else torch.where(
                 rejected[:, None], noise.residual(accepted_len), own_draw)
         next_token = gumbel_max(residual, next_noise)  # [n]
@@ -120,7 +120,8 @@ class InvariantSampling:
     def verify(self, drafts: torch.Tensor, q: DraftQ, p: torch.Tensor, noise: StepNoise,
                draft_ok: torch.Tensor) -> Verdict:
         n, gamma = drafts.shape
-        tokens = gumbel_max(p, noise.token())  # [n, γ+1]: the target's token at every position of the step
+        # The target's token at every position of the step [n, γ+1], a position at a time (one [n, V] temporary).
+        tokens = torch.stack([gumbel_max(p[:, i], noise.token_row(i)) for i in range(gamma + 1)], 1)
         has_p = p.sum(-1).isfinite()  # [n, γ+1]
         # A kept draft equals the target's token, so `tokens` is already the row's kept drafts + next token.
         accepted, accepted_len = _kept_prefix((drafts == tokens[:, :gamma]) & has_p[:, :gamma] & draft_ok)

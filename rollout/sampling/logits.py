@@ -16,14 +16,16 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
     For greedy params this returns the one-hot distribution at the argmax (the T → 0 limit). Where
     the logits hold a NaN or +inf, or are all -inf, there is no distribution: that row comes out NaN
-    in both modes (softmax gives it; greedy marks it), which is how callers detect it.
+    in both modes (softmax gives it; greedy marks it), which is how callers detect it. Lower-precision logits
+    are upcast here, once; at T = 1 with neither top-k nor top-p the only [.., V] tensor made is the result.
     """
     logits = logits.float()
     if params.greedy:
         best = logits.max(-1, keepdim=True)  # max propagates NaN: its value is finite iff the row is usable
         one_hot = torch.zeros_like(logits).scatter_(-1, best.indices, 1.0)
         return one_hot.masked_fill_(~best.values.isfinite(), float("nan"))
-    logits = logits / params.temperature
+    if params.temperature != 1.0:  # at T = 1 no [.., V] copy
+        logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -8,7 +8,7 @@ rejection rule's accept uniforms and residual noise (`accept`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,34 +24,51 @@ def gumbel_max(probs: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
     """
     if noise is None:
         return probs.argmax(-1)
-    return (probs.log() + noise).argmax(-1)
+    return probs.log().add_(noise).argmax(-1)  # one [.., V] temporary
 
 
 @dataclass
 class StepNoise:
     """Where one step's random numbers come from: the live rows' request keys [n], the sequence position
-    of each row's first new token [n], and the step's width γ + 1. Greedy steps draw none."""
+    of each row's first new token [n], and the step's width γ + 1. Greedy steps draw none.
+
+    The token noise of a position is one [n, V] row, computed when first asked for the whole vocabulary and kept
+    for the step (the drafter's draw at position i and the invariant rule's verification share it); a draft over a
+    draft vocabulary asks only its N columns, and the rejection rule only each row's own position
+    (`token_at`): at V = 151,936 the noise is a sampled step's dearest tensor op on a CPU, so a step computes no
+    column it does not read."""
 
     keys: torch.Tensor
     start: torch.Tensor
     width: int
     vocab_size: int
     greedy: bool
-    _token: torch.Tensor | None = None
+    _rows: dict[int, torch.Tensor] = field(default_factory=dict)  # position offset -> [n, V] token noise
 
     def narrow(self, width: int) -> StepNoise:
         """The same step's noise for its first `width` positions (a proposal narrower than asked)."""
-        token = None if self._token is None else self._token[:, :width]
-        return StepNoise(self.keys, self.start, width, self.vocab_size, self.greedy, token)
+        rows = {i: row for i, row in self._rows.items() if i < width}
+        return StepNoise(self.keys, self.start, width, self.vocab_size, self.greedy, rows)
 
-    def token(self) -> torch.Tensor | None:
-        """The token noise of every position of the step [n, γ+1, V] (`Purpose.TOKEN`), computed once."""
+    def token_row(self, i: int) -> torch.Tensor | None:
+        """The token noise [n, V] of every live row at position start + i (`Purpose.TOKEN`), computed once."""
         if self.greedy:
             return None
-        if self._token is None:
-            offsets = torch.arange(self.width, device=self.start.device)  # [γ+1]
-            self._token = gumbel(self.keys, self.start[:, None] + offsets, Purpose.TOKEN, self.vocab_size)
-        return self._token
+        if i not in self._rows:
+            self._rows[i] = gumbel(self.keys, (self.start + i)[:, None], Purpose.TOKEN, self.vocab_size)[:, 0]
+        return self._rows[i]
+
+    def token_at(self, offset: torch.Tensor) -> torch.Tensor | None:
+        """The token noise [n, V] of each row at its own position start + offset [n]: picked from the rows already
+        computed when the step has them all, else computed for those positions alone (one row's cost)."""
+        if self.greedy:
+            return None
+        if all(i in self._rows for i in range(self.width)):
+            out = self._rows[0]
+            for i in range(1, self.width):
+                out = torch.where((offset == i)[:, None], self._rows[i], out)
+            return out
+        return gumbel(self.keys, (self.start + offset)[:, None], Purpose.TOKEN, self.vocab_size)[:, 0]
 
     def draw_draft(self, q: torch.Tensor, i: int, ids: torch.Tensor | None = None,
                    rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -60,11 +77,15 @@ class StepNoise:
         `ids` [N]: q [n, N] is over those target ids (a draft vocabulary) and the draft is the one of them
         Gumbel-max picks with their noise — the draw a q zero elsewhere would give. `rows` [n]: q is for
         those live rows only (each keeps its own row's noise)."""
-        token = self.token()
-        noise = None if token is None else token[:, i] if rows is None else token[rows, i]  # [n, V]
-        if ids is None:
-            return gumbel_max(q, noise)
-        return ids[gumbel_max(q, None if noise is None else noise[:, ids])]
+        if self.greedy:
+            return gumbel_max(q, None) if ids is None else ids[gumbel_max(q, None)]
+        if ids is None or i in self._rows:
+            noise = self.token_row(i)
+            noise = noise if rows is None else noise[rows]
+            return gumbel_max(q, noise) if ids is None else ids[gumbel_max(q, noise[:, ids])]
+        keys, start = (self.keys, self.start) if rows is None else (self.keys[rows], self.start[rows])
+        noise = gumbel(keys, (start + i)[:, None], Purpose.TOKEN, self.vocab_size, ids)[:, 0]  # [n, N]
+        return ids[gumbel_max(q, noise)]
 
     def residual(self, offset: torch.Tensor) -> torch.Tensor | None:
         """Residual noise [n, V] at each row's position start + offset [n] (`Purpose.RESIDUAL`)."""
@@ -76,3 +97,4 @@ class StepNoise:
         """One uniform [n, count] at each of the first `count` positions of the step."""
         offsets = torch.arange(count, device=self.start.device)  # [count]
         return uniform(self.keys, self.start[:, None] + offsets, purpose)
+

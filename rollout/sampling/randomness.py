@@ -88,11 +88,45 @@ def uniform(keys: torch.Tensor, positions: torch.Tensor, purpose: Purpose) -> to
     return _to_uniform(_position_hash(keys, positions, purpose))
 
 
-def gumbel(keys: torch.Tensor, positions: torch.Tensor, purpose: Purpose, vocab_size: int) -> torch.Tensor:
-    """Standard Gumbel noise per (row, position, token id): keys [n], positions [n, k] → [n, k, V] float32."""
-    token_ids = torch.arange(vocab_size, device=keys.device)  # [V]
-    u = _to_uniform(absorb(_position_hash(keys, positions, purpose)[..., None], token_ids))  # [n, k, V]
-    return -torch.log(-torch.log(u))
+# Token ids hashed per chunk of about this many elements, in place in two int64 buffers: at V = 151,936, n = 64,
+# k = 5 the out-of-place hash allocated ~25 fresh [n, k, V] int64 tensors (371 MiB each), and on a CPU the page
+# faults of those allocations, not the arithmetic, were most of its time.
+GUMBEL_CHUNK_ELEMENTS = 1 << 21
+
+
+def gumbel(keys: torch.Tensor, positions: torch.Tensor, purpose: Purpose, vocab_size: int,
+           token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Standard Gumbel noise per (row, position, token id): keys [n], positions [n, k] → [n, k, V] float32, or
+    [n, k, N] for the ids `token_ids` [N] only (a draft vocabulary: the same values as those columns of the whole).
+
+    Written chunk by chunk of token ids into one float32 tensor, with in-place integer ops (the values do not
+    depend on the chunking)."""
+    base = _position_hash(keys, positions, purpose)[..., None]  # [n, k, 1]
+    ids = torch.arange(vocab_size, device=keys.device) if token_ids is None else token_ids.to(keys.device)
+    width = ids.shape[0]
+    out = torch.empty(*base.shape[:-1], width, dtype=torch.float32, device=keys.device)  # [n, k, V or N]
+    step = max(256, GUMBEL_CHUNK_ELEMENTS // max(1, base.numel()))
+    h = tmp = None
+    for start in range(0, width, step):
+        chunk_ids = ids[start : start + step]  # [c]
+        c = chunk_ids.shape[0]
+        if h is None or h.shape[-1] != c:
+            h = torch.empty(*base.shape[:-1], c, dtype=torch.long, device=keys.device)
+            tmp = torch.empty_like(h)
+        torch.add(base, chunk_ids * GOLDEN, out=h)  # absorb(base, ids): then splitmix64's finaliser, in place
+        for bits, factor in ((30, MIX1), (27, MIX2), (31, None)):
+            torch.bitwise_right_shift(h, bits, out=tmp)
+            tmp.bitwise_and_((1 << (64 - bits)) - 1)
+            h.bitwise_xor_(tmp)
+            if factor is not None:
+                h.mul_(factor)
+        # `_to_uniform`: the top UNIFORM_BITS bits m as (2m + 1) / 2^24, then −log(−log u)
+        torch.bitwise_right_shift(h, 64 - UNIFORM_BITS, out=tmp)
+        tmp.bitwise_and_((1 << UNIFORM_BITS) - 1).mul_(2).add_(1)
+        chunk = out[..., start : start + c]
+        chunk.copy_(tmp)
+        chunk.mul_(2.0 ** -(UNIFORM_BITS + 1)).log_().neg_().log_().neg_()
+    return out
 
 
 def draw_seed() -> int:
