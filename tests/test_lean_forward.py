@@ -79,6 +79,19 @@ def test_lean_sees_in_place_weight_updates_and_rebinds():
     torch.testing.assert_close(got[0], hf_logits(model, [tokens[0].tolist()])[0][-1], atol=ATOL, rtol=0)
 
 
+def test_a_tied_lm_head_stays_tied_and_follows_a_policy_update():
+    """On CPU the lean forward stores the LM head K-major; a tied embedding must remain the same parameter, so a
+    policy update (which names the tied weight once) writes both."""
+    model = build_lm("qwen2", "sdpa", tie_word_embeddings=True, seed=3)
+    runner = runner_for(model)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and not model.lm_head.weight.is_contiguous()
+    other = build_lm("qwen2", "sdpa", tie_word_embeddings=True, seed=4)
+    copy_into(model, dict(other.named_parameters()), "target")
+    tokens = torch.randint(64, (1, 9), generator=torch.Generator().manual_seed(2))
+    got = runner.extend(slice(0, 1), tokens, torch.tensor([9]))
+    torch.testing.assert_close(got[0], hf_logits(other, [tokens[0].tolist()])[0][-1], atol=ATOL, rtol=0)
+
+
 def test_unsupported_models_use_hf_forward():
     assert unsupported_reason(build_lm("llama", "eager")) is not None
     assert runner_for(build_lm("llama", "eager")).lean is None

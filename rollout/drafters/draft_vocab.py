@@ -67,7 +67,10 @@ class DraftVocab:
                None if bias is None else (bias.data_ptr(), bias._version))
         if self._rows is None or self._rows[0] != key:
             ids = self.ids.to(weight.device)
-            self._rows = (key, weight.index_select(0, ids), None if bias is None else bias.index_select(0, ids))
+            rows = weight.index_select(0, ids)  # [N, H]
+            if rows.device.type == "cpu":  # K-major, as the lean forward stores a CPU model's weights (`models.lean`)
+                rows = rows.t().contiguous().t()
+            self._rows = (key, rows, None if bias is None else bias.index_select(0, ids))
         return self._rows[1], self._rows[2]
 
     def state(self) -> dict[str, torch.Tensor]:
