@@ -16,7 +16,9 @@ engines in lockstep (one engine step each, in turn, timed per engine):
    epochs, plain vs the model drafter vs the suffix drafter vs both, with each one's ceiling.
 
 `--workload real-shape` runs `real_shape` instead: a Qwen2.5-0.5B-shaped target's forward and each drafter's
-draft cost, the ceiling per drafter and live batch, and a check of auto-γ against it.
+draft cost, the ceiling per drafter and live batch, and a check of auto-γ against it. `--workload long-tail`
+runs `long_tail`: completion budgets into the thousands of tokens, each drafter at auto-γ against plain decoding,
+and how much of the wall time the drained batch (live ≤ 4) takes.
 
 Every speculative contender uses `--sampler` (`EngineConfig.sampler`). Prints tokens/s and ratios,
 and writes the JSON file after every finished cell, so an interrupted run keeps what it measured. The
@@ -30,13 +32,14 @@ import json
 import os
 from pathlib import Path
 
-from . import real_shape
+from . import long_tail, real_shape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", default="engine", choices=["engine", "real-shape"],
-                        help="engine: the races below (default); real-shape: `real_shape`'s cost table, auto-γ check")
-    parser.add_argument("--models", default="demo", choices=["demo", "tiny"])
+    parser.add_argument("--workload", default="engine", choices=["engine", "real-shape", "long-tail"],
+                        help="engine: the races below (default); real-shape: `real_shape`'s cost table, auto-γ "
+                             "check; long-tail: `long_tail`'s rollouts of long-tailed budgets")
+    parser.add_argument("--models", default="demo", choices=["demo", "demo-bpe", "tiny"])
     parser.add_argument("--batch-sizes", default="1,4,16,64")
     parser.add_argument("--modes", default="greedy,sample")
     parser.add_argument("--gammas", default="2,4,8")
@@ -51,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--auto-policies", default="auto",
                         help="comma-separated auto-γ policies (EngineConfig.gamma names), 'auto' first")
     parser.add_argument("--out", default=None,
-                        help="JSON file (default bench_results/engine_bench.json, or real_shape.json)")
+                        help="JSON file (default bench_results/engine_bench.json, real_shape.json or long_tail.json)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--sampler", default="rejection",
                         help="accept rule of every speculative contender (EngineConfig.sampler; default rejection)")
@@ -65,11 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpo-contenders", default="plain,model,suffix,suffix+model",
                         help="comma-separated, from plain, model, suffix, suffix+model")
     real_shape.add_arguments(parser)
+    long_tail.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.workload == "real-shape":
         return real_shape.run(args)
+    if args.workload == "long-tail":
+        return long_tail.run(args)
     import torch
 
     from specroll.rollout.config import SAMPLER_NAMES

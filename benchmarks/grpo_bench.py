@@ -23,7 +23,7 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
-from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout import EngineConfig, EngineStats, SamplingParams, SpecEngine
 from specroll.rollout.config import SAMPLER_NAMES
 from specroll.rollout.gamma.cost_model import CostModel
 
@@ -34,14 +34,46 @@ DRAFTERS = {"plain": None, "model": ("model",), "suffix": ("suffix",), "suffix+m
 
 
 @dataclass
+class LiveBatchTally:
+    """A contender's steps that ran at one live batch size, over a repeat."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    gamma_sum: int = 0
+
+
+@dataclass
 class Tally:
-    """One contender's totals over a repeat."""
+    """One contender's totals over a repeat. `by_live_rows` splits its steps by the rows each ran at;
+    its seconds add up to `seconds` (a call to the contender that ran no step, the generator's return,
+    counts with the step before it)."""
 
     tokens: int = 0
     seconds: float = 0.0
-    ceiling_seconds: float = 0.0  # Σ over its steps of their calibrated forward time
+    ceiling_seconds: float = 0.0  # Σ over its steps of their calibrated forward time (0: no cost model given)
     steps: int = 0
     by_drafter: dict = field(default_factory=dict)
+    by_live_rows: dict[int, LiveBatchTally] = field(default_factory=dict)
+    last_live_rows: int = 0
+
+    def count_call(self, stats: EngineStats, before: tuple[int, int, int, int], seconds: float) -> None:
+        """One call to the contender's step generator that took `seconds`; `before` is (steps, generated
+        tokens, drafted, accepted) of its stats before the call."""
+        steps, tokens, drafted, accepted = before
+        ran = stats.steps > steps
+        if ran:
+            self.last_live_rows = stats.live_rows_per_step[-1]
+        bucket = self.by_live_rows.setdefault(self.last_live_rows, LiveBatchTally())
+        bucket.seconds += seconds
+        if ran:
+            bucket.steps += 1
+            bucket.tokens += stats.generated_tokens - tokens
+            bucket.drafted += stats.drafted - drafted
+            bucket.accepted += stats.accepted - accepted
+            bucket.gamma_sum += stats.gamma_per_step[-1]
 
 
 def _gamma(text: str) -> int | str:
@@ -56,9 +88,10 @@ def build_engine(models: BenchModels, kind: str, slots: int, max_seq_len: int, g
     return SpecEngine(models.target, models.drafter if drafters and "model" in drafters else None, config)
 
 
-def _epochs(engine: SpecEngine, prompts: list[list[int]], params: list[SamplingParams]) -> Generator[None, None, None]:
+def _epochs(engine: SpecEngine, prompts: list[list[int]], params: list[SamplingParams],
+            max_new_tokens: list[int] | None) -> Generator[None, None, None]:
     for epoch_params in params:
-        yield from engine.generate_steps(prompts, epoch_params)
+        yield from engine.generate_steps(prompts, epoch_params, max_new_tokens=max_new_tokens)
 
 
 def _step_cost(engine: SpecEngine, cost: CostModel, model_rows_before: int) -> float:
@@ -71,23 +104,28 @@ def _step_cost(engine: SpecEngine, cost: CostModel, model_rows_before: int) -> f
 
 
 def race_repeat(engines: dict[str, SpecEngine], prompts: list[list[int]], params: list[SamplingParams],
-                cost: CostModel) -> dict[str, Tally]:
-    """Every engine through the epochs, in lockstep; each one's time is the sum of its own steps."""
-    running = {name: _epochs(engine, prompts, params) for name, engine in engines.items()}
+                cost: CostModel | None, max_new_tokens: list[int] | None = None) -> dict[str, Tally]:
+    """Every engine through the epochs, in lockstep; each one's time is the sum of its own steps.
+    `max_new_tokens`: one budget per prompt (each at most its params' `max_new_tokens`); `cost` None
+    leaves the ceiling uncounted."""
+    running = {name: _epochs(engine, prompts, params, max_new_tokens) for name, engine in engines.items()}
     tallies = {name: Tally() for name in engines}
     while running:
         name = min(running, key=lambda k: engines[k].stats.generated_tokens)
         engine, tally = engines[name], tallies[name]
-        model = engine.stats.by_drafter.get("model")
+        stats = engine.stats
+        model = stats.by_drafter.get("model")
         model_rows = model.proposals if model else 0
-        steps_before = engine.stats.steps
+        before = (stats.steps, stats.generated_tokens, stats.drafted, stats.accepted)
         started = time.perf_counter()
         try:
             next(running[name])
         except StopIteration:
             del running[name]
-        tally.seconds += time.perf_counter() - started
-        if engine.stats.steps > steps_before:
+        spent = time.perf_counter() - started
+        tally.seconds += spent
+        tally.count_call(stats, before, spent)
+        if cost is not None and stats.steps > before[0]:
             tally.ceiling_seconds += _step_cost(engine, cost, model_rows)
     for name, engine in engines.items():
         tallies[name].tokens = engine.stats.generated_tokens

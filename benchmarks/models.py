@@ -1,14 +1,16 @@
 """Models and prompts the benchmarks run on.
 
 `demo`: the embedded demo's target and drafter (trained here; the drafter distilled from the
-target's own samples, so its agreement is realistic) on task prompts. `tiny`: two small random
-Llamas on random prompts — a seconds-long smoke run of the benchmark code, not a measurement.
+target's own samples, so its agreement is realistic) on task prompts. `demo-bpe`: the same from the
+subword world's recipe (`DemoRecipe.bpe()`, built on first use). `tiny`: two small random Llamas on
+random prompts — a seconds-long smoke run of the benchmark code, not a measurement.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
@@ -22,6 +24,7 @@ class BenchModels:
     stop_token_ids: tuple[int, ...]
     pad_id: int
     description: str
+    path: Path | None = None  # the demo build's folder (trained heads are cached beside it); None: tiny
 
 
 def _params(model: PreTrainedModel) -> str:
@@ -30,25 +33,37 @@ def _params(model: PreTrainedModel) -> str:
 
 def load_bench_models(kind: str, num_prompts: int, seed: int = 0) -> BenchModels:
     if kind == "demo":
-        return _demo_models(num_prompts, seed)
+        return _demo_models(num_prompts, seed, bpe=False)
+    if kind == "demo-bpe":
+        return _demo_models(num_prompts, seed, bpe=True)
     if kind == "tiny":
         return _tiny_models(num_prompts, seed)
-    raise ValueError(f"models={kind!r} is invalid: 'demo' or 'tiny'")
+    raise ValueError(f"models={kind!r} is invalid: 'demo', 'demo-bpe' or 'tiny'")
 
 
-def _demo_models(num_prompts: int, seed: int) -> BenchModels:
+def _demo_models(num_prompts: int, seed: int, bpe: bool) -> BenchModels:
     from specroll.demo.model_cache import load_or_build_demo_models
-    from specroll.demo.task import make_prompts
     from specroll.demo.tokenizer import encode_prompt
 
-    demo = load_or_build_demo_models()
+    if bpe:
+        from specroll.demo.recipe import DemoRecipe
+        from specroll.demo.world import task_for
+
+        demo = load_or_build_demo_models(DemoRecipe.bpe())
+        messages = task_for(demo.recipe.world).make_prompts(num_prompts, seed=seed, max_digits=demo.recipe.max_digits)
+    else:
+        from specroll.demo.task import make_prompts
+
+        demo = load_or_build_demo_models()
+        messages = make_prompts(num_prompts, seed=seed)
     tok = demo.tokenizer
-    prompts = [encode_prompt(tok, messages) for messages in make_prompts(num_prompts, seed=seed)]
+    prompts = [encode_prompt(tok, m) for m in messages]
     return BenchModels(
         target=demo.target, drafter=demo.drafter, prompts=[list(map(int, p)) for p in prompts],
         stop_token_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id,
-        description=f"demo models: target {_params(demo.target)}, drafter {_params(demo.drafter)} "
-                    "(distilled from the target's samples)",
+        description=f"demo{'-bpe' if bpe else ''} models: target {_params(demo.target)}, drafter "
+                    f"{_params(demo.drafter)} (distilled from the target's samples)",
+        path=demo.path,
     )
 
 
