@@ -7,6 +7,10 @@ No weights can be downloaded where specroll runs its demo and tests, so it build
 - `reward`: `arithmetic_reward` / `make_reward(RewardConfig)`, TRL's reward-function shape; pays
   for exact correctness and brevity, so GRPO moves the policy toward the compact style.
 - `tokenizer`: `build_tokenizer()`, a character-level `PreTrainedTokenizerFast` with a chat template.
+- the subword world (`DemoRecipe.bpe()`, `demo.world`): `bpe` (a 32,768-entry byte-level BPE trained
+  here on `corpus`, synthetic text over a Zipf-ranked pseudo-word lexicon) and `story` (the addition task
+  as word problems worked in sentences, long-tailed lengths); `vocab_stats` measures how much of the
+  vocabulary the task's completions use.
 - `model_cache`: `load_or_build_demo_models(recipe, cache_dir)` → `DemoModels` (target, drafter,
   tokenizer), cached under `$SPECROLL_CACHE` by recipe hash; `DemoRecipe.tiny()` for tests.
 """

@@ -11,6 +11,10 @@ Stages, each a `demo.train` run with its own progress bar:
 4. drafter distillation — the target samples `distill_samples` completions at T = 1 with the engine,
    recording its full distribution at each position; the drafter is trained toward it (forward KL).
 
+The recipe's `world` (`demo.world`) picks the tokenizer and the task's rendering; in the bpe world the
+tokenizer is trained first (its own stage in the log), every stage trains with a sampled softmax
+(`softmax_negatives`) and the drafter is distilled on the target's top `distill_top_k` probabilities.
+
 Deterministic for a given recipe and seed (fixed data seeds, `torch.manual_seed` per stage).
 """
 
@@ -28,9 +32,10 @@ from .generate import sample_completions
 from .grow import grow, grown_config
 from .pretrain import Example, train
 from .recipe import DemoRecipe, ModelShape
-from .task import Style, make_problems, max_completion_tokens, solution, to_messages
-from .tokenizer import build_tokenizer, encode_prompt
+from .task import Style
+from .tokenizer import encode_prompt
 from .truncate import truncate
+from .world import task_for, tokenizer_for
 
 # Separate problem streams per use, so training never reuses the report's evaluation problems.
 SFT_SEED, TARGET_SFT_SEED, DISTILL_SEED = 1, 2, 3
@@ -65,11 +70,12 @@ def llama_config(shape: ModelShape, tokenizer: PreTrainedTokenizerFast, max_posi
 def sft_examples(recipe: DemoRecipe, tokenizer: PreTrainedTokenizerFast, n: int, seed: int) -> list[Example]:
     """`n` canonical solutions, each compact with probability `recipe.compact_fraction`."""
     rng = random.Random(seed)
+    task = task_for(recipe.world)
     examples = []
-    for problem in make_problems(n, seed=recipe.seed * 1000 + seed, max_digits=recipe.max_digits):
+    for problem in task.make_problems(n, seed=recipe.seed * 1000 + seed, max_digits=recipe.max_digits):
         style = Style.COMPACT if rng.random() < recipe.compact_fraction else Style.VERBOSE
-        prompt = encode_prompt(tokenizer, to_messages(problem))
-        completion = tokenizer(solution(problem, style), add_special_tokens=False)["input_ids"]
+        prompt = encode_prompt(tokenizer, task.to_messages(problem))
+        completion = tokenizer(task.solution(problem, style), add_special_tokens=False)["input_ids"]
         examples.append(Example(prompt + completion + [tokenizer.eos_token_id], len(prompt)))
     return examples
 
@@ -77,11 +83,14 @@ def sft_examples(recipe: DemoRecipe, tokenizer: PreTrainedTokenizerFast, n: int,
 def build(recipe: DemoRecipe, progress: bool = True) -> BuildResult:
     """Run every stage; returns fp32 models in eval mode and a log of stage times and losses."""
     started = time.perf_counter()
-    tokenizer = build_tokenizer()
-    pad, log = tokenizer.pad_token_id, {}
+    tokenizer = tokenizer_for(recipe.world, recipe.vocab_size, recipe.seed)
+    pad, log, task = tokenizer.pad_token_id, {}, task_for(recipe.world)
+    if recipe.world != "chars":
+        log["tokenizer"] = {"seconds": round(time.perf_counter() - started, 1), "vocab_size": len(tokenizer)}
 
     def stage(name: str, model: LlamaForCausalLM, examples: list[Example], settings) -> None:
-        result = train(model, examples, settings, pad, seed=recipe.seed, desc=name, progress=progress)
+        result = train(model, examples, settings, pad, seed=recipe.seed, desc=name, progress=progress,
+                       negatives=recipe.softmax_negatives)
         log[name] = {"seconds": round(result.seconds, 1), "final_loss": _tail_mean(result.losses)}
 
     torch.manual_seed(recipe.seed)
@@ -101,25 +110,31 @@ def build(recipe: DemoRecipe, progress: bool = True) -> BuildResult:
     stage("drafter SFT", drafter, sft, recipe.drafter_sft)
 
     sampling_started = time.perf_counter()
-    problems = make_problems(recipe.distill_samples, seed=recipe.seed * 1000 + DISTILL_SEED,
-                             max_digits=recipe.max_digits)
+    problems = task.make_problems(recipe.distill_samples, seed=recipe.seed * 1000 + DISTILL_SEED,
+                                  max_digits=recipe.max_digits)
     rollouts = sample_completions(target, tokenizer, problems, temperature=1.0,
-                                  max_new_tokens=max_completion_tokens(recipe.max_digits),
-                                  seed=recipe.seed, record_signals=True)
+                                  max_new_tokens=task.max_completion_tokens(recipe.max_digits),
+                                  seed=recipe.seed, record_signals=True, signal_top_k=recipe.distill_top_k,
+                                  world=recipe.world)
     unfuse(target)  # the engine re-laid out the target's weights; give it plain ones to save
-    log["target sampling"] = {"seconds": round(time.perf_counter() - sampling_started, 1)}
-    distill = [_distill_example(r, len(tokenizer)) for r in rollouts]
+    log["target sampling"] = {"seconds": round(time.perf_counter() - sampling_started, 1),
+                              "tokens": sum(len(r.completion_ids) for r in rollouts)}
+    distill = [_distill_example(r, len(tokenizer), sparse=recipe.distill_top_k is not None) for r in rollouts]
     stage("drafter distill", drafter, distill, recipe.drafter_distill)
     log["total_seconds"] = round(time.perf_counter() - started, 1)
     return BuildResult(target.eval(), drafter.eval(), tokenizer, log)
 
 
-def _distill_example(rollout, vocab_size: int) -> Example:
-    """Prompt + sampled completion; soft targets = the target's distribution at each position."""
+def _distill_example(rollout, vocab_size: int, sparse: bool = False) -> Example:
+    """Prompt + sampled completion; soft targets = the target's distribution at each position (its
+    recorded top-k as ids and probabilities when `sparse`, else scattered into a dense [T, V])."""
     signals = rollout.signals
+    ids = rollout.prompt_ids + rollout.completion_ids
+    if sparse:
+        return Example(ids, len(rollout.prompt_ids), signals.topk_probs.float(), signals.topk_ids.long())
     soft = torch.zeros(len(rollout.completion_ids), vocab_size)  # [T, V]
     soft.scatter_(1, signals.topk_ids.long(), signals.topk_probs.float())
-    return Example(rollout.prompt_ids + rollout.completion_ids, len(rollout.prompt_ids), soft)
+    return Example(ids, len(rollout.prompt_ids), soft)
 
 
 def _tail_mean(losses: list[float], tail: int = 20) -> float | None:

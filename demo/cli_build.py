@@ -9,10 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 
+from .recipe import RECIPE_NAMES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="rebuild even if the cache already holds this recipe")
     parser.add_argument("--tiny", action="store_true", help="the tiny test recipe (seconds) instead of the full one")
+    parser.add_argument(
+        "--recipe", default=None, choices=RECIPE_NAMES,
+        help="a named recipe (default: full; bpe is the subword world, about 15 min); --tiny is --recipe tiny",
+    )
     parser.add_argument(
         "--cache-dir", default=None, help="cache folder (default: $SPECROLL_CACHE or ~/.cache/specroll)"
     )
@@ -33,10 +39,13 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads={args.threads} is invalid: an int >= 1")
         torch.set_num_threads(args.threads)
-    recipe = DemoRecipe.tiny() if args.tiny else DemoRecipe()
+    if args.tiny and args.recipe not in (None, "tiny"):
+        raise ValueError(f"--tiny with --recipe={args.recipe} is invalid: give one of them")
+    name = "tiny" if args.tiny else args.recipe or "full"
+    recipe = DemoRecipe.named(name)
     models = build_demo_models(recipe, args.cache_dir, progress=not args.no_progress, force=args.force)
     count = lambda model: sum(p.numel() for p in model.parameters())
-    print(f"demo models ({'tiny' if args.tiny else 'full'} recipe {recipe.hash}) at {models.path}")
+    print(f"demo models ({name} recipe {recipe.hash}) at {models.path}")
     print(f"  target {count(models.target) / 1e6:.2f}M params, drafter {count(models.drafter) / 1e6:.2f}M params")
     print(f"  build log: {json.dumps(models.build_log)}")
     return 0

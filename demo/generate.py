@@ -1,8 +1,9 @@
 """Sampling from the demo models with specroll's own engine (plain batched decoding, γ = 0).
 
 Used by the build (the target's samples that the drafter is distilled on) and by the model report.
-With `record_signals` every rollout carries the target's full processed distribution at each
-position (`signal_top_k` is the whole vocabulary), which is exactly the distillation target.
+With `record_signals` every rollout carries the target's processed distribution at each position —
+the whole vocabulary by default, which is exactly the distillation target, or its top `signal_top_k`
+entries (at a 32k vocabulary the whole distribution of every position would not fit in memory).
 """
 
 from __future__ import annotations
@@ -10,22 +11,25 @@ from __future__ import annotations
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from ..rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
-from .task import Problem, to_messages
 from .tokenizer import encode_prompt
+from .world import task_for
 
 
-def sample_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, problems: list[Problem],
+def sample_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, problems: list,
                        temperature: float, max_new_tokens: int, seed: int, batch_size: int = 64,
-                       record_signals: bool = False) -> list[Rollout]:
-    """One completion per problem, in order; each stops at EOS (kept as its last token) or the limit."""
+                       record_signals: bool = False, signal_top_k: int | None = None,
+                       world: str = "chars") -> list[Rollout]:
+    """One completion per problem of `world`'s task, in order; each stops at EOS (kept as its last
+    token) or the limit."""
+    to_messages = task_for(world).to_messages
     prompts = [encode_prompt(tokenizer, to_messages(p)) for p in problems]
-    vocab_size = model.get_output_embeddings().weight.shape[0]
+    top_k = signal_top_k or model.get_output_embeddings().weight.shape[0]
     config = EngineConfig(
         max_batch_size=batch_size,
         max_seq_len=max(len(p) for p in prompts) + max_new_tokens,
         gamma=0,
         record_signals=record_signals,
-        signal_top_k=vocab_size,
+        signal_top_k=top_k,
     )
     engine = SpecEngine(model, None, config)
     params = SamplingParams(

@@ -4,19 +4,30 @@ The build (`demo.build`) is a pure function of the recipe and `RECIPE_VERSION`, 
 `demo-<hash>` can be reused whenever both match and must be rebuilt when either changes. Bump
 `RECIPE_VERSION` when the build code changes what it produces for the same recipe.
 
-`DemoRecipe()` is the full recipe (a 33.6M-parameter target, a 1.2M drafter, minutes on 2 cores);
-`DemoRecipe.tiny()` is the same recipe shrunk to build in seconds, for tests.
+`DemoRecipe()` is the full recipe of the character-level world (a 33.6M-parameter target, a 1.2M
+drafter, minutes on 2 cores); `DemoRecipe.tiny()` is the same recipe shrunk to build in seconds, for
+tests. `DemoRecipe.bpe()` is the subword world (`world="bpe"`: a 32,768-entry byte-level BPE and the
+word-problem task, `demo.world`), `DemoRecipe.bpe_tiny()` its test-sized version. `DemoRecipe.named`
+maps the names configs use ("full", "tiny", "bpe", "bpe_tiny") to them.
+
+Fields added after the character-level world (`world`, `vocab_size`, `softmax_negatives`,
+`distill_top_k`) enter `to_dict` (and so the hash) only when they differ from their defaults, so the
+chars recipes keep the hashes, and the caches, they had.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from .task import max_completion_tokens
+from .world import WORLDS, task_for
 
 RECIPE_VERSION = 4
+RECIPE_NAMES = ("full", "tiny", "bpe", "bpe_tiny")
+# Fields written into `to_dict` only when they differ from these defaults (the chars world's).
+_ADDED_DEFAULTS = {"world": "chars", "vocab_size": None, "softmax_negatives": 0, "distill_top_k": None}
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,13 @@ class DemoRecipe:
     then distilled on `distill_samples` completions the target sampled at T = 1 (forward KL to the
     target's full distribution at every position).
     `compact_fraction` is the share of the minority (compact) style in the SFT data.
+
+    `world` picks the tokenizer and the task's rendering (`demo.world`); `vocab_size` is the BPE's size
+    (bpe world only). At a 32k vocabulary the LM head is most of a small model's training cost, so
+    `softmax_negatives` > 0 trains every stage with a sampled softmax (`demo.pretrain`): the loss
+    positions' own targets plus that many uniformly drawn negatives per step, instead of all entries;
+    0 is the full softmax. `distill_top_k` keeps the target's top-k probabilities per position for the
+    drafter's distillation (None: its whole distribution, affordable at ~100 entries only).
     """
 
     max_digits: int = 8
@@ -85,8 +103,23 @@ class DemoRecipe:
     distill_samples: int = 512
     max_position_embeddings: int = 256
     seed: int = 0
+    world: str = "chars"
+    vocab_size: int | None = None
+    softmax_negatives: int = 0
+    distill_top_k: int | None = None
 
     def __post_init__(self) -> None:
+        if self.world not in WORLDS:
+            raise ValueError(f"world={self.world!r} is invalid: one of {WORLDS}")
+        if self.world == "chars" and self.vocab_size is not None:
+            raise ValueError(f"vocab_size={self.vocab_size!r} is invalid for world='chars': None (the "
+                             "character set decides)")
+        if self.world == "bpe" and (not isinstance(self.vocab_size, int) or self.vocab_size < 512):
+            raise ValueError(f"vocab_size={self.vocab_size!r} is invalid for world='bpe': an int >= 512")
+        if not isinstance(self.softmax_negatives, int) or self.softmax_negatives < 0:
+            raise ValueError(f"softmax_negatives={self.softmax_negatives!r} is invalid: an int >= 0 (0: full softmax)")
+        if self.distill_top_k is not None and (not isinstance(self.distill_top_k, int) or self.distill_top_k < 1):
+            raise ValueError(f"distill_top_k={self.distill_top_k!r} is invalid: an int >= 1 or None (everything)")
         if not isinstance(self.max_digits, int) or not 1 <= self.max_digits <= 18:
             raise ValueError(f"max_digits={self.max_digits!r} is invalid: an int in [1, 18]")
         if not isinstance(self.compact_fraction, (int, float)) or not 0.0 <= self.compact_fraction <= 1.0:
@@ -109,7 +142,8 @@ class DemoRecipe:
             )
         if not isinstance(self.distill_samples, int) or self.distill_samples < 1:
             raise ValueError(f"distill_samples={self.distill_samples!r} is invalid: an int >= 1")
-        longest = 2 * self.max_digits + 4 + max_completion_tokens(self.max_digits)
+        task = task_for(self.world)
+        longest = task.max_prompt_tokens(self.max_digits) + task.max_completion_tokens(self.max_digits)
         if self.max_position_embeddings < longest:
             raise ValueError(
                 f"max_position_embeddings={self.max_position_embeddings} is invalid: "
@@ -132,8 +166,46 @@ class DemoRecipe:
             max_position_embeddings=96,
         )
 
+    @classmethod
+    def bpe(cls) -> DemoRecipe:
+        """The subword world: a 32,768-entry byte-level BPE, word problems with long-tailed completions
+        (SFT mix: ~125 tokens on average, p99 ~520), and shapes sized to build in ~15 min on 2 cores."""
+        return cls(
+            world="bpe",
+            vocab_size=32_768,
+            max_digits=10,
+            core=ModelShape(128, 3, 4, 512),
+            target=ModelShape(512, 8, 16, 2048),
+            drafter=ModelShape(128, 2, 4, 512),
+            core_sft=TrainStage(1200, 16, 3e-3),
+            target_sft=TrainStage(4, 8, 1e-4),
+            drafter_sft=TrainStage(0, 16, 1e-3),
+            drafter_distill=TrainStage(120, 16, 1e-3),
+            distill_samples=128,
+            max_position_embeddings=2048,
+            softmax_negatives=2048,
+            distill_top_k=32,
+        )
+
+    @classmethod
+    def bpe_tiny(cls) -> DemoRecipe:
+        """The subword world at toy scale (the full 32k tokenizer, tiny models): builds in well under a
+        minute, for tests (the models barely learn)."""
+        return dataclasses.replace(
+            cls.tiny(), world="bpe", vocab_size=32_768, max_position_embeddings=1024, softmax_negatives=256,
+            distill_top_k=8, distill_samples=8,
+        )
+
+    @classmethod
+    def named(cls, name: str) -> DemoRecipe:
+        """The recipe a config names: "full", "tiny", "bpe" or "bpe_tiny"."""
+        if name not in RECIPE_NAMES:
+            raise ValueError(f"recipe={name!r} is invalid: one of {RECIPE_NAMES}")
+        return {"full": cls, "tiny": cls.tiny, "bpe": cls.bpe, "bpe_tiny": cls.bpe_tiny}[name]()
+
     def to_dict(self) -> dict:
-        return {"recipe_version": RECIPE_VERSION, **asdict(self)}
+        fields = {k: v for k, v in asdict(self).items() if k not in _ADDED_DEFAULTS or v != _ADDED_DEFAULTS[k]}
+        return {"recipe_version": RECIPE_VERSION, **fields}
 
     @classmethod
     def from_dict(cls, data: dict) -> DemoRecipe:

@@ -90,6 +90,11 @@ def max_completion_tokens(max_digits: int) -> int:
     return len(solution(Problem(nines, nines), Style.VERBOSE)) + 1 + 8
 
 
+def max_prompt_tokens(max_digits: int) -> int:
+    """Tokens of the longest templated prompt: BOS, the user and assistant markers and `a+b`."""
+    return 2 * max_digits + 4
+
+
 def style_of(text: str) -> Style | None:
     """Which style's grammar `text` follows (right or wrong arithmetic), or None if neither."""
     for style in Style:
@@ -104,18 +109,22 @@ def parse_problem(prompt: str | list[dict]) -> Problem:
     For messages the last user message is read; in a string the last `a+b` is. Raises ValueError
     when there is none — a prompt without a problem is a caller's bug, not a zero reward.
     """
-    if isinstance(prompt, list):
-        user = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        text = user[-1] if user else ""
-    elif isinstance(prompt, str):
-        text = prompt
-    else:
-        raise ValueError(f"prompt of type {type(prompt).__name__} is invalid: a str or a list of messages")
+    text = user_text(prompt)
     matches = _PROBLEM_RE.findall(text)
     if not matches:
         raise ValueError(f"prompt {text[:80]!r} holds no addition problem 'a+b'")
     a, b = matches[-1]
     return Problem(int(a), int(b))
+
+
+def user_text(prompt: str | list[dict]) -> str:
+    """The text a prompt asks about: a string as is, or the content of the last user message."""
+    if isinstance(prompt, list):
+        user = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        return user[-1] if user else ""
+    if isinstance(prompt, str):
+        return prompt
+    raise ValueError(f"prompt of type {type(prompt).__name__} is invalid: a str or a list of messages")
 
 
 def to_messages(problem: Problem) -> list[dict[str, str]]:

@@ -26,18 +26,20 @@ from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_toke
 from .train_config import TrainConfig
 
 # Minutes a first build takes on 2 CPU cores (measured; a faster machine takes less).
-BUILD_MINUTES = {"full": 8, "tiny": 1}
+BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 15, "bpe_tiny": 1}
 
 
 @dataclass
 class ModelSources:
     """Where the rollout engines load the models from; `tokenizer` None when the folders have none;
-    `build_s` the seconds this run spent building the demo models (0 when they were cached)."""
+    `build_s` the seconds this run spent building the demo models (0 when they were cached); `world` the
+    demo world whose task the run trains on ("chars" or "bpe", `demo.world`)."""
 
     paths: ModelPaths
     tokenizer: Any | None
     max_digits: int
     build_s: float = 0.0
+    world: str = "chars"
 
 
 def resolve_models(config: TrainConfig) -> ModelSources:
@@ -50,7 +52,7 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     from specroll.demo.model_cache import is_cached, load_or_build_demo_models, models_dir
     from specroll.demo.recipe import DemoRecipe
 
-    recipe = DemoRecipe() if models.recipe == "full" else DemoRecipe.tiny()
+    recipe = DemoRecipe.named(models.recipe)
     started = time.perf_counter()
     building = not is_cached(recipe)
     if building:
@@ -64,7 +66,7 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     if kind in HEAD_KINDS:
         paths = dataclasses.replace(paths, head=demo_head(demo, kind, models.recipe))
     return ModelSources(paths, demo.tokenizer, models.task_max_digits or recipe.max_digits,
-                        time.perf_counter() - started if building else 0.0)
+                        time.perf_counter() - started if building else 0.0, recipe.world)
 
 
 def demo_head(demo: Any, kind: str, recipe: str) -> str:

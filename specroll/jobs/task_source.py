@@ -32,16 +32,17 @@ class Task:
     reward_funcs: Callable[..., list[float]] | list[Callable[..., list[float]]]
 
 
-def load_task(settings: Any, max_digits: int) -> Task:
-    """The run config's task (`TaskSettings`): your `dataset` and `reward`, or the demo's (operands of up
-    to `max_digits` digits, its reward weighed by `brevity` and `format_bonus`)."""
+def load_task(settings: Any, max_digits: int, world: str = "chars") -> Task:
+    """The run config's task (`TaskSettings`): your `dataset` and `reward`, or the demo's in `world`'s
+    rendering (operands of up to `max_digits` digits, its reward weighed by `brevity` and `format_bonus`)."""
     if settings.dataset is not None:
         return Task(resolve(settings.dataset, "task.dataset"), resolve(settings.reward, "task.reward"))
     from specroll.demo.reward import RewardConfig, make_reward
-    from specroll.demo.task import make_prompts
+    from specroll.demo.world import task_for
 
+    make_prompts = task_for(world).make_prompts
     return Task(lambda count, seed: make_prompts(count, seed, max_digits),
-                make_reward(RewardConfig(settings.brevity, settings.format_bonus)))
+                make_reward(RewardConfig(settings.brevity, settings.format_bonus), world))
 
 
 def resolve(path: str, field: str) -> Any:

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if sources.tokenizer is None:
         raise ConfigError(f"models.tokenizer={config.models.tokenizer!r} is invalid: no tokenizer found for "
                           f"{sources.paths.target} (GRPO needs one: set models.tokenizer)")
-    task = load_task(config.task, sources.max_digits)
+    task = load_task(config.task, sources.max_digits, sources.world)
     driver = set_torch_threads(driver_threads(config), "driver (trainer)" if ranks is None
                                else f"trainer rank {ranks.rank}")
     backend = make_backend(config, sources, ranks)

@@ -28,7 +28,7 @@ from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
 
 MODEL_SOURCES = ("demo", "pretrained")
-DEMO_RECIPES = ("full", "tiny")
+DEMO_RECIPES = ("full", "tiny", "bpe", "bpe_tiny")  # demo.recipe.RECIPE_NAMES
 BACKENDS = ("ray", "local")
 
 
