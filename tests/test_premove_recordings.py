@@ -5,7 +5,7 @@ says how) and what `replay(folder, seed=3)` gave then (`expected.json`). They pi
 module paths (`specroll.rollout.request.Rollout`, `specroll.rollout.heads.EagleHead`, ...); the reader
 follows `online_drafter.moved_paths`, and no module is left at an old path.
 
-The drafter LM's replay is the same to the last bit. The EAGLE head's is the same wherever the replay
+The drafter LM's replay is the same up to float rounding (1e-6). The EAGLE head's is the same wherever the replay
 buffer is not involved — every frozen score, the probe before any training, the versions published, the
 optimizer steps — but its served head after training differs: the one replay buffer draws a head's
 sequences ∝ recency × positions and weighs rejected-draft positions `rejected_weight` (2), where the head's
@@ -27,6 +27,9 @@ from specroll.online_drafter.moved_paths import MOVED_PATHS
 
 DATA = Path(__file__).parent / "data" / "recordings_premove"
 EXPECTED = json.loads((DATA / "expected.json").read_text())
+# Float rounding across installs: a fresh install of the same pins (torch 2.13.0, transformers 5.24.0) moved a
+# frozen probe score by 9e-9 (the old code gives the same there: not a change of the replay).
+ROUNDING = 1e-6
 
 
 def test_every_moved_path_leads_to_what_exists_and_no_old_module_is_left():
@@ -41,15 +44,18 @@ def test_every_moved_path_leads_to_what_exists_and_no_old_module_is_left():
 def test_a_drafter_lm_recording_made_before_the_move_replays_exactly():
     expected = EXPECTED["lm"]
     again = replay(str(DATA / "lm"), seed=expected["seed"])
-    assert [[p.served, p.frozen, p.drafter_version] for p in again.probes] == expected["probes"]
+    assert [p.drafter_version for p in again.probes] == [v for _, _, v in expected["probes"]]
+    got = [score for p in again.probes for score in (p.served, p.frozen)]
+    assert got == pytest.approx([score for s, f, _ in expected["probes"] for score in (s, f)], abs=ROUNDING)
     assert again.num_steps == expected["num_steps"]
 
 
 def test_an_eagle_recording_made_before_the_move_replays_but_for_the_buffer_change():
     expected = EXPECTED["eagle"]
     again = replay(str(DATA / "eagle"), seed=expected["seed"])
-    assert [[p.frozen, p.drafter_version] for p in again.probes] == [[f, v] for _, f, v in expected["probes"]]
-    assert again.probes[0].served == expected["probes"][0][0]  # version 0: the head as recorded
+    assert [p.drafter_version for p in again.probes] == [v for _, _, v in expected["probes"]]
+    assert [p.frozen for p in again.probes] == pytest.approx([f for _, f, _ in expected["probes"]], abs=ROUNDING)
+    assert again.probes[0].served == pytest.approx(expected["probes"][0][0], abs=ROUNDING)  # the head as recorded
     assert again.num_steps == expected["num_steps"]
     trained = [p.served for p in again.probes[1:]]
     assert trained == pytest.approx([s for s, _, _ in expected["probes"][1:]], abs=5e-3)  # 10x what moved
