@@ -73,7 +73,7 @@ from .learner_config import COMPUTE_DTYPES, LearnerConfig
 from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
 from .scorer import Scorer
-from .token_counts import TokenCounts
+from .token_counts import DraftVocabs, TokenCounts
 
 
 class Learner:
@@ -106,28 +106,24 @@ class Learner:
         self._trained_since_gate_s = 0.0  # candidate training since it was last scored
         self._candidate_changed = False  # trained since it was last scored
         self.alarms = LearnerAlarms(config)
-        # Draft vocabularies (`set_draft_vocab`): each drafter's subset ("frozen", "published", "candidate") and
-        # the token counts the candidate's is recounted from each round. None: drafters over the whole vocabulary.
-        self.vocab: dict[str, torch.Tensor] | None = None
-        self.token_counts: TokenCounts | None = None
+        self.vocab: DraftVocabs | None = None  # draft vocabularies (`set_draft_vocab`); None: the whole one
 
     # ------------------------------------------------------------------ public API
 
     def set_draft_vocab(self, ids: torch.Tensor, vocab_size: int) -> None:
-        """Drafters draft over a subset of `vocab_size` ids: the engine's first one, `ids` [N], is the frozen and
-        published drafter's and the candidate's first. From then on the learner counts the rollouts' tokens and
-        (`config.draft_vocab_updates`) each round's candidate drafts over the N most counted ids, trained, gated
-        and published with its weights (`published_state_dict` carries it). Call before the first round."""
-        ids = torch.as_tensor(ids).long().unique(sorted=True).cpu()
-        self.vocab = dict.fromkeys(("frozen", "published", "candidate"), ids)
-        self.token_counts = TokenCounts(vocab_size, self.config.draft_vocab_decay)
+        """Drafters draft over N of `vocab_size` ids, first the engine's `ids` [N]; then each round's candidate over the
+        N most counted (`config.draft_vocab_updates`), published with its weights. Call before the first round."""
+        self.vocab = DraftVocabs(ids, vocab_size, self.config.draft_vocab_decay)
         self._entry_scores.clear()
+
+    @property
+    def token_counts(self) -> TokenCounts | None:  # the counts the draft vocabulary is chosen from
+        return None if self.vocab is None else self.vocab.counts
 
     def add_rollouts(self, rollouts: list[Rollout]) -> None:
         """Buffer rollouts (generated with `record_signals=True`), holding a stride of prompt groups out."""
-        if self.token_counts is not None:
-            for rollout in rollouts:
-                self.token_counts.add(torch.tensor(rollout.completion_ids, dtype=torch.long), rollout.policy_version)
+        if self.vocab is not None:
+            self.vocab.count(rollouts)
         for entry in filter(None, map(self.to_entry, rollouts)):
             if not self.holdout.offer(entry, _key(entry)):
                 self.buffer.add([entry])
@@ -147,7 +143,8 @@ class Learner:
         if not self.holdout:
             raise ValueError("no held-out rollouts yet: add_rollouts(...) before train_round()")
         started = self.clock()
-        self._recount_draft_vocab()
+        if self.vocab is not None and self.config.draft_vocab_updates and self.vocab.recount():
+            self._candidate_changed = True  # this round's candidate drafts over the most counted ids: judged again
         budgets = [b for b in (budget_s, self.config.time_budget_s) if b is not None]
         budget = min(budgets) if budgets else None
         # A gate scores the candidate on every held-out entry and the published and frozen drafters on
@@ -179,7 +176,7 @@ class Learner:
                 num_holdout_positions=sum(e.num_positions for e in self.holdout.entries), **report))
         scored = self.clock()
         published, frozen = self._cached("published"), self._cached("frozen")
-        with self._compute(), self.scorer.over(self._ids("candidate")):
+        with self._compute(), self.scorer.over(self.draft_vocab("candidate")):
             candidate_entries = self.scorer.score_entries(self.candidate.averaged, self.holdout.entries)
         self._scoring_s_per_entry = smoothed(self._scoring_s_per_entry,
                                              (self.clock() - scored) / (len(self.holdout) + unscored))
@@ -189,7 +186,7 @@ class Learner:
         z, event = self.config.gate_z, None
         publish = gain.above(z, self.config.min_improvement)
         if publish:
-            self._publish(weights_of(self.candidate.averaged), candidate_entries, self._ids("candidate"))
+            self._publish(weights_of(self.candidate.averaged), candidate_entries, self.draft_vocab("candidate"))
         elif gain.below(z, self.config.reset_margin):
             self.candidate.restart(self._published_weights)
             event = f"candidate reset to version {self.version}: it scored {gain.mean:+.4f} ± {gain.se:.4f} below it"
@@ -215,9 +212,9 @@ class Learner:
         started = self.clock()
         entries = [e for e in map(self.to_entry, rollouts) if e is not None]
         keys = [_key(e) for e in entries]
-        with self.scorer.over(self._ids("published")):
+        with self.scorer.over(self.draft_vocab("published")):
             served = self.scorer.group(self.scorer.score_entries(self.published, entries), keys)
-        with self.scorer.over(self._ids("frozen")):
+        with self.scorer.over(self.draft_vocab("frozen")):
             frozen = self.scorer.group(self.scorer.score_entries(self.frozen, entries), keys)
         gain = paired_gain(served, frozen)
         version, event = self.version, None
@@ -234,18 +231,15 @@ class Learner:
         return report
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters of the published version, for `engine.update_drafter(sd, learner.version)`, and its draft
-        vocabulary under `draft_vocab.STATE_KEY` when drafters have one.
-
-        The tensors are the learner's own snapshot: the engine copies them; do not modify them.
-        """
+        """Parameters of the published version, for `engine.update_drafter(sd, learner.version)` (its draft
+        vocabulary under `draft_vocab.STATE_KEY`, if any): the learner's own snapshot, the engine copies it."""
         if self.vocab is None:
             return self._published_weights
-        return {**self._published_weights, VOCAB_STATE_KEY: self.vocab["published"]}
+        return {**self._published_weights, VOCAB_STATE_KEY: self.vocab.ids["published"]}
 
     def draft_vocab(self, name: str = "published") -> torch.Tensor | None:
         """The draft vocabulary [N] of the "frozen", "published" or "candidate" drafter (None: the whole one)."""
-        return self._ids(name)
+        return None if self.vocab is None else self.vocab.ids[name]
 
     def score(self, drafter: nn.Module, vocab_ids: torch.Tensor | None = None) -> float:
         """Expected acceptance of any drafter (same vocabulary; over the draft vocabulary `vocab_ids`, if given)
@@ -283,10 +277,10 @@ class Learner:
         if best == "served":
             return f"{reason}; kept it: no known drafter scores higher"
         if best == "frozen":
-            self._publish(weights_of(self.frozen), self._entry_scores.get("frozen"), self._ids("frozen"))
+            self._publish(weights_of(self.frozen), self._entry_scores.get("frozen"), self.draft_vocab("frozen"))
             self.candidate.restart(self._published_weights)
         else:
-            self._publish(weights_of(self.candidate.averaged), candidate_entries, self._ids("candidate"))
+            self._publish(weights_of(self.candidate.averaged), candidate_entries, self.draft_vocab("candidate"))
         return f"{reason}; reverted to the {best} drafter as version {self.version}"
 
     def _publish(self, weights: dict[str, torch.Tensor], held_out_entry_scores: torch.Tensor | None,
@@ -295,7 +289,7 @@ class Learner:
         scores, if known, spare a rescoring."""
         self._set_published(weights)
         if self.vocab is not None:
-            self.vocab["published"] = vocab_ids
+            self.vocab.ids["published"] = vocab_ids
         self.version += 1
         if held_out_entry_scores is None:
             self._entry_scores.pop("published", None)
@@ -308,23 +302,11 @@ class Learner:
 
     # ------------------------------------------------------------------ internals
 
-    def _ids(self, name: str) -> torch.Tensor | None:
-        return None if self.vocab is None else self.vocab[name]
-
-    def _recount_draft_vocab(self) -> None:
-        """The candidate's draft vocabulary for this round: the most counted ids (`config.draft_vocab_updates`)."""
-        if self.vocab is None or not self.config.draft_vocab_updates or not self.token_counts.total:
-            return
-        ids = self.token_counts.top(self.vocab["candidate"].numel())
-        if not torch.equal(ids, self.vocab["candidate"]):
-            self.vocab["candidate"] = ids
-            self._candidate_changed = True  # judged again: its q moved though its weights did not
-
     def _train(self, deadline: float | None) -> TrainResult:
         if len(self.buffer) == 0:
             return TrainResult()
         loss_fn = LOSSES[self.config.loss]
-        ids = self._ids("candidate")
+        ids = self.draft_vocab("candidate")
 
         def loss(model: nn.Module, batch: Any) -> torch.Tensor:
             with self._compute(), self.scorer.over(ids):  # the backward runs outside, as autocast wants
@@ -352,7 +334,7 @@ class Learner:
         missing = self.holdout.entries[len(known):]
         if missing:
             model = self.frozen if name == "frozen" else self.published
-            with self._compute(), self.scorer.over(self._ids(name)):
+            with self._compute(), self.scorer.over(self.draft_vocab(name)):
                 known = torch.cat([known, self.scorer.score_entries(model, missing)])
             self._entry_scores[name] = known
         return self._group(known)

@@ -37,10 +37,7 @@ def state_of(learner: Learner) -> dict[str, Any]:
         "holdout": learner.holdout.state_dict(),
         "generator": learner._generator.get_state(),
         # Draft vocabularies (absent without): each drafter's subset and the token counts they are recounted from.
-        **({} if learner.vocab is None else {"draft_vocab": {
-            **learner.vocab, "counts": learner.token_counts.counts, "total": learner.token_counts.total,
-            "policy_version": -1 if learner.token_counts.policy_version is None
-            else learner.token_counts.policy_version}}),
+        **({} if learner.vocab is None else {"draft_vocab": learner.vocab.state()}),
     }
 
 
@@ -59,7 +56,4 @@ def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
     vocab = state.get("draft_vocab")
     if vocab is not None:
         learner.set_draft_vocab(vocab["frozen"], vocab["counts"].shape[0])
-        learner.vocab.update({name: vocab[name] for name in ("published", "candidate")})
-        counts = learner.token_counts
-        counts.counts, counts.total = vocab["counts"].clone(), int(vocab["total"])
-        counts.policy_version = None if int(vocab["policy_version"]) < 0 else int(vocab["policy_version"])
+        learner.vocab.load(vocab)

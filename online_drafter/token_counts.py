@@ -36,3 +36,38 @@ class TokenCounts:
     def top(self, size: int, always: Iterable[int] = ()) -> torch.Tensor:
         """The `size` most counted ids, sorted (`always` included)."""
         return top_ids(self.counts, size, always)
+
+
+class DraftVocabs:
+    """The learner's draft vocabularies: each drafter's subset ("frozen", "published", "candidate", [N] sorted ids)
+    and the token counts the candidate's is recounted from (`Learner.set_draft_vocab`)."""
+
+    def __init__(self, ids: torch.Tensor, vocab_size: int, decay: float):
+        ids = torch.as_tensor(ids).long().unique(sorted=True).cpu()
+        self.ids = dict.fromkeys(("frozen", "published", "candidate"), ids)
+        self.counts = TokenCounts(vocab_size, decay)
+
+    def count(self, rollouts) -> None:
+        """Count the completion tokens of `rollout.Rollout`s at their policy versions."""
+        for rollout in rollouts:
+            self.counts.add(torch.tensor(rollout.completion_ids, dtype=torch.long), rollout.policy_version)
+
+    def recount(self) -> bool:
+        """The candidate's subset becomes the most counted ids (as many as it has); True if that changed it."""
+        if not self.counts.total:
+            return False
+        ids = self.counts.top(self.ids["candidate"].numel())
+        changed = not torch.equal(ids, self.ids["candidate"])
+        self.ids["candidate"] = ids
+        return changed
+
+    def state(self) -> dict:
+        counts = self.counts
+        return {**self.ids, "counts": counts.counts, "total": counts.total,
+                "policy_version": -1 if counts.policy_version is None else counts.policy_version}
+
+    def load(self, state: dict) -> None:
+        self.ids.update({name: state[name] for name in self.ids})
+        counts = self.counts
+        counts.counts, counts.total = state["counts"].clone(), int(state["total"])
+        counts.policy_version = None if int(state["policy_version"]) < 0 else int(state["policy_version"])

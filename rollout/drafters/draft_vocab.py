@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..config import SamplingParams
+from ..models.weights import copy_into
 from ..sampling.draft_q import DraftQ
 from ..sampling.logits import process_logits
 
@@ -123,12 +124,26 @@ class VocabDraws:
         self.vocab_size = vocab_size  # the target's: what drafts are ids of
         self.vocab: DraftVocab | None = None
 
-    def set(self, vocab: DraftVocab | None, head_rows: int | None = None) -> None:
-        """Draft over `vocab` (None: everything). `head_rows`: the LM head has only that many rows (a drafter
-        LM with a smaller vocabulary than the target's): the ids past them are left out."""
-        if vocab is not None and head_rows is not None and int(vocab.ids[-1]) >= head_rows:
-            vocab = DraftVocab(vocab.ids[vocab.ids < head_rows], self.vocab_size)
+    def set(self, vocab: DraftVocab | None, device: torch.device, head_rows: int | None = None) -> None:
+        """Draft over `vocab` (None: everything), its ids on `device`. `head_rows`: the LM head has only that many
+        rows (a drafter LM with a smaller vocabulary than the target's): the ids past them are left out."""
+        if vocab is not None:
+            ids = vocab.ids.to(device)
+            vocab = DraftVocab(ids if head_rows is None else ids[ids < head_rows], self.vocab_size)
         self.vocab = vocab
+
+    def load(self, module: nn.Module, state_dict: Mapping[str, torch.Tensor], role: str, device: torch.device,
+             head_rows: int | None = None) -> None:
+        """A drafter's `load_weights`: the weights into `module`, and the draft vocabulary if the state carries one."""
+        weights, ids = split_state(state_dict)
+        copy_into(module, weights, role)
+        if ids is not None:
+            self.set(DraftVocab(ids, self.vocab_size), device, head_rows)
+
+    @property
+    def ids(self) -> torch.Tensor | None:
+        """The ids drafted over now (None: the whole vocabulary)."""
+        return None if self.vocab is None else self.vocab.ids
 
     @property
     def width(self) -> int:

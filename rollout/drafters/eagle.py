@@ -28,10 +28,10 @@ from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.cache import LayerShape, RaggedKVCache
 from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
-from ..models.weights import cast_module, copy_into
+from ..models.weights import cast_module
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
-from .draft_vocab import DraftVocab, VocabDraws, split_state
+from .draft_vocab import DraftVocab, VocabDraws
 from .heads import EagleHead
 from .protocol import DraftDraw, Proposal
 
@@ -107,16 +107,13 @@ class EagleDrafter:
         self.cache.move_row(src, dst)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        weights, ids = split_state(state_dict)
-        copy_into(self.head, weights, "eagle head")
-        if ids is not None:
-            self.set_draft_vocab(DraftVocab(ids, self.draws.vocab_size))
+        self.draws.load(self.head, state_dict, "eagle head", self.device)
 
     def draft_vocab(self) -> torch.Tensor | None:
-        return None if self.draws.vocab is None else self.draws.vocab.ids
+        return self.draws.ids
 
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
-        self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.device), vocab.vocab_size))
+        self.draws.set(vocab, self.device)
 
     def cost_key(self) -> str:
         head = self.head

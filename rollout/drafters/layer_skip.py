@@ -99,10 +99,10 @@ class LayerSkipDrafter:
         raise ValueError("the layer-skip drafter has no weights of its own: it follows the target's")
 
     def draft_vocab(self) -> torch.Tensor | None:
-        return None if self.draws.vocab is None else self.draws.vocab.ids
+        return self.draws.ids
 
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
-        self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.target.device), vocab.vocab_size))
+        self.draws.set(vocab, self.target.device)
 
     def cost_key(self) -> str:
         return f"layer_skip{self.num_layers}:{model_cost_key(self.target)}:draft_vocab{self.draws.width}"

@@ -19,10 +19,9 @@ from torch import nn
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, time_draft_calls
-from ..models.weights import copy_into
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
-from .draft_vocab import DraftVocab, VocabDraws, split_state
+from .draft_vocab import DraftVocab, VocabDraws
 from .heads import MedusaHeads
 from .hidden import last_hidden
 from .protocol import DraftDraw, Proposal
@@ -64,16 +63,13 @@ class MedusaDrafter:
         """`RowBuffers.move_row` moves the hidden states."""
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        weights, ids = split_state(state_dict)
-        copy_into(self.heads, weights, "medusa heads")
-        if ids is not None:
-            self.set_draft_vocab(DraftVocab(ids, self.draws.vocab_size))
+        self.draws.load(self.heads, state_dict, "medusa heads", self.device)
 
     def draft_vocab(self) -> torch.Tensor | None:
-        return None if self.draws.vocab is None else self.draws.vocab.ids
+        return self.draws.ids
 
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
-        self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.device), vocab.vocab_size))
+        self.draws.set(vocab, self.device)
 
     def cost_key(self) -> str:
         heads = self.heads

@@ -18,10 +18,9 @@ from ..core.batch import RowBuffers
 from ..models.cache import STATE_HISTORY
 from ..models.runner import ModelRunner
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, draft_noise, model_cost_key, time_forwards
-from ..models.weights import copy_into
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
-from .draft_vocab import DraftVocab, VocabDraws, split_state
+from .draft_vocab import DraftVocab, VocabDraws
 from .protocol import DraftDraw, Proposal
 
 
@@ -74,17 +73,13 @@ class ModelDrafter:
         self.runner.cache.move_row(src, dst)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        weights, ids = split_state(state_dict)
-        copy_into(self.runner.model, weights, "drafter")
-        if ids is not None:
-            self.set_draft_vocab(DraftVocab(ids, self.target_vocab_size))
+        self.draws.load(self.runner.model, state_dict, "drafter", self.runner.device, self.runner.vocab_size)
 
     def draft_vocab(self) -> torch.Tensor | None:
-        return None if self.draws.vocab is None else self.draws.vocab.ids
+        return self.draws.ids
 
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
-        self.draws.set(None if vocab is None else DraftVocab(vocab.ids.to(self.runner.device), vocab.vocab_size),
-                       head_rows=self.runner.vocab_size)
+        self.draws.set(vocab, self.runner.device, head_rows=self.runner.vocab_size)
 
     def cost_key(self) -> str:
         return model_cost_key(self.runner) + f":draft_vocab{self.draws.width}"
