@@ -49,8 +49,6 @@ class DraftLearner(Learner):
         naming `path`; `drafter` itself is never modified.
         """
         state = load_checkpoint(path, CHECKPOINT_KEYS)
-        buffer = DraftBuffer()
-        buffer.load_state_dict(state["buffer"])
-        learner = cls(drafter, LearnerConfig(**state["config"]), buffer)
+        learner = cls(drafter, LearnerConfig(**state["config"]))
         restore(learner, state, f"checkpoint {path}")
         return learner
