@@ -18,6 +18,11 @@ round (and, every few steps, a probe of the served drafter on fresh rollouts of 
 while the trainer updates the policy — in a thread of the trainer's process locally, on the learner
 actor and idle workers on Ray; `finish_learner_round` collects it before the next rollout.
 
+A run that resumes (`specroll train --resume`) takes back what the service had at a trainer checkpoint:
+`state_dict()` is the learner's whole state (`online_drafter.learner_state`) and the rollouts generated
+so far, `load_state_dict` restores it into a fresh service on the same models and serves the learner's
+published drafter at its version on every engine; the policy comes with the next `sync_policy`.
+
 Several trainer ranks (`accelerate launch`) either share one service (`serves_all_ranks()` True: the
 Ray controller of `ray_backend.shared_service`) — the main rank then syncs and runs the learner for
 everyone, and the other ranks `await_policy` — or each holds its own (`LocalBackend`: an engine in
@@ -81,8 +86,22 @@ class RolloutBackend(Protocol):
         ...
 
     def metrics(self) -> dict[str, float]:
-        """The service's state: `rollout/policy_version`, `drafter/version`, `sync/policy_s` and
-        `sync/drafter_s` once synced (and what only one backend has, e.g. Ray's `rollout/resends`)."""
+        """The service's state: `rollout/policy_version`, `drafter/version`, `rollout/total_rollouts` (rollouts
+        `generate` returned since the run began, a resumed run's counted on from its checkpoint), `sync/policy_s`
+        and `sync/drafter_s` once synced (and what only one backend has, e.g. Ray's `rollout/resends`)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs of the service: `learner`, the learner's whole state
+        (`online_drafter.learner_state.state_of`; None without a learner), and `total_rollouts`. Raises
+        RuntimeError while a learner round runs (`finish_learner_round` first) or on a service this rank does
+        not drive."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back another service's `state_dict()` (same models and drafter kind) before the first
+        `generate`: the learner's state, and its published drafter served at its version on every engine.
+        Raises ValueError when one of the two has a learner and the other not, or the drafter does not fit."""
         ...
 
     def process_threads(self) -> list[ThreadSetting]:

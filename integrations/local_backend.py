@@ -13,7 +13,8 @@ a probe, if asked) in a background thread while the trainer updates the policy â
 GIL in its kernels, so the two share the machine's cores â€” and `finish_learner_round` joins it and
 loads the learner's drafter into the engine only when the version moved, so a round that measured
 worse never changes what the engine drafts with. `sync_policy` and `generate` join a running round
-first: the probe generates on the same engine.
+first: the probe generates on the same engine. `state_dict` / `load_state_dict` (a resumed run) carry the
+learner's state (`online_drafter.learner_state`) and the rollout count.
 
 A LocalBackend lives in one process and cannot be shared: under `accelerate launch` every rank
 builds its own (its own engine and learner), and every rank syncs its own with the gathered weights.
@@ -33,6 +34,7 @@ from transformers import PreTrainedModel
 
 from specroll.integrations.threads import ThreadSetting
 from specroll.online_drafter import LearnerConfig
+from specroll.online_drafter.learner_state import restore, state_of
 from specroll.online_drafter.online_learner import OnlineLearner, make_online_learner
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
@@ -53,6 +55,7 @@ class LocalBackend:
         self.learner = learner
         self.last_batch = BatchStats()
         self.last_sync_s: float | None = None
+        self.total_rollouts = 0  # returned by generate since the run began (a resumed run's from its checkpoint)
         self._round: threading.Thread | None = None
         self._round_result: dict[str, Any] | None = None  # the last round's, until finish_learner_round
 
@@ -91,6 +94,7 @@ class LocalBackend:
         rollouts = self.engine.generate(prompts, params, n)
         self.last_batch = dataclasses.replace(self.engine.stats.since(before),
                                               wall_time_s=time.perf_counter() - started)
+        self.total_rollouts += len(rollouts)
         if self.learner is not None:
             self.learner.add_rollouts(rollouts)
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
@@ -155,7 +159,26 @@ class LocalBackend:
     def metrics(self) -> dict[str, float]:
         synced = {} if self.last_sync_s is None else {"sync/policy_s": self.last_sync_s}
         return {"rollout/policy_version": float(self.engine.policy_version),
-                "drafter/version": float(self.engine.drafter_version), **synced}
+                "drafter/version": float(self.engine.drafter_version),
+                "rollout/total_rollouts": float(self.total_rollouts), **synced}
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._round_result is not None:
+            raise RuntimeError("state_dict while a learner round runs: finish_learner_round collects it first")
+        return {"learner": None if self.learner is None else state_of(self.learner),
+                "total_rollouts": self.total_rollouts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        learner = state["learner"]
+        if (learner is None) != (self.learner is None):
+            raise ValueError(f"the state {'has' if learner is not None else 'has no'} learner and this backend "
+                             f"{'has' if self.learner is not None else 'has none'}: online_learning and the drafter "
+                             "kind must be those of the run that saved it")
+        self._join_round()
+        if learner is not None:
+            restore(self.learner, learner, "the saved learner state")
+            self.engine.update_drafter(self.learner.published_state_dict(), self.learner.version)
+        self.total_rollouts = int(state["total_rollouts"])
 
     def process_threads(self) -> list[ThreadSetting]:
         """None besides the caller's: the engine and the learner run in this process."""

@@ -31,6 +31,7 @@ CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "candidate", "ave
 
 
 def state_of(learner: Learner) -> dict[str, Any]:
+    _require_learner(learner)
     return {
         "config": asdict(learner.config),
         "version": learner.version,
@@ -55,6 +56,7 @@ def state_of(learner: Learner) -> dict[str, Any]:
 
 
 def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
+    _require_learner(learner)
     candidate = learner.candidate
     for model, key in ((learner.frozen, "frozen"), (candidate.model, "candidate"), (candidate.averaged, "averaged"),
                        (learner.published, "published")):
@@ -79,6 +81,15 @@ def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
     learner._candidate_changed = bool(timing["candidate_changed"])
     candidate.step_s = float(timing["step_s"])
     _load_alarms(learner.alarms, state["alarms"])
+
+
+def _require_learner(learner: Any) -> None:
+    """Only a `Learner` has this state: a `recording.RecordingLearner` records one run from its start."""
+    from .learner import Learner
+
+    if not isinstance(learner, Learner):
+        raise ValueError(f"a {type(learner).__name__} keeps no checkpoint state: only a learner.Learner does (a "
+                         "recording, learner.record_dir, is one run from its start: unset it to resume a run)")
 
 
 def _alarms_state(alarms: LearnerAlarms) -> dict[str, Any]:

@@ -14,6 +14,10 @@ The main job, end to end:
 6. write the report folder (`report.write_report`) and print where it is, with the model build's
    seconds apart from the run's.
 
+With `checkpoint.every` > 0 the run saves a trainer checkpoint with specroll's state beside it (`resume`);
+`--resume DIR` (a run's report folder: its newest whole checkpoint; or one `trainer/checkpoint-<step>`
+folder) goes on from one, writing into that run's folder unless `--out-dir` says otherwise (docs/resume.md).
+
 Under `accelerate launch` (docs/ray.md, *Several trainer processes*) every rank runs steps 1-4; the
 main rank builds the demo models first, creates the shared Ray service (the others attach), measures
 the speed and writes the report; it stops the service last.
@@ -34,7 +38,11 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="run config YAML (e.g. configs/demo.yaml)")
-    parser.add_argument("--out-dir", default=None, help="report folder (overrides report.out_dir)")
+    parser.add_argument("--out-dir", default=None, help="report folder (overrides report.out_dir; with --resume, "
+                        "the resumed run's folder)")
+    parser.add_argument("--resume", default=None, metavar="DIR",
+                        help="go on from a checkpoint: a run's report folder (its newest whole checkpoint) or one "
+                             "of its trainer/checkpoint-<step> folders")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,17 +56,31 @@ def run(args: argparse.Namespace) -> int:
     from specroll.integrations.yaml_config import ConfigError
 
     from .backends import driver_threads, make_backend, resolve_models, stop_ray, trainer_ranks
+    from .checkpoints import find_checkpoint
     from .report import headline_lines, write_report
+    from .resume import check_matches, resumes_of
     from .speed import measure_speed
     from .task_source import load_task
     from .train_config import load_train_config, resolved_dict
 
     config = load_train_config(args.config)
+    saved = None
+    if args.resume:
+        saved = find_checkpoint(args.resume)
+        check_matches(saved, config)
+        config.report.out_dir = str(saved.run_dir)
     if args.out_dir:
         config.report.out_dir = args.out_dir
     started = time.perf_counter()
     ranks = trainer_ranks(config)  # None unless a launcher (accelerate launch, torchrun) started several ranks
+    if ranks is not None and (config.checkpoint.every or saved is not None):
+        raise ConfigError(f"checkpoint.every={config.checkpoint.every} (or --resume) is invalid with "
+                          f"{ranks.num_processes} trainer ranks: specroll checkpoints and resumes one trainer "
+                          "process; set checkpoint.every: 0 under accelerate launch")
     main = ranks is None or ranks.is_main
+    if saved is not None:
+        print(f"specroll train: resuming from {saved.path} (step {saved.step}) into {config.report.out_dir}",
+              flush=True)
     if main:
         print("specroll train: resolved config\n" + yaml.safe_dump(resolved_dict(config), sort_keys=False))
     with ranks.main_first() if ranks is not None else contextlib.nullcontext():  # one rank builds the demo models
@@ -74,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         threads = [driver, *(backend.process_threads() if main else [])]
         print("specroll: torch threads per process (set from the config, whatever OMP_NUM_THREADS says): "
               + "; ".join(t.line() for t in threads), flush=True)
-        trainer, schedule = train(config, sources, task, backend)
+        if saved is not None:
+            backend.load_state_dict(saved.backend_state())
+        trainer, schedule = train(config, sources, task, backend, saved)
         if main:
             speed = measure_speed(config, sources, task, trainer, backend)
         else:  # the main rank's measurement gathers ZeRO-3 weights: a collective every rank joins
@@ -92,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     history = trainer.state.log_history
     wall_s = time.perf_counter() - started
     summary = summarize(history, speed, wall_s, sources.build_s, schedule, threads, config.online_learning)
+    if saved is not None:
+        summary["resumed"] = resumes_of(saved)
     files = write_report(config.report.out_dir, history, speed, resolved_dict(config), summary, schedule.events,
                          schedule.probes)
     for line in headline_lines(summary["headline"]):
@@ -136,9 +162,10 @@ def save_policy(trainer: Any, out: Path, write: bool = True) -> None:
     save_file({name: t.detach().clone() for name, t in policy.items()}, str(out / "policy.safetensors"))
 
 
-def train(config: Any, sources: Any, task: Any, backend: Any) -> tuple[Any, Any]:
-    """Run GRPO (a `TrainConfig`, `ModelSources`, `Task`, `RolloutBackend`); returns the trainer and its
-    hook's `LearnerSchedule` (probes, events, learner times)."""
+def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None = None) -> tuple[Any, Any]:
+    """Run GRPO (a `TrainConfig`, `ModelSources`, `Task`, `RolloutBackend`), from the start or from `saved`
+    (a `checkpoints.SavedRun`, whose backend state is loaded already); returns the trainer and its hook's
+    `LearnerSchedule` (probes, events, learner times)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's documented hook
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -148,6 +175,7 @@ def train(config: Any, sources: Any, task: Any, backend: Any) -> tuple[Any, Any]
     from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
     from specroll.integrations.trl_hook import SpecrollRolloutFunc
 
+    from .resume import ResumeCallback, restore_run, resumes_of
     from .task_source import probe_prompts
 
     grpo = config.grpo
@@ -159,7 +187,7 @@ def train(config: Any, sources: Any, task: Any, backend: Any) -> tuple[Any, Any]
         max_completion_length=grpo.max_completion_length, learning_rate=grpo.learning_rate,
         temperature=grpo.temperature, beta=grpo.beta, num_iterations=grpo.num_iterations, seed=grpo.seed,
         bf16=grpo.bf16, deepspeed=grpo.deepspeed, use_cpu=config.engine.device == "cpu", logging_steps=1,
-        save_strategy="no", report_to=_report_to(), disable_tqdm=True, **grpo.extra,
+        report_to=_report_to(), disable_tqdm=True, **_checkpointing(config.checkpoint), **grpo.extra,
     )
     dataset = Dataset.from_dict({"prompt": task.prompts(grpo.num_train_prompts, grpo.seed)})
     probe = None
@@ -167,15 +195,27 @@ def train(config: Any, sources: Any, task: Any, backend: Any) -> tuple[Any, Any]
         probe = ProbeSet(probe_prompts(task, config.probe.prompts, grpo.seed + 2, dataset["prompt"]),
                          config.probe.every, config.probe.samples)
     schedule = LearnerSchedule(probe, config.learner_schedule.rollout_share, config.learner_schedule.update_share)
+    rollout_func = SpecrollRolloutFunc(backend, learn=config.online_learning, schedule=schedule)
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(sources.paths.target), reward_funcs=task.reward_funcs, args=args,
-        train_dataset=dataset, processing_class=sources.tokenizer,
-        rollout_func=SpecrollRolloutFunc(backend, learn=config.online_learning, schedule=schedule),
+        train_dataset=dataset, processing_class=sources.tokenizer, rollout_func=rollout_func,
         callbacks=[progress_bar()],
     )
     trainer.remove_callback(PrinterCallback)  # the progress bar shows the numbers; the report keeps them
-    trainer.train()
+    if config.checkpoint.every:
+        trainer.add_callback(ResumeCallback(trainer, rollout_func, schedule, backend, config,
+                                            resumes_of(saved) if saved is not None else []))
+    if saved is not None:
+        restore_run(saved, trainer, rollout_func, schedule)
+    trainer.train(resume_from_checkpoint=None if saved is None else str(saved.path))
     return trainer, schedule
+
+
+def _checkpointing(checkpoint: Any) -> dict[str, Any]:
+    """The `GRPOConfig` fields of the `checkpoint` section (`CheckpointSettings`)."""
+    if not checkpoint.every:
+        return {"save_strategy": "no"}
+    return {"save_strategy": "steps", "save_steps": checkpoint.every, "save_total_limit": checkpoint.keep}
 
 
 def summarize(history: list[dict], speed: Any, wall_s: float, build_s: float, schedule: Any,

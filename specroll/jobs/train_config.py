@@ -7,7 +7,8 @@ Sections: `models` (the demo recipe, or your own `save_pretrained` folders), `gr
 by dotted path, or the demo's), `backend` (in-process or Ray, with the Ray
 topology and weight transport), `engine` (`EngineConfig`), `learner` (`LearnerConfig`;
 `online_learning: false` keeps the drafter frozen), `learner_schedule` (the background round's
-budget), `probe` (the drift probe set), `report` (where the report lands and how the end-of-run
+budget), `probe` (the drift probe set), `checkpoint` (how often the run saves a checkpoint it can resume
+from: `specroll train --resume`, docs/resume.md), `report` (where the report lands and how the end-of-run
 speed measurement is done).
 Loading goes through the project's typed loader (`config.load_config`): a missing file, an unknown
 key, a value of the wrong type or an emptied section fails with a `ConfigError` naming it, and
@@ -177,6 +178,26 @@ class LearnerScheduleSettings:
             require(0 < value <= 1, f"learner_schedule.{name}", value, "a number in (0, 1]")
 
 
+# GRPOConfig fields the checkpoint section sets: set there, never through grpo.extra
+CHECKPOINT_FIELDS = ("save_strategy", "save_steps", "save_total_limit", "save_only_model", "output_dir")
+
+
+@dataclass
+class CheckpointSettings:
+    """A trainer checkpoint every `every` steps and at the last (0: none), with specroll's state beside it
+    (`resume`: what it holds); `keep` the newest checkpoints kept (null: all). At least 2: TRL deletes the older
+    ones before specroll's state is written beside the newest, so a run killed in between still has one whole."""
+
+    every: int = 0
+    keep: int | None = None
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.every, int) and self.every >= 0, "checkpoint.every", self.every,
+                "an int >= 0 (0: no checkpoints)")
+        require(self.keep is None or (isinstance(self.keep, int) and self.keep >= 2), "checkpoint.keep", self.keep,
+                "null (keep all) or an int >= 2")
+
+
 @dataclass
 class TrainConfig:
     """One `specroll train` run (see the module docstring)."""
@@ -191,6 +212,7 @@ class TrainConfig:
     learner_schedule: LearnerScheduleSettings = field(default_factory=LearnerScheduleSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     torch_threads: int | None = None
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
 
     def __post_init__(self) -> None:
@@ -199,6 +221,20 @@ class TrainConfig:
                  f"at least grpo.max_completion_length + a prompt (>= {needed})")
         require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
                  "an int >= 1 or null")
+        set_in_extra = sorted(set(self.grpo.extra) & set(CHECKPOINT_FIELDS))
+        require(not set_in_extra, "grpo.extra", set_in_extra, "no checkpoint fields (the checkpoint section sets "
+                "them: checkpoint.every, checkpoint.keep; the run's folder is report.out_dir)")
+        if self.checkpoint.every:
+            # TRL reuses a generation for `num_iterations` updates and does not keep it in a checkpoint: a resumed
+            # run generates afresh at its first step, so checkpoints must fall where a generation starts.
+            accumulation = int(self.grpo.extra.get("gradient_accumulation_steps", 1))
+            per_generation = int(self.grpo.extra.get("steps_per_generation") or accumulation)
+            cycle = per_generation * self.grpo.num_iterations
+            require(self.checkpoint.every * accumulation % cycle == 0, "checkpoint.every", self.checkpoint.every,
+                    f"a multiple of the optimizer steps one generation serves ({cycle} micro-steps of "
+                    f"{accumulation}: grpo.num_iterations x steps_per_generation)")
+            require(self.learner.record_dir is None, "learner.record_dir", self.learner.record_dir,
+                    "null with checkpoint.every > 0 (a recording is one run from its start: it cannot resume)")
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
