@@ -19,6 +19,17 @@ seed and (prompt_indices[i], j), and every number it draws by its sequence posit
 never by the step, slot, batch or γ schedule. `EngineConfig.sampler` picks the accept rule
 (`sampling.accept`): with "invariant" a seed's tokens are plain decoding's whatever the drafter and γ.
 
+Host↔device syncs. A steady-state step (no row finishing or admitted) makes one device→host copy:
+`core.append.append_kept` folds everything the host needs — finished rows, new lengths, kept tokens,
+accepted and verified drafts, stats, auto-γ's evidence — into one tensor. The caches plan their
+forwards from host mirrors of their lengths (`models.cache`), random-number constants are Python ints,
+so nothing else reads the device. A step that uses the suffix drafter's proposal adds one host→device
+copy (its drafts, lengths and the model's rows, packed). With auto-γ on a GPU, every
+`DRAFT_TIMING_EVERY`-th drafting step adds one `torch.cuda.synchronize` to time its draft part. So:
+1 per step for plain decoding, the model drafter, EAGLE, Medusa and layer-skip; 2 with the suffix
+drafter's drafts (`tests/test_engine_syncs.py` counts them). Finishing rows cost their export's copies
+and admitted rows their prefill's (the prompts, their slots), once per row, not per step.
+
 Faults stay in their row. A row whose target distribution is non-finite where its next token is
 drawn ends with `finish_reason="error"` (its tokens before that position kept, `Rollout.error` says
 where); a row whose drafter q is non-finite takes a plain step, counted in
@@ -48,8 +59,9 @@ from .drafters.protocol import Drafter, Proposal
 from .gamma.factory import make_gamma_policy
 from .gamma.policy import GammaPolicy, StepOutcome, StepShape
 from .models.architectures import check_architecture
+from .models.rows import RowIds
 from .models.runner import ModelRunner
-from .models.timing import CALIBRATION_CONTEXT
+from .models.timing import CALIBRATION_CONTEXT, runs_async
 from .models.vocab import check_vocab_compatible
 from .models.weights import copy_into
 from .sampling.accept import ACCEPT_RULES, AcceptRule
@@ -59,6 +71,7 @@ from .sampling.noise import StepNoise
 from .sampling.randomness import draw_seed
 
 VOCAB_DRAFTER_KINDS = ("model", "eagle", "medusa", "layer_skip")  # the drafters with an LM head to cut
+DRAFT_TIMING_EVERY = 16  # on an async device, the drafting steps whose draft part auto-γ times (one sync each)
 
 
 class SpecEngine:
@@ -98,6 +111,7 @@ class SpecEngine:
         self.policy_version = 0
         self.drafter_version = 0
         self._generating = False
+        self._drafting_steps = 0
 
     # ------------------------------------------------------------------ public API
 
@@ -247,7 +261,7 @@ class SpecEngine:
         if proposal.drafts.shape[1] < gamma:  # the last columns are not worth verifying
             gamma = proposal.drafts.shape[1]
             noise = noise.narrow(gamma + 1)
-        drafted = time.perf_counter()
+        drafted = self._draft_clock(gamma)
         usable = self._usable(proposal, gamma)  # [n, γ]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
         logits = self.target.feed(live, torch.cat([last_token, proposal.drafts], dim=1),
@@ -257,14 +271,14 @@ class SpecEngine:
         step = VerifiedStep(seq_len, proposal.drafts, proposal.lengths, proposal.source, usable, verdict, logits, p)
         summary = append_kept(self.rows, live, step, params, stop_ids, self.drafter.names if self.drafter else (),
                               count_evidence=bool(gamma) and self.gamma_policy.adaptive)
-        self.target.rollback(live, self.rows.seq_len[live] - 1)
+        self.target.rollback(live, self.rows.seq_len[live] - 1, [length - 1 for length in self.rows.host_seq_len[:n]])
         if self.drafter:
             self.drafter.keep(live, self.rows, seq_len, verdict.accepted_len, usable.sum(1))
         self.stats.record_step(gamma, n, summary, context=max(self.rows.host_seq_len[:n]))
         if self.gamma_policy.adaptive:
             self.gamma_policy.observe(shape, StepOutcome(
                 gamma=gamma, rows=n, counts=summary.counts, emitted=summary.emitted, stopped=summary.stopped,
-                seconds=time.perf_counter() - started, draft_seconds=drafted - started,
+                seconds=time.perf_counter() - started, draft_seconds=None if drafted is None else drafted - started,
             ), params.greedy)
         return summary.finished
 
@@ -273,10 +287,21 @@ class SpecEngine:
         if not gamma:
             return Proposal(torch.empty(n, 0, dtype=torch.long, device=self.device),
                             DraftQ(None, None, None, self.vocab_size))
-        proposal = self.drafter.propose(live, self.rows, gamma, params, noise.draw_draft)
-        if self.gamma_policy.adaptive and proposal.drafts.is_cuda:
-            torch.cuda.synchronize(proposal.drafts.device)  # the policy times the draft part on its own
-        return proposal
+        return self.drafter.propose(live, self.rows, gamma, params, noise.draw_draft)
+
+    def _draft_clock(self, gamma: int) -> float | None:
+        """When this step's drafting ended, for an adaptive γ policy's cost model (None: not measured).
+        On a device that runs asynchronously the clock must wait for the drafts (a sync), so only every
+        `DRAFT_TIMING_EVERY`-th drafting step is measured; the cost model takes the others' draft part as
+        predicted from the measured ones (`CostModel.observe`). On a CPU every step is measured, free."""
+        if not self.gamma_policy.adaptive:
+            return None
+        if gamma and runs_async(self.device):
+            self._drafting_steps += 1
+            if self._drafting_steps % DRAFT_TIMING_EVERY:
+                return None
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _narrow(self, shape: StepShape, proposal: Proposal) -> Proposal:
         """The proposal cut to the width the γ policy finds worth verifying, if the drafter said what
@@ -306,12 +331,13 @@ class SpecEngine:
             return
         for req in admitted:
             self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens, req.key)
-        slots = torch.tensor([req.slot for req in admitted], dtype=torch.long, device=self.device)
-        count = torch.tensor([len(req.prompt_ids) - 1 for req in admitted], device=self.device)
+        ids, host_count = [req.slot for req in admitted], [len(req.prompt_ids) - 1 for req in admitted]
+        packed = torch.tensor(ids + host_count, dtype=torch.long, device=self.device)  # one copy: [2k]
+        slots, count = RowIds(packed[: len(ids)], ids), packed[len(ids) :]
         self.target.cache.reset_rows(slots)
-        tokens = self.rows.tokens[slots]
-        if int(count.max()) > 0:
-            self.target.extend(slots, tokens, count, self.rows.hidden)
+        tokens = self.rows.tokens[slots.index]
+        if max(host_count) > 0:
+            self.target.extend(slots, tokens, count, self.rows.hidden, host_count=host_count)
         if self.drafter:  # an engine that never drafts lets the drafter catch up lazily, if ever
             self.drafter.prefill(slots, self.rows, count if self.config.gamma != 0 else torch.zeros_like(count))
 

@@ -75,9 +75,9 @@ def test_noisy_drafter_rows_accept_different_lengths_and_match_hf(hybrid):
     dropped = []  # per verification step, the tokens each row's rollback drops
     rollback = engine.target.rollback
 
-    def spy(rows_, lens):
+    def spy(rows_, lens, host_lens=None):
         dropped.append((engine.target.cache.lens[rows_] - lens).tolist())
-        rollback(rows_, lens)
+        rollback(rows_, lens, host_lens)
 
     engine.target.rollback = spy
     out = engine.generate(rows, SamplingParams(max_new_tokens=12, temperature=0))

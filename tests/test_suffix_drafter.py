@@ -15,7 +15,7 @@ from tiny_models import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
-from specroll.rollout.core.batch import RowBuffers
+from specroll.rollout.core.batch import HostStep, RowBuffers
 from specroll.rollout.drafters.suffix import SuffixDrafter
 from specroll.rollout.drafters.suffix_or_model import SuffixOrModelDrafter
 
@@ -70,6 +70,8 @@ def _append(drafter: SuffixDrafter, rows: RowBuffers, tokens: list[list[int]]) -
     """Append tokens[b] to row b and let the drafter index them."""
     n = len(tokens)
     seq_len = rows.seq_len[:n].clone()
+    rows.last_step = HostStep(seq_len=rows.host_seq_len[:n], accepted_len=[0] * n, drafted_len=[0] * n,
+                              appended=[list(new) for new in tokens])  # what a step's host copy says
     for b, new in enumerate(tokens):
         start = rows.host_seq_len[b]
         rows.tokens[b, start : start + len(new)] = torch.tensor(new, dtype=torch.long)

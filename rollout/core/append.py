@@ -4,7 +4,9 @@ After verification each row keeps its accepted drafts and one more token, cut at
 or its length limit, and a row whose next token had no distribution ends there (`Rollout.error`).
 `append_kept` writes all of it into `RowBuffers` with whole-tensor ops and copies to the host, once,
 what the step's bookkeeping needs (`StepSummary`: finished slots, counts per draft position and per
-drafter kind, auto-γ's evidence: `acceptance_counts`). Rolling the caches back to the kept tokens is the
+drafter kind, auto-γ's evidence: `acceptance_counts`; `RowBuffers.host_seq_len` and `RowBuffers.last_step`:
+each row's new length and what it kept, which the caches' host mirrors and the drafters read instead of
+the device). Rolling the caches back to the kept tokens is the
 engine's step.
 """
 
@@ -16,7 +18,7 @@ import torch
 
 from ..config import SamplingParams
 from ..sampling.accept import Verdict
-from .batch import RowBuffers
+from .batch import HostStep, RowBuffers
 from .stats import StepSummary
 
 
@@ -76,7 +78,7 @@ def append_kept(rows: RowBuffers, live: slice, step: VerifiedStep, params: Sampl
     rows.num_drafted[live] += drafted_len
     rows.num_accepted[live] += verdict.accepted_len
     if count_evidence:  # what the policy learns from: each row's verdict, reach and start state
-        evidence = [verdict.accepted_len, torch.minimum(num_emit, drafted_len), rows.rejected[live].long()]
+        evidence = [torch.minimum(num_emit, drafted_len), rows.rejected[live].long()]
         # A row that drafted nothing says nothing about where the drafter stands: it keeps its state.
         rows.rejected[live] = torch.where(drafted_len > 0, verdict.accepted_len < drafted_len, rows.rejected[live])
     finished = rows.stopped[live] | (new_len >= rows.max_len[live]) | failed  # [n]
@@ -86,18 +88,24 @@ def append_kept(rows: RowBuffers, live: slice, step: VerifiedStep, params: Sampl
     # One device→host copy for everything the host needs from this step.
     parts = [torch.stack([num_emit.sum(), stopped.sum(), failed.sum(), dropped.sum()]), verdict.accepted.sum(0),
              usable.sum(0), _by_drafter(step.source, drafted_len, verdict.accepted_len, kinds),
-             finished.long(), new_len]
-    values = torch.cat([*parts, *evidence] if count_evidence else parts).tolist()
+             finished.long(), new_len, num_emit, verdict.accepted_len, drafted_len]
+    if count_evidence:
+        parts += evidence
+    values = torch.cat([*parts, verdict.tokens.reshape(-1)]).tolist()
     emitted, num_stopped, num_failed, num_dropped = values[:4]
-    cut = [4, 4 + gamma, 4 + 2 * gamma, 4 + 2 * gamma + 3 * kinds]
+    cut = [4, 4 + gamma, 4 + 2 * gamma, 4 + 2 * gamma + 3 * kinds, len(values) - n * width]
     kept, drafted, by_drafter = values[cut[0] : cut[1]], values[cut[1] : cut[2]], values[cut[2] : cut[3]]
-    per_row = [values[i : i + n] for i in range(cut[3], len(values), n)]
-    done, rows.host_seq_len[:n] = per_row[0], per_row[1]
+    per_row = [values[i : i + n] for i in range(cut[3], cut[4], n)]
+    tokens = values[cut[4] :]
+    done, emit = per_row[0], per_row[2]
+    rows.last_step = HostStep(seq_len=rows.host_seq_len[:n], accepted_len=per_row[3], drafted_len=per_row[4],
+                              appended=[tokens[b * width : b * width + k] for b, k in enumerate(emit)])
+    rows.host_seq_len[:n] = per_row[1]
     if num_failed:
         rows.record_failures(live, failed, verdict.accepted_len, step.logits)
     # Drafts past a row's stop token or length limit were verified but never used: they are no
     # evidence about acceptance (counting them as kept would reward drafting across the end).
-    counts = acceptance_counts(per_row[2], per_row[3], per_row[4], gamma) if count_evidence else None
+    counts = acceptance_counts(per_row[3], per_row[5], per_row[6], gamma) if count_evidence else None
     return StepSummary(
         finished=[slot for slot, end in enumerate(done) if end], emitted=emitted, stopped=num_stopped,
         dropped_rows=num_dropped, kept_per_position=kept, drafted_per_position=drafted,

@@ -7,11 +7,23 @@ lists are only built when it finishes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .request import FinishedRow, RolloutSignals
 
 SIGNAL_HIDDEN_DTYPE = torch.float16  # recorded hidden states (`RolloutSignals.hidden`): 2·H bytes per position
+
+
+@dataclass
+class HostStep:
+    """The last step of live rows [0, n) on the host, from its one device→host copy (`core.append.append_kept`)."""
+
+    seq_len: list[int]  # each row's length before the step
+    accepted_len: list[int]  # drafts kept
+    drafted_len: list[int]  # drafts verified (usable)
+    appended: list[list[int]]  # the tokens each row kept
 
 
 class RowBuffers:
@@ -35,6 +47,7 @@ class RowBuffers:
         self.host_seq_len = [0] * batch
         self.host_max_len = [0] * batch
         self.host_error: list[str | None] = [None] * batch  # why the row failed (set only when it does)
+        self.last_step: HostStep | None = None  # set by each step
         self.signal_top_k = signal_top_k
         if signal_top_k:
             self.topk_ids = zeros(batch, length, signal_top_k)  # [B, L, k]

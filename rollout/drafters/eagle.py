@@ -27,6 +27,7 @@ from torch import nn
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.cache import LayerShape, RaggedKVCache
+from ..models.rows import Rows, device_index, pick
 from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..models.weights import cast_module
 from ..sampling.logits import process_logits
@@ -53,36 +54,38 @@ class EagleDrafter:
         self.num_forwards = 0
 
     @torch.inference_mode()
-    def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
+    def propose(self, live: Rows, rows: RowBuffers, gamma: int, params: SamplingParams,
                 draw: DraftDraw) -> Proposal:
-        """`live` may be a slice or an index tensor of slots."""
-        seq_len = rows.seq_len[live]  # [n]
+        """`live` may be a slice or some of the live rows (`models.rows.RowIds`)."""
+        index = device_index(live)
+        seq_len = rows.seq_len[index]  # [n]
         n = seq_len.shape[0]
         drafts = torch.empty(n, gamma, dtype=torch.long, device=self.device)  # [n, γ]
         q = torch.empty(n, gamma, self.draws.width, device=self.device)  # [n, γ, K]
         if gamma == 0:
             return Proposal(drafts, self.draws.proposal_q(q))
-        start = self.cache.lens[live]  # [n]
+        start, host_start = self.cache.lens[index], pick(self.cache.host_lens, live)  # [n]
         count = (seq_len - 1 - start).clamp_min(1)  # [n] real pairs to catch up (≥ 1: its output drafts)
-        width = int(count.max())
-        t = start[:, None] + torch.arange(width, device=self.device)  # [n, Q] pair positions
-        hidden = rows.hidden[live]  # [n, L, H]
+        host_count = [max(s - 1 - c, 1) for s, c in zip(pick(rows.host_seq_len, live), host_start)]
+        t = start[:, None] + torch.arange(max(host_count), device=self.device)  # [n, Q] pair positions
+        hidden = rows.hidden[index]  # [n, L, H]
         features = hidden.gather(1, t.clamp_max(hidden.shape[1] - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
-        tokens = rows.tokens[live].gather(1, (t + 1).clamp_max(rows.tokens.shape[1] - 1))  # [n, Q] x_{t+1}
-        out = self._feed(live, tokens, features, start, count)  # [n, Q, H]
+        tokens = rows.tokens[index].gather(1, (t + 1).clamp_max(rows.tokens.shape[1] - 1))  # [n, Q] x_{t+1}
+        out = self._feed(live, tokens, features, start, count, host_start, host_count)  # [n, Q, H]
         feature = out[torch.arange(n, device=self.device), count - 1]  # [n, H]
         for i in range(gamma):
             q[:, i], drafts[:, i] = self.draws.draw(self.draws.logits(feature, self.lm_head), params, draw, i)
             if i < gamma - 1:
-                feature = self._feed(live, drafts[:, i : i + 1], feature[:, None], self.cache.lens[live],
-                                     torch.ones_like(count))[:, 0]
+                feature = self._feed(live, drafts[:, i : i + 1], feature[:, None], self.cache.lens[index],
+                                     torch.ones_like(count), pick(self.cache.host_lens, live), [1] * n)[:, 0]
         return Proposal(drafts, self.draws.proposal_q(q))
 
-    def _feed(self, rows: slice | torch.Tensor, tokens: torch.Tensor, features: torch.Tensor, start: torch.Tensor,
-              count: torch.Tensor) -> torch.Tensor:
+    def _feed(self, rows: Rows, tokens: torch.Tensor, features: torch.Tensor, start: torch.Tensor,
+              count: torch.Tensor, host_start: list[int], host_count: list[int]) -> torch.Tensor:
         """Pairs (features [n, Q, H], tokens [n, Q]) at positions start + q; `count` [n] of them are real
-        (the rest padding). Returns predicted features [n, Q, H] and advances the cache by `count`."""
-        positions = self.cache.plan_write(rows, start, tokens.shape[1])  # [n, Q]
+        (the rest padding; `host_start`, `host_count`: the same on the host). Returns predicted features
+        [n, Q, H] and advances the cache by `count`."""
+        positions = self.cache.plan_write(rows, start, tokens.shape[1], host_start=host_start)  # [n, Q]
         slots = torch.arange(self.cache.plan.kv_len, device=self.device)
         mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, Q, K]
         try:
@@ -91,13 +94,14 @@ class EagleDrafter:
         finally:
             self.cache.plan = None
             self.num_forwards += 1
-        self.cache.set_lens(rows, start + count)
+        self.cache.set_lens(rows, start + count, [s + c for s, c in zip(host_start, host_count)])
         return out
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:
         """Drop the pairs that used predicted features: those at positions ≥ the old length - 1."""
-        self.cache.set_lens(live, torch.minimum(self.cache.lens[live], (seq_len - 1).clamp_min(0)))
+        host = [min(c, max(s - 1, 0)) for c, s in zip(self.cache.host_lens[live], rows.last_step.seq_len)]
+        self.cache.set_lens(live, torch.minimum(self.cache.lens[live], (seq_len - 1).clamp_min(0)), host)
 
     def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
         """Empty the slots; the first step catches the prompt's pairs up (the target's prefill wrote its states)."""
@@ -129,13 +133,14 @@ class EagleDrafter:
             rows = slice(0, batch)
             tokens = torch.zeros(batch, query_len, dtype=torch.long, device=self.device)
             features = torch.zeros(batch, query_len, width, dtype=self.head.fc.weight.dtype, device=self.device)
-            start = torch.full((batch,), CALIBRATION_CONTEXT, dtype=torch.long, device=self.device)
-            out = self._feed(rows, tokens, features, start.clamp_max(self.cache.length - 3), torch.zeros_like(start))
+            at = min(CALIBRATION_CONTEXT, self.cache.length - 3)
+            start = torch.full((batch,), at, dtype=torch.long, device=self.device)
+            out = self._feed(rows, tokens, features, start, torch.zeros_like(start), [at] * batch, [0] * batch)
             probs = process_logits(self.draws.logits(out[:, -1], self.lm_head), DRAFT_PARAMS)
             gumbel_max(probs, torch.zeros_like(probs))
 
         try:
             return time_draft_calls(draft, batch_sizes, deadline, self.device)
         finally:
-            self.cache.set_lens(slice(None), torch.zeros_like(self.cache.lens))
+            self.cache.set_lens(slice(None), torch.zeros_like(self.cache.lens), [0] * len(self.cache.host_lens))
             self.num_forwards = 0

@@ -22,11 +22,13 @@ from __future__ import annotations
 import torch
 
 from ..core.batch import RowBuffers
+from ..models.rows import Rows, device_index
 
 
-def last_hidden(rows: RowBuffers, live: slice | torch.Tensor) -> torch.Tensor:
+def last_hidden(rows: RowBuffers, live: Rows) -> torch.Tensor:
     """[n, H] each live row's newest valid hidden state (position seq_len - 2: it predicted the row's
     last token). A one-token prompt has none before its first step: zeros, a useless but harmless draft."""
+    live = device_index(live)
     position = (rows.seq_len[live] - 2).clamp_min(0)  # [n]
     hidden = rows.hidden[live]  # [n, L, H]
     return hidden.gather(1, position[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]

@@ -29,6 +29,7 @@ import torch
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.lean import unsupported_reason
+from ..models.rows import Rows, device_index, pick
 from ..models.runner import ModelRunner
 from ..models.timing import (
     CALIBRATION_CONTEXT,
@@ -61,26 +62,28 @@ class LayerSkipDrafter:
         self.draws = VocabDraws(target.vocab_size)
         self.num_forwards = 0
 
-    def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
+    def propose(self, live: Rows, rows: RowBuffers, gamma: int, params: SamplingParams,
                 draw: DraftDraw) -> Proposal:
-        """`live` may be a slice or an index tensor of slots."""
-        start = rows.seq_len[live] - 1  # [n] = the target cache's length: it holds all but the last token
+        """`live` may be a slice or some of the live rows (`models.rows.RowIds`)."""
+        index = device_index(live)
+        start = rows.seq_len[index] - 1  # [n] = the target cache's length: it holds all but the last token
+        host_start = [s - 1 for s in pick(rows.host_seq_len, live)]
         n, device = start.shape[0], start.device
         drafts = torch.empty(n, gamma, dtype=torch.long, device=device)  # [n, γ]
         q = torch.empty(n, gamma, self.draws.width, device=device)  # [n, γ, K]
-        token = rows.tokens[live].gather(1, start[:, None])  # [n, 1] the row's last token
+        token = rows.tokens[index].gather(1, start[:, None])  # [n, 1] the row's last token
         for i in range(gamma):
-            logits = self._forward(live, token, start + i)[:, 0]  # [n, K]
+            logits = self._forward(live, token, start + i, [s + i for s in host_start])[:, 0]  # [n, K]
             q[:, i], drafts[:, i] = self.draws.draw(logits.float(), params, draw, i)
             token = drafts[:, i : i + 1]
         return Proposal(drafts, self.draws.proposal_q(q))
 
-    def _forward(self, rows: slice | torch.Tensor, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    def _forward(self, rows: Rows, ids: torch.Tensor, start: torch.Tensor, host_start: list[int]) -> torch.Tensor:
         # The target runner counts forwards for the target's stats: a draft is not one.
         before = self.target.num_forwards
         try:
             head = self.draws.head(self.target.model.get_output_embeddings())
-            return self.target.forward(rows, ids, start, num_layers=self.num_layers, head=head)
+            return self.target.forward(rows, ids, start, num_layers=self.num_layers, head=head, host_start=host_start)
         finally:
             self.target.num_forwards = before
             self.num_forwards += 1
@@ -115,12 +118,12 @@ class LayerSkipDrafter:
             rows = slice(0, batch)
             ids = torch.zeros(batch, query_len, dtype=torch.long, device=device)
             start = torch.full((batch,), CALIBRATION_CONTEXT, dtype=torch.long, device=device)
-            logits = self._forward(rows, ids, start)
+            logits = self._forward(rows, ids, start, [CALIBRATION_CONTEXT] * batch)
             gumbel_max(process_logits(logits[:, -1], DRAFT_PARAMS), draft_noise(logits))
 
         started = time.perf_counter()
         try:
             return time_draft_calls(draft, batch_sizes, max(deadline, started + 0.5), device)
         finally:
-            cache.set_lens(slice(None), torch.zeros_like(cache.lens))
+            cache.set_lens(slice(None), torch.zeros_like(cache.lens), [0] * len(cache.host_lens))
             self.num_forwards = 0

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
+from ..models.rows import Rows
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
@@ -40,9 +41,9 @@ class MedusaDrafter:
         self.num_forwards = 0
 
     @torch.inference_mode()
-    def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
+    def propose(self, live: Rows, rows: RowBuffers, gamma: int, params: SamplingParams,
                 draw: DraftDraw) -> Proposal:
-        """`live` may be a slice or an index tensor of slots."""
+        """`live` may be a slice or some of the live rows (`models.rows.RowIds`)."""
         logits = self.draws.logits(self.heads(last_hidden(rows, live)), self.lm_head)  # [n, heads, V or N]
         self.num_forwards += 1
         columns = torch.arange(gamma, device=logits.device).clamp_max(self.heads.num_heads - 1)

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.cache import STATE_HISTORY
+from ..models.rows import Rows, device_index, pick
 from ..models.runner import ModelRunner
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, draft_noise, model_cost_key, time_forwards
 from ..sampling.logits import process_logits
@@ -41,17 +42,19 @@ class ModelDrafter:
     def num_forwards(self) -> int:
         return self.runner.num_forwards
 
-    def propose(self, live: slice | torch.Tensor, rows: RowBuffers, gamma: int, params: SamplingParams,
+    def propose(self, live: Rows, rows: RowBuffers, gamma: int, params: SamplingParams,
                 draw: DraftDraw) -> Proposal:
-        """`live` may also be an index tensor of slots (a subset of the live rows)."""
-        n, device = rows.seq_len[live].shape[0], self.runner.device
+        """`live` may also be some of the live rows (`models.rows.RowIds`)."""
+        index, device = device_index(live), self.runner.device
+        n = rows.seq_len[index].shape[0]
         drafts = torch.empty(n, gamma, dtype=torch.long, device=device)  # [n, γ]
         q = torch.empty(n, gamma, self.draws.width, device=device)  # [n, γ, K]
         if gamma == 0:
             return Proposal(drafts, self.draws.proposal_q(q))
         head = self.draws.head(self.runner.model.get_output_embeddings())
-        lag = rows.seq_len[live] - self.runner.cache.lens[live]  # [n] ≥ 1
-        logits = self.runner.extend(live, rows.tokens[live], lag, head=head)  # [n, V_d] or [n, N]
+        lag = rows.seq_len[index] - self.runner.cache.lens[index]  # [n] ≥ 1
+        host_lag = [s - c for s, c in zip(pick(rows.host_seq_len, live), self.runner.host_lens(live))]
+        logits = self.runner.extend(live, rows.tokens[index], lag, head=head, host_count=host_lag)  # [n, V_d] or [n, N]
         for i in range(gamma):
             q[:, i], drafts[:, i] = self.draws.draw(self._to_target_vocab(logits.float()), params, draw, i)
             if i < gamma - 1:
@@ -61,13 +64,19 @@ class ModelDrafter:
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:
         """Roll back to the kept prefix: the row's old tokens plus the accepted drafts it has fed (the
-        cache never holds the last draft, so `min` also covers a full acceptance and rows not drafted)."""
-        self.runner.rollback(live, torch.minimum(self.runner.cache.lens[live], seq_len + accepted_len))
+        cache never holds the last draft, so `min` also covers a full acceptance and rows not drafted).
+        The host mirror takes the step's unmasked accepted lengths (`rows.last_step`): for a row this
+        drafter did not draft for, the cache is behind the old length, so the `min` is its length either way."""
+        step = rows.last_step
+        host = [min(c, s + a) for c, s, a in zip(self.runner.host_lens(live), step.seq_len, step.accepted_len)]
+        self.runner.rollback(live, torch.minimum(self.runner.cache.lens[live], seq_len + accepted_len), host)
 
-    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
+    def prefill(self, slots: Rows, rows: RowBuffers, count: torch.Tensor) -> None:
+        """One device→host copy of `count` per admission (the protocol passes it as a tensor)."""
         self.runner.cache.reset_rows(slots)
-        if int(count.max()) > 0:
-            self.runner.extend(slots, rows.tokens[slots], count)
+        host_count = count.tolist()
+        if max(host_count) > 0:
+            self.runner.extend(slots, rows.tokens[device_index(slots)], count, host_count=host_count)
 
     def move_row(self, src: int, dst: int) -> None:
         self.runner.cache.move_row(src, dst)

@@ -34,6 +34,7 @@ import torch
 from ..config import SamplingParams, SuffixConfig
 from ..core.batch import RowBuffers
 from ..core.rates import DecayedRates
+from ..models.rows import Rows, device_index, host_ids
 from ..models.timing import ForwardTimes, time_host_drafts
 from ..sampling.draft_q import DraftQ
 from .draft_vocab import DraftVocab
@@ -90,21 +91,13 @@ class SuffixDrafter:
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:
         """Index the tokens each row kept this step, and count how this drafter's last proposal fared."""
-        self.ingest(self.fetch(live, rows, accepted_len, drafted_len))
+        self.ingest(self.fetch(rows))
 
-    def fetch(self, live: slice, rows: RowBuffers, accepted_len: torch.Tensor, drafted_len: torch.Tensor) -> StepTokens:
-        """The tokens each live row appended since it was last indexed, `accepted_len` and `drafted_len`,
-        in one device→host copy."""
-        n = live.stop
-        old = [self.index.length(b) for b in range(n)]
-        new = rows.host_seq_len[:n]
-        width = max(max(b - a for a, b in zip(old, new)), 1)
-        device = rows.tokens.device
-        idx = (torch.tensor(old, device=device)[:, None] + torch.arange(width, device=device))  # [n, W]
-        host = torch.cat([rows.tokens[live].gather(1, idx.clamp_max(rows.tokens.shape[1] - 1)),
-                          accepted_len[:, None], drafted_len[:, None]], 1).tolist()
-        return StepTokens([h[: b - a] for h, a, b in zip(host, old, new)], [h[-2] for h in host],
-                          [h[-1] for h in host])
+    def fetch(self, rows: RowBuffers) -> StepTokens:
+        """The tokens each live row kept this step, its accepted and verified drafts: host copies the
+        step already made (`RowBuffers.last_step`), no device read."""
+        step = rows.last_step
+        return StepTokens(step.appended, step.accepted_len, step.drafted_len)
 
     def ingest(self, step: StepTokens) -> None:
         if self._last is not None:
@@ -113,10 +106,10 @@ class SuffixDrafter:
         for b, tokens in enumerate(step.appended):
             self.index.extend(b, tokens)
 
-    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
-        host_slots = slots.tolist()
+    def prefill(self, slots: Rows, rows: RowBuffers, count: torch.Tensor) -> None:
+        host_slots = host_ids(slots, len(rows.host_seq_len))
         lens = [rows.host_seq_len[s] for s in host_slots]
-        prompts = rows.tokens[slots, : max(lens)].tolist()
+        prompts = rows.tokens[device_index(slots), : max(lens)].tolist()
         for slot, prompt, length in zip(host_slots, prompts, lens):
             self.index.start(slot, prompt[:length])
 
@@ -174,12 +167,14 @@ class SuffixDrafter:
         return self.rates.rate(k, BUCKET_PRIORS[k], PRIOR_DRAFTS)
 
     def to_proposal(self, found: Lookup, gamma: int) -> Proposal:
-        """The proposal tensors of `found`, as wide as its longest row's drafts: a point-mass q on each."""
+        """The proposal tensors of `found`, as wide as its longest row's drafts: a point-mass q on each.
+        Drafts and lengths travel to the device in one copy."""
         gamma = max((len(d) for d in found.drafts), default=0)
-        padded = [d + [0] * (gamma - len(d)) for d in found.drafts]
-        drafts = torch.tensor(padded, dtype=torch.long, device=self.device).reshape(len(padded), gamma)  # [n, γ]
-        q = DraftQ.points(drafts.shape[0], self.vocab_size, self.device)
-        lengths = torch.tensor([len(d) for d in found.drafts], dtype=torch.long, device=self.device)  # [n]
+        n = len(found.drafts)
+        host = [t for d in found.drafts for t in d + [0] * (gamma - len(d))] + [len(d) for d in found.drafts]
+        packed = torch.tensor(host, dtype=torch.long, device=self.device)  # [n·γ + n]
+        drafts, lengths = packed[: n * gamma].view(n, gamma), packed[n * gamma :]  # [n, γ], [n]
+        q = DraftQ.points(n, self.vocab_size, self.device)
         return Proposal(drafts, q, lengths, expected_kept=self.expected_by_width(found, gamma))
 
     def expected_by_width(self, found: Lookup, gamma: int, rows: list[bool] | None = None) -> list[float]:

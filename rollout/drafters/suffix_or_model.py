@@ -22,6 +22,7 @@ import torch
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..core.rates import PRIOR_ACCEPTANCE, DecayedRates
+from ..models.rows import RowIds
 from ..models.timing import ForwardTimes
 from .draft_vocab import DraftVocab
 from .protocol import DraftDraw, Drafter, Proposal
@@ -42,6 +43,7 @@ class SuffixOrModelDrafter:
         self.vocab_size = vocab_size
         self.model_rates = DecayedRates()  # the model-served rows' drafts, per draft position
         self._model_rows: list[bool] = []  # which rows this step's proposal gave the model (until `keep`)
+        self._source: torch.Tensor | None = None  # [n] the same on the device (1: the model's)
 
     @property
     def num_forwards(self) -> int:
@@ -72,20 +74,22 @@ class SuffixOrModelDrafter:
         use_model = self._model_rows = self.choose(found, gamma)
         if not any(use_model):  # no model forward at all; as wide as the longest suffix proposal
             return self.suffix.to_proposal(found, gamma)
-        padded = [[0] * gamma if m else d + [0] * (gamma - len(d)) for d, m in zip(found.drafts, use_model)]
-        drafts = torch.tensor(padded, dtype=torch.long, device=rows.tokens.device).reshape(n, gamma)  # [n, γ]
-        lengths = torch.tensor([gamma if m else len(d) for d, m in zip(found.drafts, use_model)],
-                               dtype=torch.long, device=drafts.device)  # [n]
-        source = torch.tensor(use_model, dtype=torch.long, device=drafts.device)  # [n] 0 suffix, 1 model
         served = [b for b, m in enumerate(use_model) if m]
+        # Drafts, lengths, sources and the model's rows travel to the device in one copy.
+        host = [t for d, m in zip(found.drafts, use_model) for t in ([0] * gamma if m else d + [0] * (gamma - len(d)))]
+        host += [gamma if m else len(d) for d, m in zip(found.drafts, use_model)] + [int(m) for m in use_model] + served
+        packed = torch.tensor(host, dtype=torch.long, device=rows.tokens.device)  # [n·γ + 2n + k]
+        drafts = packed[: n * gamma].view(n, gamma)  # [n, γ]
+        lengths, source = packed[n * gamma : n * gamma + n], packed[n * gamma + n : n * gamma + 2 * n]  # [n] 1: model
+        self._source = source
         if len(served) == n:
             part = self.model.propose(live, rows, gamma, params, draw)
             drafts, q = part.drafts, part.q
         else:  # the model's q for the rows it served, point masses for the suffix's
-            idx = torch.tensor(served, dtype=torch.long, device=drafts.device)  # [k]
-            part = self.model.propose(idx, rows, gamma, params, functools.partial(draw, rows=idx))
-            drafts[idx] = part.drafts
-            q = part.q.select(idx, n)
+            idx = RowIds(packed[n * gamma + 2 * n :], served)  # [k]
+            part = self.model.propose(idx, rows, gamma, params, functools.partial(draw, rows=idx.index))
+            drafts[idx.index] = part.drafts
+            q = part.q.select(idx.index, n)
         model = self._model_survival(gamma)
         suffix = self.suffix.expected_by_width(found, gamma, [not m for m in use_model])
         expected = [s + len(served) * m for s, m in zip(suffix, model)]
@@ -93,13 +97,14 @@ class SuffixOrModelDrafter:
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:
-        step = self.suffix.fetch(live, rows, accepted_len, drafted_len)
+        step = self.suffix.fetch(rows)
         self.suffix.ingest(step)
         # A plain step (γ = 0) was proposed nothing: no row took the model (the list is this step's only).
         served, self._model_rows = self._model_rows or [False] * accepted_len.shape[0], []
         if any(served):
             self._count_model(step.accepted, step.drafted, served)
-        model_rows = torch.tensor(served, dtype=torch.bool, device=accepted_len.device)
+        model_rows = torch.zeros_like(accepted_len, dtype=torch.bool) if self._source is None else self._source.bool()
+        self._source = None
         self.model.keep(live, rows, seq_len, torch.where(model_rows, accepted_len, 0),
                         torch.where(model_rows, drafted_len, 0))
 

@@ -23,6 +23,10 @@ path one small CPU op per forward); every slot at or past it is zero. `reset_row
 much when a new request takes a slot, and `move_row` copies as far as either row has written, so
 nothing a previous request (or a previous drafter's weights) wrote reaches a later one.
 
+The host keeps what it needs to plan a forward without asking the device: `host_lens` mirrors `lens`
+(every write of `lens` comes with its host values, which the engine knows from its one copy per step),
+`written` and the linear-attention bookkeeping live on the host only. A forward costs no device→host copy.
+
 This is a `transformers.cache_utils.Cache` subclass: HF attention layers call `update` per layer,
 which is all the engine needs. HF's own Dynamic/Static caches keep one offset for the whole batch,
 which is why HF assisted generation refuses batch size > 1.
@@ -37,6 +41,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin
 
 from .recurrent.linear_state import RaggedStateLayer, StateShape
+from .rows import Rows, device_index, host_ids
 
 # Lengths of each row whose linear-attention state is kept (how far a row can be rolled back): the
 # engine needs max_gamma + 1, and EngineConfig's default max_gamma is 8.
@@ -205,90 +210,112 @@ class RaggedKVCache(Cache):
             for index, shape in enumerate(shapes)
         ])
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)
-        # Per row, a bound on the slots written since the row was last reset; slots past it are zero.
+        self.host_lens = [0] * batch  # `lens` on the host, kept in step by every write of it
+        # Per row, a bound on the slots written since the row was last reset; slots past it are zero (host).
         self.written = torch.zeros(batch, dtype=torch.long)
         self.length = length
         self.history = history
         self.plan: WritePlan | None = None
         self.state_layers = list(self.states_by_layer.values())
-        # Linear-attention rows: the furthest length fed since reset, and whether a rollback went
-        # further back than the state history holds (checked at the next forward's host sync).
-        self.reach = torch.zeros(batch, dtype=torch.long, device=device)
-        self.overrun = torch.zeros((), dtype=torch.bool, device=device)
+        # Linear-attention rows (host): the furthest length fed since reset, and whether a rollback went
+        # further back than the state history holds (raised at the next forward).
+        self.reach = [0] * batch
+        self.overrun = False
 
     @property
     def buffered_layers(self) -> list[RaggedLayer]:
         return [layer for layer in self.layers if isinstance(layer, RaggedLayer) and layer.keys is not None]
 
-    def plan_write(self, rows: slice | torch.Tensor, start: torch.Tensor, query_len: int,
-                   count: torch.Tensor | None = None) -> torch.Tensor:
+    def plan_write(self, rows: Rows, start: torch.Tensor, query_len: int, count: torch.Tensor | None = None,
+                   host_start: list[int] | None = None, host_count: list[int] | None = None) -> torch.Tensor:
         """Set where the next forward writes; returns `position_ids` [n, Q] (= start + arange(Q)).
 
         `count` [n] (default: all Q) is how many of the Q tokens of each row are real; the rest are
         right padding, which linear-attention layers keep out of the row's state. Slots past the
         buffer (only ever padding of a ragged call) are clamped onto the last slot, which never
-        holds a valid token.
+        holds a valid token. `host_start` / `host_count` are the same numbers as host lists: the
+        host's bookkeeping (how far attention reads, where rows were written) comes from them, so a
+        forward reads nothing back from the device; a caller without them pays one copy.
         """
+        ids = range(self.lens.shape[0])[rows] if isinstance(rows, slice) else host_ids(rows, self.lens.shape[0])
+        host_start = start.tolist() if host_start is None else host_start
+        if count is None:
+            count, host_count = torch.full_like(start, query_len), [query_len] * len(host_start)
+        elif host_count is None:
+            host_count = count.tolist()
         positions = start[:, None] + torch.arange(query_len, device=start.device)  # [n, Q]
-        count = torch.full_like(start, query_len) if count is None else count
+        lo, hi = min(host_start), max(host_start)
         first_snapshot = 0
-        if self.state_layers:  # one host sync for all of it
-            lo, hi, low_count, overrun = torch.stack([start.min(), start.max(), count.min(), self.overrun]).tolist()
-            if overrun:
+        if self.state_layers:
+            if self.overrun:
                 raise RuntimeError(f"a row was rolled back more than the {self.history} lengths its linear-attention "
                                    "state history holds (RaggedKVCache history): its state is lost")
-            first_snapshot = max(low_count - self.history, 0)
-        else:
-            lo, hi = torch.stack([start.min(), start.max()]).tolist()
+            first_snapshot = max(min(host_count) - self.history, 0)
+            for b, s, c in zip(ids, host_start, host_count):
+                self.reach[b] = max(self.reach[b], s + c)
         kv_len = min(hi + query_len, self.length)
         same = lo if lo == hi and hi + query_len <= self.length else None
         # Every write of this forward lands below kv_len (clamped padding lands on slot length - 1).
-        if isinstance(rows, slice):
-            self.written[rows].clamp_min_(kv_len)
+        index = device_index(rows)
+        if isinstance(index, slice):
+            self.written[index].clamp_min_(kv_len)
         else:
-            host_rows = rows.cpu()
-            self.written[host_rows] = self.written[host_rows].clamp_min(kv_len)
-        row_ids = torch.arange(self.lens.shape[0], device=start.device)[rows]
-        if self.state_layers:
-            self.reach[row_ids] = torch.maximum(self.reach[row_ids], start + count)
-        self.plan = WritePlan(rows=rows, row_ids=row_ids, start=start, count=count,
+            self.written[list(ids)] = self.written[list(ids)].clamp_min(kv_len)
+        row_ids = torch.arange(self.lens.shape[0], device=start.device)[index]
+        self.plan = WritePlan(rows=index, row_ids=row_ids, start=start, count=count,
                               positions=positions.clamp_max(self.length - 1), kv_len=kv_len, same_start=same,
                               first_snapshot=first_snapshot)
         return positions
 
-    def set_lens(self, rows: slice | torch.Tensor, lens: torch.Tensor) -> None:
-        """Rows `rows` hold their first `lens` [n] tokens (slots past them are stale, never read)."""
-        self.lens[rows] = lens
+    def set_lens(self, rows: Rows, lens: torch.Tensor, host_lens: list[int] | None = None) -> None:
+        """Rows `rows` hold their first `lens` [n] tokens (slots past them are stale, never read);
+        `host_lens` the same on the host (None: copied from `lens`)."""
+        host_lens = lens.tolist() if host_lens is None else host_lens
+        self.lens[device_index(rows)] = lens
+        if isinstance(rows, slice):
+            self.host_lens[rows] = host_lens
+            ids = range(len(self.host_lens))[rows]
+        else:
+            ids = host_ids(rows, self.lens.shape[0])
+            for b, length in zip(ids, host_lens):
+                self.host_lens[b] = length
         if self.state_layers:
-            # Length 0 is always exact (a zero state): the row starts over, as after `reset_rows`.
-            self.overrun |= ((self.reach[rows] - lens >= self.history) & (lens > 0)).any()
-            self.reach[rows] = self.reach[rows].masked_fill(lens == 0, 0)
+            for b, length in zip(ids, host_lens):
+                # Length 0 is always exact (a zero state): the row starts over, as after `reset_rows`.
+                self.overrun |= self.reach[b] - length >= self.history and length > 0
+                self.reach[b] = 0 if length == 0 else self.reach[b]
 
-    def reset_rows(self, rows: torch.Tensor) -> None:
+    def reset_rows(self, rows: Rows) -> None:
         """Empty `rows` [k] for new requests: length 0, and every slot they have written zeroed."""
-        host_rows = rows.cpu()
-        reach = int(self.written[host_rows].max())
+        ids = host_ids(rows, self.lens.shape[0])
+        index = device_index(rows)
+        reach = max(self.written_bound(ids), 0)
         if reach:
             for layer in self.buffered_layers:
-                layer.keys[rows, :, :reach] = 0
-                layer.values[rows, :, :reach] = 0
+                layer.keys[index, :, :reach] = 0
+                layer.values[index, :, :reach] = 0
         for layer in self.state_layers:
-            layer.reset_rows(rows)
-        self.written[host_rows] = 0
-        self.reach[rows] = 0
-        self.lens[rows] = 0
+            layer.reset_rows(index)
+        self.written[ids] = 0
+        self.lens[index] = 0
+        for b in ids:
+            self.reach[b] = self.host_lens[b] = 0
+
+    def written_bound(self, ids: list[int]) -> int:
+        """How far any of rows `ids` has written since it was last reset (slots past it are zero)."""
+        return max(self.written[ids].tolist(), default=0)
 
     def move_row(self, src: int, dst: int) -> None:
         """Copy row `src`'s K/V, state and length into slot `dst` (used to keep live rows packed).
 
         Copies as far as either row has written, so `dst` keeps none of its previous request's slots.
         """
-        reach = int(torch.maximum(self.written[src], self.written[dst]))
+        reach = self.written_bound([src, dst])
         for layer in self.buffered_layers:
             layer.keys[dst, :, :reach] = layer.keys[src, :, :reach]
             layer.values[dst, :, :reach] = layer.values[src, :, :reach]
         for layer in self.state_layers:
             layer.move_row(src, dst)
         self.lens[dst] = self.lens[src]
-        self.reach[dst] = self.reach[src]
+        self.host_lens[dst], self.reach[dst] = self.host_lens[src], self.reach[src]
         self.written[dst] = self.written[src]

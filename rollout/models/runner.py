@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from .cache import STATE_HISTORY, HybridShape, RaggedKVCache, StateShape, probe_layer_shapes
 from .lean import lean_decoder, unsupported_reason
 from .mixers import install_ragged_mixers
+from .rows import Rows, device_index, pick
 from .weights import cast_module
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -105,10 +106,11 @@ class ModelRunner:
         return self.model.get_output_embeddings().weight.shape[0]
 
     @torch.inference_mode()
-    def forward(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor,
+    def forward(self, rows: Rows, input_ids: torch.Tensor, start: torch.Tensor,
                 logits_at: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
                 num_layers: int | None = None, count: torch.Tensor | None = None,
-                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                head: Callable[[torch.Tensor], torch.Tensor] | None = None, host_start: list[int] | None = None,
+                host_count: list[int] | None = None) -> torch.Tensor:
         """Feed `input_ids` [n, Q] to `rows` at slots `start` [n] onward; returns logits [n, Q, V].
 
         With `logits_at` [n] only each row's logits at that query index are returned, [n, V] (the
@@ -118,12 +120,13 @@ class ModelRunner:
         decoder layers (layer-skip drafts; lean forward only). `count` [n] (default: all Q) is how many
         of each row's tokens are real; the rest is right padding (kept out of linear-attention state).
         `head` replaces the LM head on the final-normed hidden states (a draft vocabulary's rows,
-        `drafters.draft_vocab`): the logits are then [..., N].
+        `drafters.draft_vocab`): the logits are then [..., N]. `host_start` / `host_count`: `start` and
+        `count` as host lists (`RaggedKVCache.plan_write`; None: copied from the device).
 
         Does not move `cache.lens`: the caller keeps what it keeps (`rollback`, or `feed`/`extend`).
         """
         query_len = input_ids.shape[1]
-        position_ids = self.cache.plan_write(rows, start, query_len, count)  # [n, Q]
+        position_ids = self.cache.plan_write(rows, start, query_len, count, host_start, host_count)  # [n, Q]
         kv_len = self.cache.plan.kv_len
         masks = {kind: self._mask(position_ids, kv_len, window) for kind, window in self.windows.items()}
         if masks:
@@ -131,7 +134,8 @@ class ModelRunner:
         # One kind: its tensor; none (state layers only, e.g. Mamba-2): no mask, which those layers ignore.
         mask = masks if len(masks) > 1 else next(iter(masks.values()), None)
         input_ids = input_ids.clamp_max(self.max_input_id)
-        hidden_out = None if hidden is None else _writer(hidden, rows, position_ids.clamp_max(hidden.shape[1] - 1))
+        hidden_out = None if hidden is None else _writer(hidden, device_index(rows),
+                                                         position_ids.clamp_max(hidden.shape[1] - 1))
         try:
             if self.lean is not None:
                 return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out, head)
@@ -167,36 +171,44 @@ class ModelRunner:
             )
         return mask
 
-    def feed(self, rows: slice | torch.Tensor, input_ids: torch.Tensor, hidden: torch.Tensor | None = None,
+    def feed(self, rows: Rows, input_ids: torch.Tensor, hidden: torch.Tensor | None = None,
              head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """Append `input_ids` [n, Q] to every row's cache; returns logits [n, Q, V] (`hidden`, `head`: see
         `forward`)."""
-        start = self.cache.lens[rows]  # [n]
-        logits = self.forward(rows, input_ids, start, hidden=hidden, head=head)
-        self.cache.set_lens(rows, start + input_ids.shape[1])
+        start, host_start = self.cache.lens[device_index(rows)], self.host_lens(rows)  # [n]
+        query_len = input_ids.shape[1]
+        logits = self.forward(rows, input_ids, start, hidden=hidden, head=head, host_start=host_start)
+        self.cache.set_lens(rows, start + query_len, [s + query_len for s in host_start])
         return logits
 
-    def extend(self, rows: slice | torch.Tensor, tokens: torch.Tensor, count: torch.Tensor,
-               hidden: torch.Tensor | None = None, head: Callable[[torch.Tensor], torch.Tensor] | None = None
+    def extend(self, rows: Rows, tokens: torch.Tensor, count: torch.Tensor, hidden: torch.Tensor | None = None,
+               head: Callable[[torch.Tensor], torch.Tensor] | None = None, host_count: list[int] | None = None
                ) -> torch.Tensor:
         """Feed each row the `count[b]` tokens of `tokens` [n, L] from its cache length onward.
 
         Returns the logits at each row's last fed token [n, V] and advances `cache.lens` by `count`.
         Rows are padded on the right to the longest count; a row with count 0 is fed padding only
         and its returned logits are meaningless (`hidden`, `head`: see `forward`; padding lands past the row).
+        `host_count`: `count` as a host list (None: copied from the device).
         """
-        start = self.cache.lens[rows]  # [n]
-        query_len = max(int(count.max()), 1)
+        start, host_start = self.cache.lens[device_index(rows)], self.host_lens(rows)  # [n]
+        host_count = count.tolist() if host_count is None else host_count
+        query_len = max(max(host_count), 1)
         idx = (start[:, None] + torch.arange(query_len, device=self.device)).clamp_max(tokens.shape[1] - 1)
         last = (count - 1).clamp_min(0)  # [n]
         logits = self.forward(rows, tokens.gather(1, idx), start, logits_at=last, hidden=hidden,
-                              count=count, head=head)  # [n, V]
-        self.cache.set_lens(rows, start + count)
+                              count=count, head=head, host_start=host_start, host_count=host_count)  # [n, V]
+        self.cache.set_lens(rows, start + count, [s + c for s, c in zip(host_start, host_count)])
         return logits
 
-    def rollback(self, rows: slice | torch.Tensor, lens: torch.Tensor) -> None:
-        """Keep only the first `lens` [n] tokens of each row (rejected drafts are dropped by length alone)."""
-        self.cache.set_lens(rows, lens)
+    def rollback(self, rows: Rows, lens: torch.Tensor, host_lens: list[int] | None = None) -> None:
+        """Keep only the first `lens` [n] tokens of each row (rejected drafts are dropped by length alone);
+        `host_lens` the same on the host (None: copied from the device)."""
+        self.cache.set_lens(rows, lens, host_lens)
+
+    def host_lens(self, rows: Rows) -> list[int]:
+        """The cache lengths of `rows`, from the host mirror."""
+        return pick(self.cache.host_lens, rows)
 
 
 def _writer(store: torch.Tensor, rows: slice | torch.Tensor, positions: torch.Tensor):

@@ -58,6 +58,11 @@ def _bracket(grid: list[int], x: float) -> tuple[int, int, float]:
     return lo, hi, (x - grid[lo]) / (grid[hi] - grid[lo])
 
 
+def runs_async(device: torch.device) -> bool:
+    """Whether `device` runs kernels asynchronously to the host (a host clock then needs a sync to time them)."""
+    return device.type == "cuda"
+
+
 @torch.inference_mode()
 def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[int], deadline: float,
                   repeats: int = 5, point_budget_s: float = 0.4, context: int = CALIBRATION_CONTEXT,
@@ -75,7 +80,7 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
     times: list[list[float]] = []
     for batch in batch_sizes:
         rows = slice(0, batch)
-        runner.rollback(rows, torch.full((batch,), context, dtype=torch.long, device=device))
+        runner.rollback(rows, torch.full((batch,), context, dtype=torch.long, device=device), [context] * batch)
         row_times = []
         for q in query_lens:
             ids = torch.zeros(batch, q, dtype=torch.long, device=device)
@@ -84,7 +89,7 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
             point_started = time.perf_counter()
             for i in range(repeats + 1):  # the first run warms up
                 t0 = time.perf_counter()
-                logits = runner.forward(rows, ids, start, head=head)
+                logits = runner.forward(rows, ids, start, head=head, host_start=[context] * batch)
                 if then is not None:
                     then(logits)
                 if device.type == "cuda":
@@ -97,7 +102,7 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
         if time.perf_counter() > deadline and len(times) >= 2:
             break
     measured = batch_sizes[: len(times)]
-    runner.rollback(slice(None), torch.zeros_like(runner.cache.lens))
+    runner.rollback(slice(None), torch.zeros_like(runner.cache.lens), [0] * len(runner.cache.host_lens))
     runner.num_forwards = 0
     partial = ForwardTimes(measured, query_lens, _monotone(times))
     return ForwardTimes(batch_sizes, query_lens, _monotone([[partial(b, q) for q in query_lens] for b in batch_sizes]))

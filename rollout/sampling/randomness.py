@@ -62,8 +62,11 @@ def mix(x: torch.Tensor) -> torch.Tensor:
 
 
 def absorb(h: torch.Tensor, x: torch.Tensor | int) -> torch.Tensor:
-    """Fold one more coordinate into a hash (broadcasting `h` against `x`)."""
-    return mix(h + torch.as_tensor(x, device=h.device) * GOLDEN)
+    """Fold one more coordinate into a hash (broadcasting `h` against `x`). An int `x` stays a Python
+    constant (x · φ wrapped to int64 on the host): no host→device copy per call."""
+    if isinstance(x, int):
+        return mix(h + _signed((x * (GOLDEN % (1 << 64))) % (1 << 64)))
+    return mix(h + x * GOLDEN)
 
 
 def request_keys(seed: int, prompt_index: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
