@@ -122,7 +122,6 @@ def check_bars(run: KillAndResume) -> None:
     """The issue's bars, each asserted with the run's story when it fails."""
     why = run.why()
     assert run.returncodes == {"killed": -signal.SIGKILL, "whole": 0, "resumed": 0}, why
-    assert not (run.resumed / "trainer" / f"checkpoint-{STEPS}").exists() or run.resumed_from < STEPS, why
     assert 1 <= run.killed_after <= run.resumed_from < STEPS, why  # it was killed before its end
     assert f"resuming from {run.resumed / 'trainer' / f'checkpoint-{run.resumed_from}'}" in run.logs["resumed"], why
     # the final policy, to the bit, and it trained (a policy that never moved would compare equal anyway)
