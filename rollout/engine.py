@@ -4,6 +4,8 @@ Usage::
 
     engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=16, gamma=4))
     rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=256, temperature=1.0), n=8)
+    engine.release()   # the trainer trains in the KV cache's memory ...
+    engine.allocate()  # ... and gives it back before the next rollout phase
 
 Each step asks the drafter (any `drafters.protocol.Drafter`: the drafter LM, the suffix drafter, or a per-row
 choice between them, as `EngineConfig.drafters` says) for up to γ tokens per live row, verifies them
@@ -102,9 +104,8 @@ class SpecEngine:
         if config.draft_vocab is not None:
             self._first_draft_vocab(target, config.draft_vocab)
         wants_hidden = self.drafter is not None and self.drafter.wants_hidden
-        hidden_size = target.config.get_text_config().hidden_size if wants_hidden else None
-        self.rows = RowBuffers(slots, length, self.device, config.signal_top_k if config.record_signals else None,
-                               hidden_size, config.dtype)
+        self._hidden_size = target.config.get_text_config().hidden_size if wants_hidden else None
+        self.rows: RowBuffers | None = self._row_buffers()
         self.stats = EngineStats(trace_steps=config.stats_trace_steps)
         self.gamma_policy: GammaPolicy = make_gamma_policy(config, self.target, self.drafter)
         self.accept_rule: AcceptRule = ACCEPT_RULES[config.sampler]()
@@ -144,6 +145,8 @@ class SpecEngine:
         benchmarks do, so that machine noise hits every contender alike). `stats.wall_time_s` counts
         only the time spent inside the generator.
         """
+        if self.released:
+            raise RuntimeError("generate called on a released engine (SpecEngine.release): call allocate() first")
         budgets, indices = validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len,
                                                   max_new_tokens, prompt_indices)
         seed = params.seed if params.seed is not None else draw_seed()  # once per call, recorded in each Rollout
@@ -247,6 +250,43 @@ class SpecEngine:
                              f"(drafters: {self.drafter.names if self.drafter else None})")
         self.drafter.load_weights(state_dict)
         self.drafter_version = version
+
+    # ------------------------------------------------------------------ memory between rollout phases
+
+    @property
+    def released(self) -> bool:
+        """Whether `release` freed the caches (and `allocate` has not made them again)."""
+        return self.rows is None
+
+    def release(self) -> None:
+        """Free the KV caches (target and drafter), recurrent state and per-row buffers between `generate`
+        calls, so that a trainer colocated with the engine can use the memory; weights, the drafter's suffix
+        history, stats and the cost model stay. `allocate` makes them again. On a GPU the memory goes back to
+        torch's caching allocator (the trainer's next allocations reuse it; `torch.cuda.empty_cache()` hands
+        it to the driver). A released engine refuses `generate` (it does not re-allocate by itself: memory
+        a colocated trainer may hold is not taken behind its back). Releasing twice is a no-op."""
+        if self._generating:
+            raise RuntimeError("release called while this engine is running a generation; finish or close it first")
+        if self.released:
+            return
+        self.target.cache.release()
+        if self.drafter:
+            self.drafter.release()
+        self.rows = None
+
+    def allocate(self) -> None:
+        """Make what `release` freed again, zeroed (a no-op on an allocated engine)."""
+        if not self.released:
+            return
+        self.target.cache.allocate()
+        if self.drafter:
+            self.drafter.allocate()
+        self.rows = self._row_buffers()
+
+    def _row_buffers(self) -> RowBuffers:
+        config = self.config
+        return RowBuffers(config.max_batch_size, config.cache_len, self.device,
+                          config.signal_top_k if config.record_signals else None, self._hidden_size, config.dtype)
 
     # ------------------------------------------------------------------ the step
 

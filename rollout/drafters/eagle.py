@@ -110,6 +110,12 @@ class EagleDrafter:
     def move_row(self, src: int, dst: int) -> None:
         self.cache.move_row(src, dst)
 
+    def release(self) -> None:
+        self.cache.release()
+
+    def allocate(self) -> None:
+        self.cache.allocate()
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.draws.load(self.head, state_dict, "eagle head", self.device)
 

@@ -98,6 +98,12 @@ class LayerSkipDrafter:
     def move_row(self, src: int, dst: int) -> None:
         """The target's cache moves the shared layers."""
 
+    def release(self) -> None:
+        """Its layers' K/V are the target's cache, which the engine releases."""
+
+    def allocate(self) -> None:
+        """Nothing was released."""
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise ValueError("the layer-skip drafter has no weights of its own: it follows the target's")
 

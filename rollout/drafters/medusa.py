@@ -63,6 +63,12 @@ class MedusaDrafter:
     def move_row(self, src: int, dst: int) -> None:
         """`RowBuffers.move_row` moves the hidden states."""
 
+    def release(self) -> None:
+        """No cache of its own: it reads `RowBuffers.hidden`, which the engine releases."""
+
+    def allocate(self) -> None:
+        """Nothing was released."""
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.draws.load(self.heads, state_dict, "medusa heads", self.device)
 

@@ -81,6 +81,12 @@ class ModelDrafter:
     def move_row(self, src: int, dst: int) -> None:
         self.runner.cache.move_row(src, dst)
 
+    def release(self) -> None:
+        self.runner.cache.release()
+
+    def allocate(self) -> None:
+        self.runner.cache.allocate()
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.draws.load(self.runner.model, state_dict, "drafter", self.runner.device, self.runner.vocab_size)
 

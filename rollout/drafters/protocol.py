@@ -79,6 +79,14 @@ class Drafter(Protocol):
 
     def move_row(self, src: int, dst: int) -> None: ...
 
+    def release(self) -> None:
+        """Free its per-row memory (KV cache) between rollout phases (`SpecEngine.release`); weights stay."""
+        ...
+
+    def allocate(self) -> None:
+        """Make what `release` freed again, empty (a no-op where it exists)."""
+        ...
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """New weights; a state dict carrying `draft_vocab.STATE_KEY` also brings a new draft vocabulary."""
         ...

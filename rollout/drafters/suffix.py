@@ -116,6 +116,12 @@ class SuffixDrafter:
     def move_row(self, src: int, dst: int) -> None:
         self.index.move(src, dst)
 
+    def release(self) -> None:
+        """Its index is host memory and the next phase's history: kept."""
+
+    def allocate(self) -> None:
+        """Nothing was released."""
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise ValueError("the suffix drafter has no weights to load")
 

@@ -116,6 +116,14 @@ class SuffixOrModelDrafter:
         self.suffix.move_row(src, dst)
         self.model.move_row(src, dst)
 
+    def release(self) -> None:
+        self.suffix.release()
+        self.model.release()
+
+    def allocate(self) -> None:
+        self.suffix.allocate()
+        self.model.allocate()
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.model.load_weights(state_dict)
 

@@ -130,28 +130,62 @@ class WritePlan:
         return slots
 
 
+class PlanSlot:
+    """The write plan of the forward in flight, shared by a cache and its layers, and the cache's length.
+
+    Layers hold this, not their cache: no reference cycle between them, so a dropped cache (and engine)
+    frees its buffers at once instead of when the cyclic garbage collector next runs."""
+
+    def __init__(self, length: int):
+        self.plan: WritePlan | None = None
+        self.length = length
+
+
 class RaggedLayer(CacheLayerMixin):
-    """One attention layer's K/V buffers (None for a layer that writes none); `update` follows the plan
-    its parent cache set."""
+    """One attention layer's K/V buffers (`shape` None: a layer that writes none); `update` follows the plan
+    its parent cache set. `release` frees the buffers, `allocate` makes them again (zeroed)."""
 
     is_compileable = False
 
-    def __init__(self, owner: RaggedKVCache, keys: torch.Tensor | None, values: torch.Tensor | None):
+    def __init__(self, slot: PlanSlot, shape: LayerShape | None, batch: int, dtype: torch.dtype,
+                 device: torch.device):
         super().__init__()
-        self.owner = owner
-        self.keys = keys
-        self.values = values
+        self.slot = slot
+        self.shape, self.batch, self.dtype, self.device = shape, batch, dtype, device
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.allocate()
         self.is_initialized = True
+
+    def allocate(self) -> None:
+        if self.shape is None or self.keys is not None:
+            return
+        # Zero-init, and zero again on reset: masked slots get 0 attention weight, and 0 × NaN is NaN.
+        size = (self.batch, self.shape.num_heads, self.slot.length)
+        self.keys = torch.zeros(*size, self.shape.key_dim, dtype=self.dtype, device=self.device)
+        self.values = torch.zeros(*size, self.shape.value_dim, dtype=self.dtype, device=self.device)
+
+    def release(self) -> None:
+        self.keys = self.values = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes its buffers take when allocated."""
+        if self.shape is None:
+            return 0
+        per_slot = (self.shape.key_dim + self.shape.value_dim) * self.shape.num_heads
+        return self.batch * self.slot.length * per_slot * self.dtype.itemsize
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         raise RuntimeError("RaggedLayer buffers are preallocated")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        plan = self.owner.plan
+        plan = self.slot.plan
         if plan is None:
             raise RuntimeError("RaggedKVCache.plan_write must be called before each forward")
         if self.keys is None:
-            raise RuntimeError("this layer wrote no K/V when its shapes were probed; it has no buffers")
+            raise RuntimeError("this layer has no K/V buffers: it wrote none when its shapes were probed, or "
+                               "its cache was released (RaggedKVCache.release)")
         rows = plan.rows
         if isinstance(rows, slice) and plan.same_start is not None:
             span = slice(plan.same_start, plan.same_start + key_states.shape[2])
@@ -168,13 +202,13 @@ class RaggedLayer(CacheLayerMixin):
         return self.keys[rows, :, : plan.kv_len], self.values[rows, :, : plan.kv_len]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.plan.kv_len, 0
+        return self.slot.plan.kv_len, 0
 
     def get_seq_length(self) -> int:
-        return self.owner.plan.kv_len if self.owner.plan is not None else 0
+        return self.slot.plan.kv_len if self.slot.plan is not None else 0
 
     def get_max_length(self) -> int:
-        return self.owner.length
+        return self.slot.length
 
 
 class RaggedKVCache(Cache):
@@ -189,24 +223,17 @@ class RaggedKVCache(Cache):
 
     def __init__(self, shapes: list[LayerShape | StateShape | HybridShape | None], batch: int, length: int,
                  dtype: torch.dtype, device: torch.device, history: int = STATE_HISTORY):
-        def buffer(heads: int, dim: int) -> torch.Tensor:
-            # Zero-init, and zero again on reset: masked slots get 0 attention weight, and 0 × NaN is NaN.
-            return torch.zeros(batch, heads, length, dim, dtype=dtype, device=device)
-
-        def attention(shape: LayerShape | None) -> RaggedLayer:
-            if shape is None:
-                return RaggedLayer(self, None, None)
-            return RaggedLayer(self, buffer(shape.num_heads, shape.key_dim), buffer(shape.num_heads, shape.value_dim))
-
+        self.slot = PlanSlot(length)
         # A linear-attention layer is its state; a hybrid layer's state sits beside its K/V.
         self.states_by_layer = {
-            index: RaggedStateLayer(self, shape.state if isinstance(shape, HybridShape) else shape, batch, history,
-                                    dtype, device)
+            index: RaggedStateLayer(self.slot, shape.state if isinstance(shape, HybridShape) else shape, batch,
+                                    history, dtype, device)
             for index, shape in enumerate(shapes) if isinstance(shape, StateShape | HybridShape)
         }
         super().__init__(layers=[
             self.states_by_layer[index] if isinstance(shape, StateShape)
-            else attention(shape.attention if isinstance(shape, HybridShape) else shape)
+            else RaggedLayer(self.slot, shape.attention if isinstance(shape, HybridShape) else shape, batch, dtype,
+                             device)
             for index, shape in enumerate(shapes)
         ])
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)
@@ -215,7 +242,6 @@ class RaggedKVCache(Cache):
         self.written = torch.zeros(batch, dtype=torch.long)
         self.length = length
         self.history = history
-        self.plan: WritePlan | None = None
         self.state_layers = list(self.states_by_layer.values())
         # Linear-attention rows (host): the furthest length fed since reset, and whether a rollback went
         # further back than the state history holds (raised at the next forward).
@@ -223,8 +249,42 @@ class RaggedKVCache(Cache):
         self.overrun = False
 
     @property
+    def plan(self) -> WritePlan | None:
+        return self.slot.plan
+
+    @plan.setter
+    def plan(self, plan: WritePlan | None) -> None:
+        self.slot.plan = plan
+
+    @property
     def buffered_layers(self) -> list[RaggedLayer]:
-        return [layer for layer in self.layers if isinstance(layer, RaggedLayer) and layer.keys is not None]
+        return [layer for layer in self.layers if isinstance(layer, RaggedLayer) and layer.shape is not None]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its K/V and recurrent-state buffers when allocated."""
+        return sum(layer.nbytes for layer in self.buffered_layers) + sum(layer.nbytes for layer in self.state_layers)
+
+    @property
+    def released(self) -> bool:
+        return any(layer.keys is None for layer in self.buffered_layers) or any(
+            layer.conv is None for layer in self.state_layers)
+
+    def release(self) -> None:
+        """Free every K/V and state buffer (between rollout phases); every row is then empty. `allocate`
+        makes them again."""
+        for layer in [*self.buffered_layers, *self.state_layers]:
+            layer.release()
+        self.lens.zero_()
+        self.written.zero_()
+        self.host_lens[:] = [0] * len(self.host_lens)
+        self.reach[:] = [0] * len(self.reach)
+        self.overrun = False
+
+    def allocate(self) -> None:
+        """Make the buffers `release` freed, zeroed (a no-op where they exist)."""
+        for layer in [*self.buffered_layers, *self.state_layers]:
+            layer.allocate()
 
     def plan_write(self, rows: Rows, start: torch.Tensor, query_len: int, count: torch.Tensor | None = None,
                    host_start: list[int] | None = None, host_count: list[int] | None = None) -> torch.Tensor:

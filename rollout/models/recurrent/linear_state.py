@@ -22,6 +22,7 @@ forward raises, so an overrun can never give silently wrong tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,17 +52,36 @@ class RaggedStateLayer(CacheLayerMixin):
 
     is_compileable = False
 
-    def __init__(self, owner, shape: StateShape, batch: int, history: int, dtype: torch.dtype,
+    def __init__(self, slot, shape: StateShape, batch: int, history: int, dtype: torch.dtype,
                  device: torch.device):
         super().__init__()
-        self.owner = owner
+        self.slot = slot  # the cache's `PlanSlot`: the plan of the forward in flight
+        self.shape, self.batch, self.dtype, self.device = shape, batch, dtype, device
         self.history = history
         self.window = shape.conv_kernel - 1
         self.conv_slots = history + self.window
-        # The last slot of each ring is the spare one (never read).
-        self.conv = torch.zeros(batch, self.conv_slots + 1, shape.conv_dim, dtype=dtype, device=device)
-        self.states = torch.zeros(batch, history + 1, *shape.state, dtype=shape.state_dtype, device=device)
+        self.conv: torch.Tensor | None = None
+        self.states: torch.Tensor | None = None
+        self.allocate()
         self.is_initialized = True
+
+    def allocate(self) -> None:
+        """Make the rings (zeroed) if `release` freed them; the last slot of each ring is the spare one (never read)."""
+        if self.conv is not None:
+            return
+        self.conv = torch.zeros(self.batch, self.conv_slots + 1, self.shape.conv_dim, dtype=self.dtype,
+                                device=self.device)
+        self.states = torch.zeros(self.batch, self.history + 1, *self.shape.state, dtype=self.shape.state_dtype,
+                                  device=self.device)
+
+    def release(self) -> None:
+        self.conv = self.states = None
+
+    @property
+    def nbytes(self) -> int:
+        conv = (self.conv_slots + 1) * self.shape.conv_dim * self.dtype.itemsize
+        state = (self.history + 1) * math.prod(self.shape.state) * self.shape.state_dtype.itemsize
+        return self.batch * (conv + state)
 
     def lazy_initialization(self, *args, **kwargs) -> None:
         raise RuntimeError("RaggedStateLayer buffers are preallocated")
@@ -71,25 +91,25 @@ class RaggedStateLayer(CacheLayerMixin):
 
     def conv_window(self) -> torch.Tensor:
         """[n, C, K-1]: each planned row's conv inputs at positions start-K+1 .. start-1 (zeros before 0)."""
-        plan = self.owner.plan
+        plan = self.slot.plan
         positions = plan.start[:, None] + torch.arange(-self.window, 0, device=plan.start.device)  # [n, K-1]
         window = self.conv[plan.row_ids[:, None], positions % self.conv_slots]  # [n, K-1, C]
         return window.masked_fill((positions < 0)[..., None], 0).transpose(1, 2)
 
     def write_conv_inputs(self, inputs: torch.Tensor) -> None:
         """Store `inputs` [n, C, Q] (position start + q) for each row's last W real positions."""
-        plan = self.owner.plan
+        plan = self.slot.plan
         self.conv[plan.row_ids[:, None], plan.ring_slots(self.conv_slots)] = inputs.transpose(1, 2).to(self.conv.dtype)
 
     def initial_state(self) -> torch.Tensor:
         """[n, *state]: each planned row's recurrent state after its first `start` tokens."""
-        plan = self.owner.plan
+        plan = self.slot.plan
         state = self.states[plan.row_ids, plan.start % self.history]  # [n, *state]
         return state.masked_fill((plan.start == 0).view(-1, *[1] * (state.dim() - 1)), 0)
 
     def write_state(self, step: int, state: torch.Tensor) -> None:
         """Snapshot `state` [n, *state], each row's state after its fed token `step`."""
-        plan = self.owner.plan
+        plan = self.slot.plan
         if step >= plan.first_snapshot:
             slots = plan.ring_slots(self.history, offset=1)[:, step]  # [n]
             self.states[plan.row_ids, slots] = state.to(self.states.dtype)
@@ -103,10 +123,10 @@ class RaggedStateLayer(CacheLayerMixin):
         self.states[dst] = self.states[src]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.plan.kv_len, 0
+        return self.slot.plan.kv_len, 0
 
     def get_seq_length(self) -> int:
-        return self.owner.plan.kv_len if self.owner.plan is not None else 0
+        return self.slot.plan.kv_len if self.slot.plan is not None else 0
 
     def get_max_length(self) -> int:
         return -1
