@@ -25,6 +25,11 @@ names its workers, board and learner there, and `RolloutController.attach` gives
 > 0 of `accelerate launch`) a controller over those same actors. An attached controller generates on
 the shared workers and feeds the shared learner, but never syncs weights, runs learner rounds or kills
 the actors: the creating rank does, once per step, and the others `await_policy` the version it synced.
+
+A resumed run (`state_dict` / `load_state_dict`) moves the learner's state (`online_drafter.learner_state`)
+between the learner actor and the driver with Ray's `__ray_call__` (a function run on the actor with the
+actor as its argument: `LearnerActor` has no methods of its own for it yet), and syncs its published
+drafter to the workers as any new version.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import ray
 import torch
@@ -42,6 +48,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from specroll.integrations.backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 from specroll.integrations.model_source import trained_drafter_kind
 from specroll.integrations.threads import ThreadSetting, actor_threads
+from specroll.online_drafter.learner_state import restore, state_of
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.core.stats import BatchStats
 
@@ -144,6 +151,7 @@ class RolloutController:
         self._learner_policy_names: list[str] = []  # the policy tensors the learner reads (a head's)
         self.last_batch = BatchStats()
         self.num_resends = 0
+        self.total_rollouts = 0  # returned by generate since the run began (a resumed run's from its checkpoint)
 
     # ------------------------------------------------------------------ RolloutBackend
 
@@ -169,6 +177,7 @@ class RolloutController:
                 self._pending_learner_adds.append(added)
             else:  # in the shared buffer once this returns: the creating rank's next round sees them
                 ray.get(added)
+        self.total_rollouts += len(rollouts)
         total = sum((batch.stats for batch in batches), BatchStats())
         self.last_batch = dataclasses.replace(total, wall_time_s=time.perf_counter() - started)
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
@@ -247,7 +256,31 @@ class RolloutController:
 
     def metrics(self) -> dict[str, float]:
         return {"rollout/policy_version": float(self.policy_version), "drafter/version": float(self.drafter_version),
-                "rollout/resends": float(self.num_resends), **self._last_sync_s}
+                "rollout/resends": float(self.num_resends), "rollout/total_rollouts": float(self.total_rollouts),
+                **self._last_sync_s}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The learner actor's state (after the rollouts added before this call) and the rollout count."""
+        self._require_owner("state_dict")
+        if self._round is not None:
+            raise RuntimeError("state_dict while a learner round runs: finish_learner_round collects it first")
+        learner = None
+        if self.learner is not None:  # an actor runs one caller's calls in order: after every add queued
+            learner = ray.get(self.learner.__ray_call__.remote(_learner_state), timeout=self.config.sync.timeout_s)
+        return {"learner": learner, "total_rollouts": self.total_rollouts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the learner actor from `state` and sync its published drafter to every worker."""
+        self._require_owner("load_state_dict")
+        learner = state["learner"]
+        if (learner is None) != (self.learner is None):
+            raise ValueError(f"the state {'has' if learner is not None else 'has no'} learner and this service "
+                             f"{'has' if self.learner is not None else 'has none'}: online_learning and the drafter "
+                             "kind must be those of the run that saved it")
+        if learner is not None:
+            ray.get(self.learner.__ray_call__.remote(_load_learner_state, learner), timeout=self.config.sync.timeout_s)
+            self.sync_drafter(ray.get(self.learner.published_state_dict.remote()), int(learner["version"]))
+        self.total_rollouts = int(state["total_rollouts"])
 
     def process_threads(self) -> list[ThreadSetting]:
         """The torch threads of every worker and of the learner, as each reports them."""
@@ -306,6 +339,16 @@ class RolloutController:
         seconds = time.perf_counter() - started
         self._last_sync_s[f"sync/{role}_s"] = seconds
         return seconds
+
+
+def _learner_state(actor: LearnerActor) -> dict[str, Any]:
+    """Run on the learner actor (`__ray_call__`): its learner's state."""
+    return state_of(actor.learner)
+
+
+def _load_learner_state(actor: LearnerActor, state: dict[str, Any]) -> None:
+    """Run on the learner actor (`__ray_call__`): restore its learner from `state`."""
+    restore(actor.learner, state, "the saved learner state")
 
 
 def _has_learner(config: ControllerConfig) -> bool:

@@ -18,8 +18,8 @@ cheaper a step). The embedding and LM head are the policy's, read live and never
 side a sync updates them in place. Memory: `buffer.max_positions` bounds the training sequences,
 `max_holdout_positions` the held-out ones (bytes per position: `heads.data`).
 
-It keeps no checkpoint, and offers none: its entries hold the policy's hidden states, which a resumed run
-recomputes from new rollouts (a drafter LM's learner resumes: `lm.learner.DraftLearner.save`/`load`).
+It has no `save`/`load` of its own (a drafter LM's learner has: `lm.learner.DraftLearner`); a resumed
+`specroll train` run keeps its state with the run's (`learner_state`, the buffer's hidden states included).
 
 Layer-skip self-speculation has nothing to train: its draft is the policy itself, truncated.
 """

@@ -19,6 +19,10 @@ Contents of `out_dir`:
 - `metrics.jsonl` — one JSON object per logged trainer step (TRL's own keys plus `rollout/*`,
   `drafter/*`, `weights/sync_s`);
 - `config.yaml` — the resolved config (every default filled in); `summary.json` — the headline numbers.
+
+A run resumed from a checkpoint (`specroll train --resume`, docs/resume.md) writes the report of the whole run:
+its history and probes go on from the checkpoint's; the page says where it resumed (`summary["resumed"]`), and
+the reward plot marks the step.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -138,7 +143,7 @@ def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: Spee
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=2))
     plots = {
-        "reward": _plot_reward(out / "reward.png", steps),
+        "reward": _plot_reward(out / "reward.png", steps, [r["step"] for r in summary.get("resumed", [])]),
         "tokens_per_s": _plot_tokens_per_s(out / "tokens_per_s.png", steps, speed),
         "probe": _plot_probe(out / "probe.png", probes or []),
         "acceptance": _plot_series(out / "acceptance.png", PLOTS["acceptance"], steps, {
@@ -165,8 +170,10 @@ def _plot_series(path: Path, title: str, steps: list[dict], keys: dict[str, str]
     return _save(fig, path)
 
 
-def _plot_reward(path: Path, steps: list[dict]) -> Path:
+def _plot_reward(path: Path, steps: list[dict], resumed_at: Sequence[int] = ()) -> Path:
     fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, step in enumerate(resumed_at):
+        ax.axvline(step, color="gray", ls="--", lw=0.8, label="resumed from a checkpoint" if i == 0 else None)
     points = [(e["step"], e["reward"]) for e in steps if e.get("reward") is not None]
     if points:
         x, y = zip(*points, strict=True)
@@ -174,6 +181,7 @@ def _plot_reward(path: Path, steps: list[dict]) -> Path:
         rolling = [sum(y[max(0, i - ROLLING + 1) : i + 1]) / len(y[max(0, i - ROLLING + 1) : i + 1])
                    for i in range(len(y))]
         ax.plot(x, rolling, color="tab:red", label=f"rolling mean over {ROLLING} steps")
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     ax.set(title=PLOTS["reward"], xlabel="GRPO step", ylabel="reward")
     ax.grid(alpha=0.3)
@@ -245,6 +253,7 @@ def _save(fig, path: Path) -> Path:
 def _html(summary: dict[str, Any], plots: dict[str, Path], events: list[str]) -> str:
     listed = "".join(f"<li>{html.escape(line)}</li>" for line in events) or "<li>none</li>"
     lines = headline_lines(summary["headline"]) if "headline" in summary else []
+    lines += [f"resumed at step {r['step']} from {r['checkpoint']}" for r in summary.get("resumed", [])]
     top = "".join(f"<p class='{'alarm' if line.startswith(('ALARM', 'WARNING')) else 'headline'}'>"
                   f"{html.escape(line)}</p>" for line in lines)
     rows = "".join(
