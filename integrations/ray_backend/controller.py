@@ -292,6 +292,7 @@ class RolloutController:
         if not self.owns_actors:
             self.workers, self.learner = [], None
             return
+        self.transport.close(self.config.sync.timeout_s)  # the broadcast group, on the workers too
         for actor in [*self.workers, self.learner, self.board]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
@@ -326,10 +327,8 @@ class RolloutController:
         started = time.perf_counter()
         sync = self.config.sync
         live = wait_for_workers(self.workers, sync.timeout_s)
-        buckets, layout = pack_buckets(named_tensors, sync.bucket_bytes, version)
-        payload = stage_weights(self.transport, live, role, buckets, layout, sync.timeout_s)
-        if not isinstance(self.transport, ObjectStoreTransport):  # the board keeps refs for restarted workers
-            payload = ObjectStoreTransport().publish(buckets, layout, len(live))
+        buckets, layout = pack_buckets(named_tensors, sync.bucket_bytes, version, wire_dtype=self.config.engine.dtype)
+        payload = stage_weights(self.transport, live, role, buckets, layout, sync.timeout_s)  # the board's payload
         try:
             ray.get(self.board.post.remote(role, payload), timeout=sync.timeout_s)
         except RayError as err:

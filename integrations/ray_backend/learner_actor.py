@@ -87,8 +87,9 @@ class LearnerActor:
         return self.learner.probe([r for batch in ray.get(batches) for r in batch.rollouts])
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:
-        """The drafter weights of the latest published version (what workers should serve)."""
-        return self.learner.published_state_dict()
+        """The drafter weights of the latest published version (what workers should serve), on the CPU: a
+        learner on a GPU must not hand CUDA tensors to Ray (the driver would need that GPU to read them)."""
+        return {name: tensor.detach().to("cpu") for name, tensor in self.learner.published_state_dict().items()}
 
     def policy_names(self) -> list[str]:
         """Names of the policy parameters the learner reads (the embedding and LM head a head shares), in

@@ -10,34 +10,50 @@ inside the actor, so only paths cross
 the wire. On (re)start the worker loads the latest weights posted on the `WeightBoard`: a worker
 that Ray restarted after a crash serves the current policy and drafter versions, never its initial
 checkpoint. Weight updates come in two steps, so the controller can make a sync all-or-nothing
-across workers: `stage_weights` fetches every bucket into staging memory and checks it fits the
-model, changing nothing the engine serves; `commit_weights` copies the staged version in and moves
-the version.
+across workers: `stage_weights` fetches every bucket into staging memory on the engine's device (the
+transport's device: NCCL buckets arrive on the GPU) and checks it fits the model, changing nothing the
+engine serves; `commit_weights` copies the staged version in (device to device when the transport's
+device is the engine's) and moves the version. On the broadcast transport the worker is a member of the
+controller's persistent group (`join_sync_group` / `leave_sync_group`), and it exports the versions it
+holds to a peer that restarted (`export_weights`: the weight board keeps only who holds them).
 
 `progress` runs in its own concurrency group so the controller (or a test) can watch a batch that
-is in flight; everything else runs one call at a time, so weights never change mid-batch.
+is in flight, and `export_weights` in another, so a restarted peer is not kept waiting by a batch;
+everything else runs one call at a time, so weights never change mid-batch.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
 import ray
 import torch
+from ray.exceptions import RayError
 from transformers import AutoModelForCausalLM
 
 from specroll.integrations.model_source import ModelPaths, load_drafter, tokenizer_pair
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
-from specroll.rollout.drafters.draft_vocab import DraftVocab, split_state
+from specroll.rollout.drafters.draft_vocab import STATE_KEY, DraftVocab, split_state
 from specroll.rollout.models.weights import check_fits
 
 from .metrics import WorkerMetrics
-from .sync.protocol import WeightPayload, WeightSyncError, receiving_transport, unpack_buckets
+from .sync.broadcast import BroadcastRoute, GroupMember
+from .sync.payload import PeerRoute
+from .sync.protocol import (
+    ObjectStoreTransport,
+    WeightPayload,
+    WeightSyncError,
+    fetch_from_object_store,
+    pack_buckets,
+    unpack_buckets,
+)
 
 ROLES = ("policy", "drafter")
+EXPORT_BUCKET_BYTES = 64 << 20  # a restarted peer's copy goes through the object store in buckets of this size
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,7 @@ class StagedWeights:
     fetch_s: float
 
 
-@ray.remote(concurrency_groups={"control": 1})
+@ray.remote(concurrency_groups={"control": 1, "export": 1})
 class RolloutWorker:
     def __init__(self, worker_index: int, models: ModelPaths, engine_config: EngineConfig,
                  board: ray.actor.ActorHandle | None = None, reload_timeout_s: float = 60.0, threads: int = 1):
@@ -71,6 +87,9 @@ class RolloutWorker:
         self.metrics = WorkerMetrics(worker_index)
         self.num_loads = 0
         self.staged: dict[str, StagedWeights] = {}
+        self.served_names: dict[str, tuple[str, ...]] = {}  # per role: the names the committed version carried
+        self.sync_member = GroupMember()
+        self._weights_lock = threading.Lock()  # a commit's writes vs `export_weights`' reads (another thread)
         if board is not None:
             for role, payload in ray.get(board.latest.remote(), timeout=reload_timeout_s).items():
                 self.stage_weights(role, payload, rank=0, timeout_s=reload_timeout_s)
@@ -96,8 +115,9 @@ class RolloutWorker:
         """`SpecEngine.break_even_acceptance` of this worker's engine (for the learner's watchdog)."""
         return self.engine.break_even_acceptance()
 
-    def stage_weights(self, role: str, payload: WeightPayload, rank: int, timeout_s: float) -> None:
-        """Fetch `payload` over its transport into staging memory, replacing any staged `role` version.
+    def stage_weights(self, role: str, payload: WeightPayload, rank: int, timeout_s: float) -> int:
+        """Fetch `payload` over its route into staging memory, replacing any staged `role` version; returns
+        this worker's index (the weight board lists the workers that hold a version).
 
         The engine keeps serving what it has. Raises WeightSyncError (nothing staged) if the fetch
         fails, times out or does not fit the model.
@@ -109,7 +129,7 @@ class RolloutWorker:
         if model is None:
             raise WeightSyncError(f"worker {self.worker_index} has no drafter to load version {payload.version} into")
         started = time.perf_counter()
-        named = unpack_buckets(payload, receiving_transport(payload).fetch(payload, rank, timeout_s))
+        named = self._receive(role, payload, rank, timeout_s)
         try:
             # A drafter version may carry its draft vocabulary (`draft_vocab.STATE_KEY`): checked as one, not a weight.
             weights, vocab_ids = split_state(named) if role == "drafter" else (named, None)
@@ -120,6 +140,7 @@ class RolloutWorker:
             raise WeightSyncError(f"worker {self.worker_index}: {role} version {payload.version} "
                                   f"does not fit the model: {err}") from err
         self.staged[role] = StagedWeights(payload.version, named, time.perf_counter() - started)
+        return self.worker_index
 
     def commit_weights(self, role: str, version: int) -> float:
         """Load the staged `version` of `role` into the engine and move its version; returns the seconds
@@ -129,11 +150,13 @@ class RolloutWorker:
         if staged is None or staged.version != version:
             raise WeightSyncError(f"worker {self.worker_index} has no staged {role} version {version} to commit")
         started = time.perf_counter()
-        if role == "policy":
-            self.engine.update_target(staged.named, version)
-        else:
-            self.engine.update_drafter(staged.named, version)
-        del self.staged[role]
+        with self._weights_lock:
+            if role == "policy":
+                self.engine.update_target(staged.named, version)
+            else:
+                self.engine.update_drafter(staged.named, version)
+            self.served_names[role] = tuple(staged.named)
+            del self.staged[role]
         seconds = staged.fetch_s + time.perf_counter() - started
         self.num_loads += 1
         self.metrics.record_sync(role, seconds)
@@ -143,6 +166,68 @@ class RolloutWorker:
     def discard_staged(self, role: str) -> None:
         """Drop a staged version that will not be committed (its sync failed elsewhere)."""
         self.staged.pop(role, None)
+
+    def join_sync_group(self, route: BroadcastRoute, rank: int, timeout_s: float) -> None:
+        """Join the controller's broadcast group as `rank` (leaving any other); every later sync receives on it."""
+        self.sync_member.join(route, rank, timeout_s)
+
+    def leave_sync_group(self) -> None:
+        """Shut this worker's side of the broadcast group down (the controller's shutdown, or a new group)."""
+        self.sync_member.leave()
+
+    def sync_group(self) -> str | None:
+        """The id of the broadcast group this worker is a member of (None: none)."""
+        return self.sync_member.group_id
+
+    @ray.method(concurrency_group="export")
+    def export_weights(self, role: str, version: int) -> WeightPayload:
+        """`version` of `role` as an object-store payload, from staging or from what the engine serves, for a
+        peer that restarted. Raises WeightSyncError when this worker holds neither."""
+        with self._weights_lock:
+            staged = self.staged.get(role)
+            if staged is not None and staged.version == version:
+                named = staged.named
+            elif self.versions()[role] == version and role in self.served_names:
+                named = self._served_tensors(role)
+            else:
+                raise WeightSyncError(f"worker {self.worker_index} holds no {role} version {version} "
+                                      f"(serves {self.versions()[role]})")
+            buckets, layout = pack_buckets(named, EXPORT_BUCKET_BYTES, version)
+            return ObjectStoreTransport().publish(buckets, layout, 1)
+
+    def _served_tensors(self, role: str) -> dict[str, torch.Tensor]:
+        """The committed version's tensors as the engine holds them, by the names it came with."""
+        model = self.models[role]
+        held = dict(model.named_parameters()) | dict(model.named_buffers())
+        named = {name: held[name] for name in self.served_names[role] if name != STATE_KEY}
+        if STATE_KEY in self.served_names[role]:
+            named[STATE_KEY] = self.engine.draft_vocab()
+        return named
+
+    def _receive(self, role: str, payload: WeightPayload, rank: int, timeout_s: float) -> dict[str, torch.Tensor]:
+        """The named tensors of `payload`, fetched over its route: the object store, the broadcast group, or
+        (from the weight board, after a broadcast) a peer that holds the version."""
+        if isinstance(payload.route, tuple):
+            return unpack_buckets(payload, fetch_from_object_store(payload, timeout_s))
+        if isinstance(payload.route, BroadcastRoute):
+            return unpack_buckets(payload, self.sync_member.fetch(payload, rank, timeout_s))
+        if isinstance(payload.route, PeerRoute):
+            return self._receive_from_peer(role, payload, timeout_s)
+        raise WeightSyncError(f"payload route {type(payload.route).__name__} is unknown")
+
+    def _receive_from_peer(self, role: str, payload: WeightPayload, timeout_s: float) -> dict[str, torch.Tensor]:
+        deadline = time.monotonic() + timeout_s
+        failures = []
+        for index, holder in payload.route.holders:
+            if index == self.worker_index:
+                continue
+            try:
+                exported = ray.get(holder.export_weights.remote(role, payload.version), timeout=_left(deadline))
+                return unpack_buckets(exported, fetch_from_object_store(exported, _left(deadline)))
+            except (RayError, WeightSyncError) as err:
+                failures.append(f"worker {index}: {err}")
+        raise WeightSyncError(f"worker {self.worker_index}: no peer could export {role} version {payload.version} "
+                              f"within {timeout_s}s ({'; '.join(failures) or 'no other holder'})")
 
     def threads(self) -> ThreadSetting:
         """The torch threads this worker runs with (as torch reports them in the thread that serves calls)."""
@@ -159,3 +244,7 @@ class RolloutWorker:
         """Tokens this engine has generated so far, readable while a batch is running."""
         return self.engine.stats.generated_tokens
 
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())

@@ -25,9 +25,17 @@ class TensorMeta:
 @dataclass(frozen=True)
 class WeightPayload:
     """What every receiver gets: the layout, the version, and transport-specific `route` data
-    (the bucket ObjectRefs for the object store; the group address and ranks for a broadcast)."""
+    (the bucket ObjectRefs for the object store; the group for a broadcast; a `PeerRoute` on the board)."""
 
     version: int
     metas: tuple[TensorMeta, ...]
     bucket_sizes: tuple[int, ...]
     route: Any = None
+
+
+@dataclass(frozen=True)
+class PeerRoute:
+    """Where a version sent by broadcast can be found again: the (worker index, actor handle) of every worker
+    that staged it; any of them exports it (`RolloutWorker.export_weights`) to a worker that restarted."""
+
+    holders: tuple[tuple[int, Any], ...]

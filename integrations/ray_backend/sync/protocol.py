@@ -4,16 +4,26 @@ Usage (in the controller; `RolloutController._sync` is the full sequence)::
 
     transport = make_transport(sync_config)
     workers = wait_for_workers(workers, timeout_s=60)
-    buckets, layout = pack_buckets(model.state_dict(), sync_config.bucket_bytes, version=3)
+    buckets, layout = pack_buckets(model.state_dict(), sync_config.bucket_bytes, version=3, wire_dtype=torch.bfloat16)
     payload = stage_weights(transport, workers, "policy", buckets, layout, timeout_s=60)
     board.post.remote("policy", payload)  # the commit point
     commit_weights(workers, "policy", payload, timeout_s=60)
+    ...
+    transport.close(timeout_s=60)  # at shutdown: the broadcast group is left on every worker
 
-Tensors are packed into flat byte buckets (`bucket_bytes` each, several tensors per bucket, any
-dtype — bf16 included — carried as raw bytes, so dtypes survive exactly). One protocol,
-`WeightTransport`, has two implementations: the Ray object store (default; this module) and a
-`torch.distributed` broadcast group (`broadcast_sync.py`). The sender `publish`es the layout (and,
-for the object store, the bucket refs), each worker `fetch`es every bucket into staging memory.
+Tensors are packed into flat byte buckets (`bucket_bytes` each, several tensors per bucket, 16-byte
+aligned, any dtype — bf16 included — carried as raw bytes, so dtypes survive exactly). Floating tensors
+travel in the wire dtype (the engine's: an fp32 trainer sends a bf16 engine half the bytes, rounded as the
+engine's own copy would round them), except the buffers the engine keeps in fp32. `pack_buckets` only
+plans: each bucket is built when a transport asks for it, on the transport's device (a GPU for NCCL), so
+a sender holds one or two buckets, not the whole payload, and never goes through host memory on a GPU.
+
+One protocol, `WeightTransport`, has two implementations: the Ray object store (default; this module)
+and a persistent `torch.distributed` broadcast group (`broadcast`). The sender `open`s it on the live
+workers, `publish`es the layout (and, for the object store, the bucket refs) and `stream`s; each
+worker fetches every bucket into staging memory (on its device: a receiver on the sender's device kind
+copies device to device). `board_payload` is what the `WeightBoard` keeps for workers that restart:
+the object store's refs, or for the broadcast the workers that hold the version (`PeerRoute`).
 
 A sync is all-or-nothing across workers, in two phases around a commit point. First every worker
 that Ray is restarting is waited for, and every worker stages the new version (fetched and checked
@@ -28,56 +38,104 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import ray
 import torch
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
+from specroll.rollout.models.weights import FP32_BUFFER_SUFFIXES
+
 from ..settings import SyncConfig
 from .payload import TensorMeta, WeightPayload
 
 RESTART_PROBE_INTERVAL_S = 0.2  # how often a worker Ray is restarting is asked again whether it is up
+ALIGN_BYTES = 16  # every tensor starts at a multiple of this, so a bucket slice views as any dtype
 
 
 class WeightSyncError(RuntimeError):
     """A sync failed or timed out; receivers kept their previous weights and version."""
 
 
-class WeightTransport(Protocol):
-    """Moves byte buckets from the sender to the receivers; `publish`/`fetch` are an honest pair."""
+@dataclass(frozen=True)
+class PackedBuckets:
+    """The sender's buckets, planned but not built: `build(i, device)` makes bucket i, one copy per tensor
+    (cast to the wire dtype on the way). Indexing and iterating build on the CPU."""
 
-    def publish(self, buckets: list[torch.Tensor], payload: WeightPayload, num_receivers: int) -> WeightPayload:
+    sources: tuple[tuple[tuple[TensorMeta, torch.Tensor], ...], ...]  # per bucket: (place, source tensor)
+    sizes: tuple[int, ...]
+
+    def build(self, index: int, device: torch.device | str) -> torch.Tensor:
+        bucket = torch.empty(self.sizes[index], dtype=torch.uint8, device=device)  # [nbytes]
+        with torch.no_grad():
+            for meta, tensor in self.sources[index]:
+                view = bucket[meta.offset : meta.offset + meta.nbytes].view(getattr(torch, meta.dtype))
+                view.view(meta.shape).copy_(tensor.detach())
+        return bucket
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.build(index, "cpu")
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (self.build(index, "cpu") for index in range(len(self)))
+
+
+class WeightTransport(Protocol):
+    """Moves byte buckets from the sender to the receivers. `open`/`close` bracket the transport's
+    life on a set of workers; `publish`, `stream` and the workers' fetch make one sync."""
+
+    def open(self, workers: Sequence[Any], timeout_s: float) -> None:
+        """Sender, before each sync: make the transport reach exactly `workers` (a no-op once it does)."""
+        ...
+
+    def publish(self, buckets: PackedBuckets, payload: WeightPayload, num_receivers: int) -> WeightPayload:
         """Sender, before receivers are called: make the buckets reachable; returns the payload to send."""
         ...
 
-    def stream(self, buckets: list[torch.Tensor], payload: WeightPayload, timeout_s: float) -> None:
+    def stream(self, buckets: PackedBuckets, payload: WeightPayload, timeout_s: float) -> None:
         """Sender, while receivers fetch (a broadcast pushes here; the object store has nothing to do)."""
         ...
 
-    def fetch(self, payload: WeightPayload, rank: int, timeout_s: float) -> list[torch.Tensor]:
-        """Receiver: every bucket of `payload` as a uint8 tensor; raises WeightSyncError on failure."""
+    def board_payload(self, buckets: PackedBuckets, payload: WeightPayload,
+                      holders: Sequence[tuple[int, Any]]) -> WeightPayload:
+        """What the weight board keeps of a version staged on `holders` (worker index, handle), for workers
+        that restart."""
+        ...
+
+    def close(self, timeout_s: float) -> None:
+        """Sender, at shutdown: release what `open` built, on the workers too."""
         ...
 
 
-def pack_buckets(named_tensors: Mapping[str, torch.Tensor], bucket_bytes: int,
-                 version: int) -> tuple[list[torch.Tensor], WeightPayload]:
-    """Flatten tensors into uint8 buckets of about `bucket_bytes` (a larger tensor gets its own)."""
-    metas, buckets, current, used = [], [], [], 0
+def pack_buckets(named_tensors: Mapping[str, torch.Tensor], bucket_bytes: int, version: int,
+                 wire_dtype: torch.dtype | None = None) -> tuple[PackedBuckets, WeightPayload]:
+    """Plan uint8 buckets of about `bucket_bytes` (a larger tensor gets its own); nothing is copied yet.
+
+    With `wire_dtype`, floating tensors travel in it, except buffers named `FP32_BUFFER_SUFFIXES` (kept fp32).
+    """
+    metas, sources, current, used = [], [], [], 0
     for name, tensor in named_tensors.items():
-        raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)  # [nbytes]
-        if current and used + raw.numel() > bucket_bytes:
-            buckets.append(torch.cat(current))
-            current, used = [], 0
-        metas.append(TensorMeta(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."),
-                                len(buckets), used, raw.numel()))
-        current.append(raw)
-        used += raw.numel()
+        dtype = tensor.dtype
+        if wire_dtype is not None and dtype.is_floating_point and not name.endswith(FP32_BUFFER_SUFFIXES):
+            dtype = wire_dtype
+        nbytes = tensor.numel() * dtype.itemsize
+        offset = -(-used // ALIGN_BYTES) * ALIGN_BYTES
+        if current and offset + nbytes > bucket_bytes:
+            sources.append(tuple(current))
+            current, offset = [], 0
+        meta = TensorMeta(name, tuple(tensor.shape), str(dtype).removeprefix("torch."), len(sources), offset, nbytes)
+        metas.append(meta)
+        current.append((meta, tensor))
+        used = offset + nbytes
     if current:
-        buckets.append(torch.cat(current))
-    payload = WeightPayload(version, tuple(metas), tuple(int(b.numel()) for b in buckets))
-    return buckets, payload
+        sources.append(tuple(current))
+    sizes = tuple(group[-1][0].offset + group[-1][0].nbytes for group in sources)
+    return PackedBuckets(tuple(sources), sizes), WeightPayload(version, tuple(metas), sizes)
 
 
 def unpack_buckets(payload: WeightPayload, buckets: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -92,26 +150,39 @@ def unpack_buckets(payload: WeightPayload, buckets: Sequence[torch.Tensor]) -> d
 
 
 class ObjectStoreTransport:
-    """Buckets go through Ray's object store as numpy uint8 arrays (zero-copy reads on each node)."""
+    """Buckets go through Ray's object store as numpy uint8 arrays (zero-copy reads on each node); each is
+    built on the CPU, put, and dropped, so the sender holds one at a time."""
 
-    def publish(self, buckets: list[torch.Tensor], payload: WeightPayload, num_receivers: int) -> WeightPayload:
+    def open(self, workers: Sequence[Any], timeout_s: float) -> None:
+        return None
+
+    def publish(self, buckets: PackedBuckets, payload: WeightPayload, num_receivers: int) -> WeightPayload:
         refs = tuple(ray.put(bucket.numpy()) for bucket in buckets)
         return WeightPayload(payload.version, payload.metas, payload.bucket_sizes, route=refs)
 
-    def stream(self, buckets: list[torch.Tensor], payload: WeightPayload, timeout_s: float) -> None:
+    def stream(self, buckets: PackedBuckets, payload: WeightPayload, timeout_s: float) -> None:
         return None
 
-    def fetch(self, payload: WeightPayload, rank: int, timeout_s: float) -> list[torch.Tensor]:
-        try:
-            arrays = ray.get(list(payload.route), timeout=timeout_s)
-        except GetTimeoutError as err:
-            raise WeightSyncError(f"object-store fetch of version {payload.version} timed out "
-                                  f"after {timeout_s}s") from err
-        except RayError as err:
-            raise WeightSyncError(f"object-store fetch of version {payload.version} failed: {err}") from err
-        with warnings.catch_warnings():  # store arrays are read-only; we only read them before copying
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            return [torch.from_numpy(array) for array in arrays]
+    def board_payload(self, buckets: PackedBuckets, payload: WeightPayload,
+                      holders: Sequence[tuple[int, Any]]) -> WeightPayload:
+        return payload
+
+    def close(self, timeout_s: float) -> None:
+        return None
+
+
+def fetch_from_object_store(payload: WeightPayload, timeout_s: float) -> list[torch.Tensor]:
+    """Receiver: the buckets of an object-store payload, read in place from the store (read-only)."""
+    try:
+        arrays = ray.get(list(payload.route), timeout=timeout_s)
+    except GetTimeoutError as err:
+        raise WeightSyncError(f"object-store fetch of version {payload.version} timed out "
+                              f"after {timeout_s}s") from err
+    except RayError as err:
+        raise WeightSyncError(f"object-store fetch of version {payload.version} failed: {err}") from err
+    with warnings.catch_warnings():  # store arrays are read-only; we only read them before copying
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return [torch.from_numpy(array) for array in arrays]
 
 
 def make_transport(config: SyncConfig) -> WeightTransport:
@@ -121,15 +192,6 @@ def make_transport(config: SyncConfig) -> WeightTransport:
     from .broadcast import TorchBroadcastTransport
 
     return TorchBroadcastTransport(backend=config.backend)
-
-
-def receiving_transport(payload: WeightPayload) -> WeightTransport:
-    """The transport a receiver uses for `payload`, told by its route (refs or a broadcast group)."""
-    if isinstance(payload.route, tuple):
-        return ObjectStoreTransport()
-    from .broadcast import TorchBroadcastTransport
-
-    return TorchBroadcastTransport(backend=payload.route.backend)
 
 
 def wait_for_workers(workers: Sequence[Any], timeout_s: float) -> list[Any]:
@@ -147,25 +209,27 @@ def wait_for_workers(workers: Sequence[Any], timeout_s: float) -> list[Any]:
     return live
 
 
-def stage_weights(transport: WeightTransport, workers: Sequence[Any], role: str, buckets: list[torch.Tensor],
+def stage_weights(transport: WeightTransport, workers: Sequence[Any], role: str, buckets: PackedBuckets,
                   layout: WeightPayload, timeout_s: float) -> WeightPayload:
-    """Send packed weights (`pack_buckets`) for `role` to every worker's staging memory; returns the
-    published payload. Nothing a worker serves changes until `commit_weights`.
+    """Send packed weights (`pack_buckets`) for `role` to every worker's staging memory; returns what the
+    weight board keeps of them (`WeightTransport.board_payload`: post it, then `commit_weights` it).
+    Nothing a worker serves changes until `commit_weights`.
 
     Raises WeightSyncError if any worker failed or the staging ran past `timeout_s` (+1 s of slack for
     the workers' own bounded fetches to report); the workers then drop what they staged.
     """
     started = time.perf_counter()
-    payload = transport.publish(buckets, layout, len(workers))
-    acks = [w.stage_weights.remote(role, payload, rank + 1, timeout_s) for rank, w in enumerate(workers)]
     try:
+        transport.open(workers, timeout_s)
+        payload = transport.publish(buckets, layout, len(workers))
+        acks = [w.stage_weights.remote(role, payload, rank + 1, timeout_s) for rank, w in enumerate(workers)]
         transport.stream(buckets, payload, timeout_s)
-        ray.get(acks, timeout=max(0.0, timeout_s - (time.perf_counter() - started)) + 1.0)
+        indices = ray.get(acks, timeout=max(0.0, timeout_s - (time.perf_counter() - started)) + 1.0)
     except (RayError, WeightSyncError) as err:  # each worker bounds its own fetch by timeout_s, so none lingers
         discard_staged(workers, role)
         reason = f"timed out after {timeout_s}s" if isinstance(err, GetTimeoutError) else f"failed: {err}"
         raise WeightSyncError(f"{role} sync to version {layout.version} {reason}") from err
-    return payload
+    return transport.board_payload(buckets, payload, list(zip(indices, workers)))
 
 
 def discard_staged(workers: Sequence[Any], role: str) -> None:
@@ -178,8 +242,8 @@ def commit_weights(workers: Sequence[Any], role: str, payload: WeightPayload, ti
     """Load the staged `payload.version` on every worker, once it is posted on the weight board.
 
     A worker whose commit fails or does not answer within `timeout_s` (it restarted since staging, or
-    is restarting) is waited for and staged again from `payload`, which must be the board's
-    object-store payload; one that still fails within another `timeout_s` is restarted, so that it
+    is restarting) is waited for and staged again from `payload`, which must be the board's payload
+    (`stage_weights` returns it); one that still fails within another `timeout_s` is restarted, so that it
     reloads the board's version before it serves again. Never raises: the version is committed.
     """
     acks = {w.commit_weights.remote(role, payload.version): (index, w) for index, w in enumerate(workers)}
