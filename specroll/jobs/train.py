@@ -65,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_train_config(args.config)
     saved = None
-    if args.resume:
-        saved = find_checkpoint(args.resume)
+    resume = getattr(args, "resume", None)  # a namespace built by hand (a script, a test) may leave it out
+    if resume:
+        saved = find_checkpoint(resume)
         check_matches(saved, config)
         config.report.out_dir = str(saved.run_dir)
     if args.out_dir:
