@@ -7,14 +7,24 @@ shape) and a ~50M-class drafter over the same vocabulary, then
    (`EngineConfig.drafters`), token for token, two calls (the second drafts from the first's history);
 2. a bf16 check: greedy speculative decoding in bf16, where each emitted token's target logit (from
    one full bf16 forward over prompt + completion) must lie within `--bf16-tol` of that position's
-   max (bf16 rounding may flip near-ties; anything more is a bug);
-3. the grid at b = 1 / 16 / 64 rows (b/8 prompts × 8 samples, or b samples of one prompt, two epochs
+   max (bf16 rounding may flip near-ties; anything more is a bug); and the engine's bf16 cast must
+   have left every rotary `inv_freq` buffer (target and drafter) in fp32;
+3. the sync cell: the 0.5B-shaped pair in bf16 at b = `--cell-rows` (64), γ auto, per drafter kind:
+   tokens/s, mean γ and host↔device syncs per steady-state step, counted by torch's sync debug mode
+   (`torch.cuda.set_sync_debug_mode("warn")`: one warning per synchronizing CUDA call; not counted
+   on a CPU);
+4. the grid at b = 1 / 16 / 64 rows (b/8 prompts × 8 samples, or b samples of one prompt, two epochs
    so the suffix drafter has history), plain / model / suffix / suffix+model in lockstep, printing one
    table of tokens/s and × plain.
 
 Random weights make the drafter a poor one and greedy text repetitive (which the suffix drafter
 likes), so the grid checks speed mechanics, not the speed-ups of trained models. `--tiny` shrinks
-everything to seconds on a CPU (the default test suite runs it so). Exit code 1 if a check fails.
+everything to seconds on a CPU (the default test suite runs it so). A stage that would start past
+`--budget-s` (8 minutes) less a minute is skipped, and says so. Exit code 1 if a check fails.
+
+It imports only torch, transformers and the standard library, and runs on torch >= 2.11 and
+transformers >= 5.17 as well as the project's pins: `benchmarks/gpu_check_install.sh` runs it on a
+machine without network, with the torch and transformers it has.
 """
 
 from __future__ import annotations
@@ -23,13 +33,19 @@ import argparse
 import os
 import sys
 import time
+import warnings
+from collections.abc import Callable
 
 import torch
+import transformers
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 from .grpo_bench import DRAFTERS, race_repeat
 from .shapes import build
+
+SYNC_WARNING = "called a synchronizing CUDA operation"  # what torch's sync debug mode warns at each sync
+BUDGET_RESERVE_S = 60.0  # a stage starting later than this before the budget's end is skipped
 
 
 def prompts_for(rows: int, vocab: int, seed: int, length: int = 16) -> list[list[int]]:
@@ -78,7 +94,60 @@ def check_bf16(target, drafter, args) -> bool:
     ok = worst <= args.bf16_tol
     print(f"bf16 greedy: worst emitted-token logit below the position's max {worst:.4f} "
           f"({'ok' if ok else 'FAIL'}, tolerance {args.bf16_tol})", flush=True)
-    return ok
+    return check_fp32_rotary({"target": spec.target.model, "drafter": drafter}) and ok
+
+
+def check_fp32_rotary(modules: dict[str, torch.nn.Module]) -> bool:
+    """Every `inv_freq` buffer of `modules` (after the engine's cast) is fp32; prints what it found."""
+    found = {f"{role}.{name}": buffer.dtype for role, module in modules.items()
+             for name, buffer in module.named_buffers() if name.endswith("inv_freq")}
+    wrong = {name: dtype for name, dtype in found.items() if dtype != torch.float32}
+    print(f"fp32 rotary after the bf16 cast: {'ok' if found and not wrong else 'FAIL'} "
+          f"({len(found)} inv_freq buffers{', not fp32: ' + str(wrong) if wrong else ''})", flush=True)
+    return bool(found) and not wrong
+
+
+def count_syncs(run: Callable[[], object], device: str) -> int | None:
+    """Host↔device syncs while `run()` runs, as torch's sync debug mode reports them (None on a CPU)."""
+    if not device.startswith("cuda"):
+        run()
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every sync, not the first per call site
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()  # the call's work done (with the mode off: this sync is not counted)
+    return count_sync_warnings(caught)
+
+
+def count_sync_warnings(caught: list[warnings.WarningMessage]) -> int:
+    return sum(SYNC_WARNING in str(w.message) for w in caught)
+
+
+def sync_cell(target, drafter, args) -> list[dict]:
+    """The bf16 cell at b = `args.cell_rows`, γ auto: per drafter kind, tokens/s, mean γ and syncs per step."""
+    rows = args.cell_rows
+    prompts = prompts_for(rows, target.config.vocab_size, seed=4)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0)
+    print(f"\nsync cell: bf16, b = {rows}, γ auto (syncs: torch.cuda.set_sync_debug_mode('warn'))")
+    print("| kind | tok/s | mean γ | syncs | steps | syncs / step |\n|---|---|---|---|---|---|")
+    cells = []
+    for kind in DRAFTERS:
+        spec = engine(target, drafter, kind, rows, 16 + args.max_new_tokens + 1, "auto", args, torch.bfloat16)
+        spec.generate(prompts, SamplingParams(max_new_tokens=4, temperature=0))  # warm-up and calibration
+        before = spec.stats.totals()
+        started = time.perf_counter()
+        syncs = count_syncs(lambda spec=spec: spec.generate(prompts, params), args.device)
+        seconds = time.perf_counter() - started
+        stats = spec.stats.since(before)
+        per_step = "n/a (cpu)" if syncs is None else f"{syncs / max(stats.steps, 1):.2f}"
+        print(f"| {kind} | {stats.generated_tokens / seconds:.0f} | {stats.mean_gamma:.2f} | "
+              f"{'n/a' if syncs is None else syncs} | {stats.steps} | {per_step} |", flush=True)
+        cells.append({"kind": kind, "syncs": syncs, "steps": stats.steps})
+    return cells
 
 
 def grid(target, drafter, args) -> list[dict]:
@@ -87,6 +156,8 @@ def grid(target, drafter, args) -> list[dict]:
     print("\n| b | " + " | ".join(f"{k} tok/s (× plain)" for k in kinds) + " |")
     print("|---|" + "---|" * len(kinds))
     for rows in (int(b) for b in args.batch_sizes.split(",")):
+        if not within_budget(args, f"grid row b = {rows}"):
+            continue
         prompts = prompts_for(rows, target.config.vocab_size, seed=3)
         max_seq = 16 + args.max_new_tokens + 1
         engines = {k: engine(target, drafter, k, rows, max_seq, args.gamma, args, torch.bfloat16)
@@ -108,6 +179,15 @@ def grid(target, drafter, args) -> list[dict]:
     return rows_out
 
 
+def within_budget(args, stage: str) -> bool:
+    """False (and says so) when `stage` would start less than `BUDGET_RESERVE_S` before `--budget-s` ends."""
+    elapsed = time.perf_counter() - args.started
+    if elapsed <= args.budget_s - BUDGET_RESERVE_S:
+        return True
+    print(f"{stage}: skipped ({elapsed:.0f}s of the {args.budget_s:.0f}s budget spent)", flush=True)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -119,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bf16-tol", type=float, default=0.05)
     parser.add_argument("--calibration-budget", type=float, default=8.0, help="auto-γ calibration seconds per engine")
     parser.add_argument("--calibration-cache", default=None, help="folder of the calibration cache (default ~/.cache)")
+    parser.add_argument("--cell-rows", type=int, default=64, help="rows of the sync cell")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="stages that would start past it are skipped")
     args = parser.parse_args(argv)
     args.gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
-    started = time.perf_counter()
+    started = args.started = time.perf_counter()
     prefix = "tiny_" if args.tiny else ""
     target, drafter = build(f"{prefix}target", 0), build(f"{prefix}drafter", 1)
     cuda = args.device.startswith("cuda")
@@ -129,11 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(f"gpu_check on {name}; target {sum(p.numel() for p in target.parameters()) / 1e6:.0f}M, drafter "
           f"{sum(p.numel() for p in drafter.parameters()) / 1e6:.0f}M params (random init); "
-          f"load average {load[0]:.2f}", flush=True)
+          f"load average {load[0]:.2f}; torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     ok = check_exact(target, drafter, args)
     ok &= check_bf16(target, drafter, args)
+    if within_budget(args, "sync cell"):
+        sync_cell(target, drafter, args)
     grid(target, drafter, args)
-    print(f"\n{'all checks passed' if ok else 'CHECKS FAILED'} in {time.perf_counter() - started:.0f}s")
+    print(f"\n{'all checks passed' if ok else 'CHECKS FAILED'} in {time.perf_counter() - started:.0f}s "
+          f"(budget {args.budget_s:.0f}s)")
     return 0 if ok else 1
 
 

@@ -1,20 +1,37 @@
-"""The GPU check script runs end to end on a CPU with tiny settings, and fails on a wrong engine."""
+"""The GPU check script runs end to end on a CPU with tiny settings, and fails on a wrong engine or on rotary
+frequencies cast to bf16; what it imports runs on the lent GPU machine (torch, transformers, the standard
+library); a stage that would start past the time budget is skipped. Syncs are only counted on a GPU: here,
+how they are told apart from other warnings."""
 
 from __future__ import annotations
 
+import argparse
+import ast
 import dataclasses
+import importlib
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
 
 import specroll.rollout.engine as engine_module
+import specroll.rollout.models.weights as weights_module
 from specroll.benchmarks import gpu_check
 
-TINY = ["--tiny", "--device", "cpu", "--batch-sizes", "1,4", "--max-new-tokens", "8", "--calibration-budget", "0.2"]
+TINY = ["--tiny", "--device", "cpu", "--batch-sizes", "1,4", "--max-new-tokens", "8", "--calibration-budget", "0.2",
+        "--cell-rows", "4"]
 
 
 def test_gpu_check_passes_with_tiny_settings(tmp_path, capsys):
     assert gpu_check.main([*TINY, "--calibration-cache", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("greedy fp32 exactness") == out.count(": ok (") == 3
+    exact = [line for line in out.splitlines() if line.startswith("greedy fp32 exactness")]
+    assert len(exact) == 3 and all(": ok (" in line for line in exact)
     assert "bf16 greedy" in out and "(ok," in out and "all checks passed" in out
+    assert "fp32 rotary after the bf16 cast: ok" in out
+    cell = [line for line in out.splitlines() if line.startswith("| ") and line.endswith("| n/a (cpu) |")]
+    assert [line.split(" | ")[0] for line in cell] == [f"| {kind}" for kind in gpu_check.DRAFTERS]
     table = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 4 |"))]
     assert len(table) == 2 and all(line.count("×") == 4 for line in table)
 
@@ -32,8 +49,51 @@ def test_gpu_check_fails_when_speculative_tokens_are_wrong(tmp_path, monkeypatch
     assert "MISMATCH" in capsys.readouterr().out
 
 
+def test_gpu_check_fails_when_the_bf16_cast_takes_rotary_frequencies_along(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(weights_module, "FP32_BUFFER_SUFFIXES", ())  # the cast keeps no buffer in fp32
+    assert gpu_check.check_bf16(gpu_check.build("tiny_target", 0), gpu_check.build("tiny_drafter", 1),
+                                gpu_check_args(tmp_path)) is False
+    assert "fp32 rotary after the bf16 cast: FAIL" in capsys.readouterr().out
+
+
+def test_sync_count_counts_only_the_sync_debug_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for message in (gpu_check.SYNC_WARNING, "something else", gpu_check.SYNC_WARNING):
+            warnings.warn(message, UserWarning, stacklevel=1)
+    assert gpu_check.count_sync_warnings(caught) == 2
+
+
+def test_a_stage_past_the_budget_is_skipped_and_says_so(capsys):
+    spent = argparse.Namespace(started=time.perf_counter() - 430.0, budget_s=480.0)  # 50 s left: under the reserve
+    assert gpu_check.within_budget(argparse.Namespace(started=time.perf_counter(), budget_s=480.0), "grid row b = 1")
+    assert not gpu_check.within_budget(spent, "sync cell")
+    assert "sync cell: skipped (430s of the 480s budget spent)" in capsys.readouterr().out
+
+
+def test_gpu_check_imports_only_torch_transformers_and_the_standard_library():
+    allowed = set(sys.stdlib_module_names) | {"torch", "transformers", "specroll"}
+    imported = {}
+    for name in loaded_by_gpu_check():
+        path = getattr(importlib.import_module(name), "__file__", None)
+        for node in ast.walk(ast.parse(Path(path).read_text())) if path else ():
+            if isinstance(node, ast.Import):
+                imported.update({alias.name.split(".")[0]: name for alias in node.names})
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported[node.module.split(".")[0]] = name
+    assert {top: by for top, by in imported.items() if top not in allowed} == {}
+
+
+def loaded_by_gpu_check() -> list[str]:
+    """The specroll modules that importing gpu_check loads, in a fresh interpreter."""
+    code = "import sys, specroll.benchmarks.gpu_check; print(*(n for n in sys.modules if n.startswith('specroll')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
 def gpu_check_args(tmp_path):
     class Args:
         device, max_new_tokens, calibration_budget, calibration_cache = "cpu", 8, 0.2, str(tmp_path)
+        bf16_tol = 0.05
 
     return Args()
