@@ -49,6 +49,7 @@ class KillAndResume:
     resumed: Path  # the killed run's folder, resumed into
     killed_after: int  # the checkpoint whose state was on disk when the SIGKILL was sent
     resumed_from: int  # the checkpoint the resume took (killed_after, or one saved while the kill was sent)
+    killed_metrics: list[str]  # the killed run's metrics.jsonl as it left it (written at its checkpoints)
     logs: dict[str, str]  # each run's stdout + stderr
     returncodes: dict[str, int]
     seed: int
@@ -89,6 +90,7 @@ def kill_and_resume(root: Path, cache: Path, backend: str, timeout_s: float = 60
     time.sleep(random.Random(seed + 1).uniform(0, 0.3))  # somewhere in the next step (or its checkpoint)
     os.killpg(job.pid, signal.SIGKILL)  # the driver and what it started: a lost node, not a polite stop
     returncodes = {"killed": job.wait()}
+    killed_metrics = (killed / "metrics.jsonl").read_text().splitlines()
     saved = sorted(int(p.parent.parent.name.removeprefix("checkpoint-"))
                    for p in (killed / "trainer").glob("checkpoint-*/specroll/run.json"))
     jobs["resumed"] = start("resumed", config, killed, cache, "--resume", str(killed))
@@ -100,7 +102,8 @@ def kill_and_resume(root: Path, cache: Path, backend: str, timeout_s: float = 60
             os.killpg(job.pid, signal.SIGKILL)
             returncodes[name] = job.wait()
     logs = {name: log.read_text() for name, (_, log) in jobs.items()}
-    return KillAndResume(whole, killed, killed_after, max(saved, default=-1), logs, returncodes, seed)
+    return KillAndResume(whole, killed, killed_after, max(saved, default=-1), killed_metrics, logs, returncodes,
+                         seed)
 
 
 def steps(folder: Path) -> list[dict]:
@@ -145,6 +148,9 @@ def check_bars(run: KillAndResume) -> None:
 def check_report(run: KillAndResume) -> None:
     """The resumed run's report goes on from the checkpoint: the probes before it, the events, the resume."""
     why = run.why()
+    kept = [json.loads(line) for line in run.killed_metrics]  # TRL's checkpoint keeps them with sorted keys
+    entries = [json.loads(line) for line in (run.resumed / "metrics.jsonl").read_text().splitlines()]
+    assert len(kept) >= run.killed_after and entries[:len(kept)] == kept, why
     probes = [[json.loads(line)["step"] for line in (folder / "probes.jsonl").read_text().splitlines()]
               for folder in (run.whole, run.resumed)]
     assert probes[0] == probes[1] and probes[0][0] == 0, (probes, why)  # the step-0 probe is the killed run's

@@ -53,8 +53,9 @@ def write_saved_run(checkpoint: str | os.PathLike, run: dict[str, Any], backend_
     """Write `checkpoint/specroll/` all or nothing (see the module doc); returns its path."""
     checkpoint = Path(checkpoint)
     final = checkpoint / SPECROLL_DIR
+    for stale in checkpoint.glob(f".{SPECROLL_DIR}.*.tmp"):  # left by a run killed while writing this one
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = checkpoint / f".{SPECROLL_DIR}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         save_checkpoint(backend_state, tmp / BACKEND_FILE)

@@ -17,7 +17,7 @@ Contents of `out_dir`:
 - `reward.png` (per step and a rolling mean), `tokens_per_s.png`, `probe.png`, `acceptance.png`,
   `gamma_live_batch.png`;
 - `metrics.jsonl` — one JSON object per logged trainer step (TRL's own keys plus `rollout/*`,
-  `drafter/*`, `weights/sync_s`);
+  `drafter/*`, `weights/sync_s`); it and `probes.jsonl` are written at every checkpoint too (`write_data`);
 - `config.yaml` — the resolved config (every default filled in); `summary.json` — the headline numbers.
 
 A run resumed from a checkpoint (`specroll train --resume`, docs/resume.md) writes the report of the whole run:
@@ -128,15 +128,8 @@ def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: Spee
     dict per probe, `step` the policy version probed and the `drafter/probe_*` numbers (also written
     to `probes.jsonl`)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     steps = [entry for entry in history if "step" in entry and "reward" in entry]
-    metrics_path = out / "metrics.jsonl"
-    with metrics_path.open("w") as f:
-        for entry in history:
-            f.write(json.dumps(entry) + "\n")
-    with (out / "probes.jsonl").open("w") as f:
-        for probe in probes or []:
-            f.write(json.dumps(probe) + "\n")
+    metrics_path = write_data(out, history, probes or [])
     config_path = out / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     summary = {**summary, "speed": {**asdict(speed), "speedup": speed.speedup}}  # "headline" stays first
@@ -155,6 +148,20 @@ def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: Spee
     html_path = out / "report.html"
     html_path.write_text(_html(summary, plots, events or []))
     return ReportFiles(html_path, metrics_path, config_path, summary_path, plots)
+
+
+def write_data(out_dir: str | Path, history: list[dict[str, Any]], probes: list[dict[str, Any]]) -> Path:
+    """`metrics.jsonl` and `probes.jsonl` (the folder created if needed), each replaced whole (written aside,
+    then renamed); returns the metrics file's path. The report writes them at the end of a run, a checkpointing
+    run at every checkpoint too (`resume.ResumeCallback`): a killed run leaves its data up to its last one, and
+    the run resumed from it writes the same lines first."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, entries in (("metrics.jsonl", history), ("probes.jsonl", probes)):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+        tmp.replace(out / name)
+    return out / "metrics.jsonl"
 
 
 def _plot_series(path: Path, title: str, steps: list[dict], keys: dict[str, str], ylabel: str) -> Path:

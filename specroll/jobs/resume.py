@@ -15,7 +15,9 @@ learner is half done), then saves (`checkpoints.write_saved_run`, all or nothing
   counts, the gate's and the alarms' state, its sampling generator) and the rollouts generated so far;
 - the hook's call counter (the seed of every rollout batch is a function of it and `grpo.seed`), the learner
   schedule's probes, events, time totals and counters (the report's probe plot, events and headline go on
-  from them), the metrics the round's collection logged for the next step, and `fingerprint(config)`.
+  from them), the metrics the round's collection logged for the next step, and `fingerprint(config)`;
+
+and it writes the report's data so far (`report.write_data`: metrics.jsonl, probes.jsonl) into the run's folder.
 
 A resumed run is refused, in one line, when its config differs where a checkpoint cannot follow
 (`FINGERPRINT`: the models, the drafter kind, the task, the GRPO data shape and seed, online learning);
@@ -39,6 +41,7 @@ from specroll.integrations.learner_schedule import LearnerSchedule, LearnerTimes
 from specroll.integrations.yaml_config import ConfigError
 
 from .checkpoints import SavedRun, write_saved_run
+from .report import write_data
 from .train_config import TrainConfig, resolved_dict
 
 # The config fields a checkpoint is bound to (dotted paths in the resolved config).
@@ -87,6 +90,7 @@ class ResumeCallback(TrainerCallback):
         self.schedule = schedule
         self.backend = backend
         self.fingerprint = fingerprint(config)
+        self.report_dir = config.report.out_dir
         self.resumes = list(resumes or [])
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -98,6 +102,7 @@ class ResumeCallback(TrainerCallback):
         run = capture(self.trainer, self.rollout_func, self.schedule, self.fingerprint, self.resumes)
         folder = write_saved_run(f"{args.output_dir}/{PREFIX_CHECKPOINT_DIR}-{state.global_step}", run,
                                  self.backend.state_dict())
+        write_data(self.report_dir, state.log_history, self.schedule.probes)
         print(f"specroll train: step {state.global_step}: specroll's state saved in {folder} "
               f"({time.perf_counter() - started:.1f}s)", flush=True)
 
