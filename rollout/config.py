@@ -71,6 +71,8 @@ GammaSetting = int | Literal["auto", "auto_simple"]
 SamplerName = Literal["rejection", "invariant"]
 SAMPLER_NAMES = ("rejection", "invariant")
 DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "medusa"]
+KVCacheKind = Literal["dense", "paged"]
+KV_CACHE_KINDS = ("dense", "paged")
 DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "medusa")
 MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "medusa")  # at most one, with or without "suffix"
 
@@ -142,6 +144,14 @@ class EngineConfig:
     vocabulary, the output still exactly the target's. The first subset is the first N ids plus the stop
     ids; `SpecEngine.set_draft_vocab` and a drafter version that carries one (the online learner's, counted
     from the policy's rollouts) replace it. None: the whole vocabulary.
+
+    `kv_cache` "paged" keeps the target's attention K/V in blocks of `kv_block_size` tokens taken as rows
+    grow and given back as they finish, siblings of a prompt sharing its full blocks (`models.paged`);
+    requests wait for free blocks. "dense" (the default) preallocates `[max_batch_size, H, cache_len, D]`
+    per layer. Drafter caches and recurrent state stay dense either way. `memory_budget` (bytes, or a float
+    share of the device's memory) bounds weights + KV + recurrent state + workspace (`models.memory`): a
+    config that cannot fit is refused at construction with the bytes per part; a paged cache's pool is what
+    the budget leaves (at most the dense cache's size; without a budget, exactly that).
     """
 
     max_batch_size: int = 16
@@ -170,6 +180,9 @@ class EngineConfig:
     eagle_intermediate_size: int | None = None
     medusa_heads: int = 4
     draft_vocab: int | None = None
+    kv_cache: KVCacheKind = "dense"
+    kv_block_size: int = 16
+    memory_budget: int | float | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -231,6 +244,13 @@ class EngineConfig:
                 and not isinstance(self.draft_vocab, bool) and self.draft_vocab >= 1), "draft_vocab", self.draft_vocab,
                 "None (the whole vocabulary) or an int >= 1 (token ids the drafter drafts over)")
         require(isinstance(self.suffix, SuffixConfig), "suffix", self.suffix, "a SuffixConfig")
+        require(self.kv_cache in KV_CACHE_KINDS, "kv_cache", self.kv_cache, "'dense' or 'paged'")
+        require(isinstance(self.kv_block_size, int) and not isinstance(self.kv_block_size, bool)
+                and self.kv_block_size >= 1, "kv_block_size", self.kv_block_size, "an int >= 1 (tokens per block)")
+        budget = self.memory_budget
+        require(budget is None or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1)
+                or (isinstance(budget, float) and 0 < budget <= 1), "memory_budget", budget,
+                "None (no budget), an int >= 1 (bytes) or a float in (0, 1] (that share of the device's memory)")
         require(self.cost_model_budget_s > 0, "cost_model_budget_s", self.cost_model_budget_s, "> 0")
         try:
             torch.device(self.device)

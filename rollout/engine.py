@@ -46,22 +46,27 @@ import warnings
 from collections.abc import Generator, Mapping, Sequence
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from .config import EngineConfig, SamplingParams
 from .core.append import VerifiedStep, append_kept
 from .core.batch import RowBuffers
+from .core.prefill import prefill_target
 from .core.request import Request, Rollout, make_requests
 from .core.scheduler import Scheduler
 from .core.stats import EngineStats
 from .core.validate import validate_generate_args
 from .drafters.draft_vocab import DraftVocab, initial_ids
 from .drafters.factory import DrafterWeights, make_drafter
+from .drafters.heads import EagleHead, MedusaHeads
 from .drafters.protocol import Drafter, Proposal
 from .gamma.factory import make_gamma_policy
 from .gamma.policy import GammaPolicy, StepOutcome, StepShape
 from .models.architectures import check_architecture
-from .models.rows import RowIds
+from .models.cache import LayerShape, probe_layer_shapes
+from .models.memory import MemoryPlan, module_bytes, plan_memory
+from .models.paged import PagedKVCache, PagedLayout
 from .models.runner import ModelRunner
 from .models.timing import CALIBRATION_CONTEXT, runs_async
 from .models.vocab import check_vocab_compatible
@@ -97,8 +102,10 @@ class SpecEngine:
             check_vocab_compatible(target, drafter, target_tokenizer, drafter_tokenizer)
         self.device = torch.device(config.device)
         slots, length = config.max_batch_size, config.cache_len
+        self.memory = self._plan_memory(target, drafter)
+        paged = None if self.memory.kv_blocks is None else PagedLayout(self.memory.kv_blocks, config.kv_block_size)
         self.target = ModelRunner(target, slots, length, config.dtype, self.device, config.lean_forward,
-                                  config.state_history)
+                                  config.state_history, paged)
         self.vocab_size = self.target.vocab_size
         self.drafter: Drafter | None = make_drafter(drafter, config, self.target)
         if config.draft_vocab is not None:
@@ -149,6 +156,7 @@ class SpecEngine:
             raise RuntimeError("generate called on a released engine (SpecEngine.release): call allocate() first")
         budgets, indices = validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len,
                                                   max_new_tokens, prompt_indices)
+        self._check_blocks(prompts, budgets)
         seed = params.seed if params.seed is not None else draw_seed()  # once per call, recorded in each Rollout
         return self._run(make_requests(prompts, n, budgets, seed, indices), params)
 
@@ -164,10 +172,10 @@ class SpecEngine:
     def _steps(self, requests: list[Request], params: SamplingParams) -> Generator[int, None, list[Rollout]]:
         started = time.perf_counter()
         stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.device)
-        scheduler = Scheduler(self.config.max_batch_size)
+        scheduler = Scheduler(self.config.max_batch_size, self._admits)
         scheduler.add(requests)
         nonfinite_before = self.stats.drafter_nonfinite_rows
-        self._prefill(scheduler.admit())
+        self._prefill(scheduler.admit(), scheduler)
         while not scheduler.done:
             shape = self._shape(scheduler.num_live_rows)
             gamma = self.gamma_policy.choose(shape, params.greedy) if self.drafter else 0
@@ -252,6 +260,25 @@ class SpecEngine:
         self.drafter_version = version
 
     # ------------------------------------------------------------------ memory between rollout phases
+
+    def _plan_memory(self, target: PreTrainedModel, drafter: DrafterWeights | Drafter | None) -> MemoryPlan:
+        """`models.memory.plan_memory` for what `drafter` will be, before anything is allocated."""
+        config = self.config
+        kinds = config.drafters if config.drafters is not None else (
+            ("model",) if isinstance(drafter, PreTrainedModel) else ("eagle",) if isinstance(drafter, EagleHead)
+            else ("medusa",) if isinstance(drafter, MedusaHeads) else ())
+        shapes, weights = None, 0
+        if "model" in kinds and isinstance(drafter, PreTrainedModel):
+            shapes, weights = probe_layer_shapes(drafter), module_bytes(drafter, config.dtype)
+        elif "eagle" in kinds:
+            head = drafter if isinstance(drafter, EagleHead) else EagleHead.for_target(target.config)
+            shapes, weights = [LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)], module_bytes(
+                head, config.dtype)
+        elif isinstance(drafter, nn.Module):
+            weights = module_bytes(drafter, config.dtype)
+        feature = bool({"eagle", "medusa"} & set(kinds))
+        return plan_memory(config, target, shapes, weights,
+                           target.config.get_text_config().hidden_size if feature else None)
 
     @property
     def released(self) -> bool:
@@ -365,21 +392,35 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ batch bookkeeping
 
-    def _prefill(self, admitted: list[Request]) -> None:
+    def _prefill(self, admitted: list[Request], scheduler: Scheduler) -> None:
         """Load admitted requests into their slots and fill both caches with all but the last token."""
         if not admitted:
             return
         for req in admitted:
             self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens, req.key)
-        ids, host_count = [req.slot for req in admitted], [len(req.prompt_ids) - 1 for req in admitted]
-        packed = torch.tensor(ids + host_count, dtype=torch.long, device=self.device)  # one copy: [2k]
-        slots, count = RowIds(packed[: len(ids)], ids), packed[len(ids) :]
-        self.target.cache.reset_rows(slots)
-        tokens = self.rows.tokens[slots.index]
-        if max(host_count) > 0:
-            self.target.extend(slots, tokens, count, self.rows.hidden, host_count=host_count)
+        slots, count = prefill_target(self.target, self.rows, admitted, scheduler.running,
+                                      [self._reserved_tokens(req) for req in admitted])
         if self.drafter:  # an engine that never drafts lets the drafter catch up lazily, if ever
             self.drafter.prefill(slots, self.rows, count if self.config.gamma != 0 else torch.zeros_like(count))
+
+    def _check_blocks(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int]) -> None:
+        """A paged cache must hold every request alone (else it would wait for ever)."""
+        cache = self.target.cache
+        if not isinstance(cache, PagedKVCache):
+            return
+        need = max((cache.blocks_for(len(p) + b + self.config.max_gamma) for p, b in zip(prompts, budgets)), default=0)
+        if need > cache.capacity_blocks:
+            raise ValueError(f"a request needs {need} KV blocks of {cache.block_size} tokens; the paged cache holds "
+                             f"{cache.capacity_blocks} (EngineConfig.memory_budget): raise it or lower the budgets")
+
+    def _reserved_tokens(self, req: Request) -> int:
+        """The most tokens a request's row can hold in the target cache: its prompt and budget, a step of drafts."""
+        return len(req.prompt_ids) + req.max_new_tokens + self.config.max_gamma
+
+    def _admits(self, req: Request) -> bool:
+        """Whether the target cache can take `req` now (a paged cache: its blocks are free, and reserved)."""
+        cache = self.target.cache
+        return not isinstance(cache, PagedKVCache) or cache.try_reserve(self._reserved_tokens(req))
 
     def _finish(self, scheduler: Scheduler, finished: list[int]) -> None:
         if not finished:
@@ -387,10 +428,11 @@ class SpecEngine:
         rows = self.rows
         for slot, row in zip(finished, rows.export(finished)):
             scheduler.running[slot].finish(row, self.policy_version, self.drafter_version)
+        self.target.cache.release_rows(finished)
         plan = scheduler.retire(finished)
         for src, dst in plan.moves:
             rows.move_row(src, dst)
             self.target.cache.move_row(src, dst)
             if self.drafter:
                 self.drafter.move_row(src, dst)
-        self._prefill(plan.admitted)
+        self._prefill(plan.admitted, scheduler)

@@ -8,6 +8,7 @@ are filled by moving the highest live rows down (a K/V row copy per move, once p
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .request import Request
@@ -22,8 +23,12 @@ class Reschedule:
 
 
 class Scheduler:
-    def __init__(self, num_slots: int):
+    """`admits(request)`: whether the caches can take the request now (and, if so, reserve its memory);
+    a waiting request that does not fit waits, and so do the ones behind it (first come, first served)."""
+
+    def __init__(self, num_slots: int, admits: Callable[[Request], bool] | None = None):
         self.num_slots = num_slots
+        self.admits = admits or (lambda req: True)
         self.waiting: deque[Request] = deque()
         self.running: list[Request | None] = [None] * num_slots
         self.num_live_rows = 0
@@ -38,7 +43,7 @@ class Scheduler:
     def admit(self) -> list[Request]:
         """Fill free slots at the end of the live prefix from the queue."""
         admitted = []
-        while self.waiting and self.num_live_rows < self.num_slots:
+        while self.waiting and self.num_live_rows < self.num_slots and self.admits(self.waiting[0]):
             req = self.waiting.popleft()
             self._place(req, self.num_live_rows)
             self.num_live_rows += 1
@@ -53,7 +58,7 @@ class Scheduler:
             self.running[slot] = None
         holes = sorted(finished_slots)
         admitted = []
-        while holes and self.waiting:
+        while holes and self.waiting and self.admits(self.waiting[0]):
             req = self.waiting.popleft()
             self._place(req, holes.pop(0))
             admitted.append(req)

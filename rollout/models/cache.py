@@ -108,6 +108,8 @@ class WritePlan:
     kv_len: int  # slots the attention reads: max(start) + Q
     same_start: int | None = None  # every row writes at this slot (then a slice copy replaces the scatter)
     first_snapshot: int = 0  # linear-attention layers snapshot their state from this query index on
+    write_slots: torch.Tensor | None = None  # [n, Q] pool slots of the writes (paged cache only)
+    read_slots: torch.Tensor | None = None  # [n, K] pool slots attention reads (paged cache only)
     _index: dict[torch.Size, torch.Tensor] = field(default_factory=dict)
     _ring: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
@@ -232,8 +234,8 @@ class RaggedKVCache(Cache):
         }
         super().__init__(layers=[
             self.states_by_layer[index] if isinstance(shape, StateShape)
-            else RaggedLayer(self.slot, shape.attention if isinstance(shape, HybridShape) else shape, batch, dtype,
-                             device)
+            else self._attention_layer(shape.attention if isinstance(shape, HybridShape) else shape, batch, dtype,
+                                       device)
             for index, shape in enumerate(shapes)
         ])
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)
@@ -247,6 +249,10 @@ class RaggedKVCache(Cache):
         # further back than the state history holds (raised at the next forward).
         self.reach = [0] * batch
         self.overrun = False
+
+    def _attention_layer(self, shape: LayerShape | None, batch: int, dtype: torch.dtype,
+                         device: torch.device) -> CacheLayerMixin:
+        return RaggedLayer(self.slot, shape, batch, dtype, device)
 
     @property
     def plan(self) -> WritePlan | None:
@@ -313,6 +319,7 @@ class RaggedKVCache(Cache):
             first_snapshot = max(min(host_count) - self.history, 0)
             for b, s, c in zip(ids, host_start, host_count):
                 self.reach[b] = max(self.reach[b], s + c)
+        self._reserve_writes(ids, host_start, host_count)
         kv_len = min(hi + query_len, self.length)
         same = lo if lo == hi and hi + query_len <= self.length else None
         # Every write of this forward lands below kv_len (clamped padding lands on slot length - 1).
@@ -325,7 +332,17 @@ class RaggedKVCache(Cache):
         self.plan = WritePlan(rows=index, row_ids=row_ids, start=start, count=count,
                               positions=positions.clamp_max(self.length - 1), kv_len=kv_len, same_start=same,
                               first_snapshot=first_snapshot)
+        self._finish_plan(self.plan)
         return positions
+
+    def _reserve_writes(self, ids, host_start: list[int], host_count: list[int]) -> None:
+        """Before a forward's writes (a paged cache takes blocks for them here)."""
+
+    def _finish_plan(self, plan: WritePlan) -> None:
+        """After a forward's plan is made (a paged cache adds its pool slots here)."""
+
+    def release_rows(self, rows: list[int]) -> None:
+        """Finished rows: their slots' memory is the dense buffers', nothing to give back (a paged cache's is)."""
 
     def set_lens(self, rows: Rows, lens: torch.Tensor, host_lens: list[int] | None = None) -> None:
         """Rows `rows` hold their first `lens` [n] tokens (slots past them are stale, never read);

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from .cache import STATE_HISTORY, HybridShape, RaggedKVCache, StateShape, probe_layer_shapes
 from .lean import lean_decoder, unsupported_reason
 from .mixers import install_ragged_mixers
+from .paged import PagedKVCache, PagedLayout
 from .rows import Rows, device_index, pick
 from .weights import cast_module
 
@@ -84,13 +85,15 @@ class ModelRunner:
     """One model (target or drafter) with its ragged cache."""
 
     def __init__(self, model: PreTrainedModel, batch: int, length: int, dtype: torch.dtype, device: torch.device,
-                 lean: bool = True, state_history: int = STATE_HISTORY):
+                 lean: bool = True, state_history: int = STATE_HISTORY, paged: PagedLayout | None = None):
+        """`paged`: keep attention K/V in a `paged.PagedKVCache` of that many blocks (None: dense buffers)."""
         self.model = cast_module(model, device, dtype).eval()
         self.lean = lean_decoder(self.model) if lean else None
         self.device = device
         shapes = probe_layer_shapes(self.model)
         check_state_layers(self.model, shapes)
-        self.cache = RaggedKVCache(shapes, batch, length, dtype, device, state_history)
+        self.cache = RaggedKVCache(shapes, batch, length, dtype, device, state_history) if paged is None else \
+            PagedKVCache(shapes, batch, length, dtype, device, paged.num_blocks, paged.block_size, state_history)
         self.windows = attention_windows(self.model.config)
         self.unmasked = state_layer_kinds(self.model.config)
         # A drafter may have fewer embedding rows than the target (both padded past the same tokenizer
