@@ -152,6 +152,8 @@ class EngineConfig:
     share of the device's memory) bounds weights + KV + recurrent state + workspace (`models.memory`): a
     config that cannot fit is refused at construction with the bytes per part; a paged cache's pool is what
     the budget leaves (at most the dense cache's size; without a budget, exactly that).
+    `prefill_chunk_tokens` N: a prefill (or a drafter's catch-up) of more than N tokens (rows × longest
+    prompt) runs as forwards of at most N tokens each, so its activations stay bounded; None: one forward.
     """
 
     max_batch_size: int = 16
@@ -183,6 +185,7 @@ class EngineConfig:
     kv_cache: KVCacheKind = "dense"
     kv_block_size: int = 16
     memory_budget: int | float | None = None
+    prefill_chunk_tokens: int | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -247,6 +250,9 @@ class EngineConfig:
         require(self.kv_cache in KV_CACHE_KINDS, "kv_cache", self.kv_cache, "'dense' or 'paged'")
         require(isinstance(self.kv_block_size, int) and not isinstance(self.kv_block_size, bool)
                 and self.kv_block_size >= 1, "kv_block_size", self.kv_block_size, "an int >= 1 (tokens per block)")
+        require(self.prefill_chunk_tokens is None or (isinstance(self.prefill_chunk_tokens, int)
+                and not isinstance(self.prefill_chunk_tokens, bool) and self.prefill_chunk_tokens >= 1),
+                "prefill_chunk_tokens", self.prefill_chunk_tokens, "None (unchunked) or an int >= 1")
         budget = self.memory_budget
         require(budget is None or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1)
                 or (isinstance(budget, float) and 0 < budget <= 1), "memory_budget", budget,

@@ -105,7 +105,7 @@ class SpecEngine:
         self.memory = self._plan_memory(target, drafter)
         paged = None if self.memory.kv_blocks is None else PagedLayout(self.memory.kv_blocks, config.kv_block_size)
         self.target = ModelRunner(target, slots, length, config.dtype, self.device, config.lean_forward,
-                                  config.state_history, paged)
+                                  config.state_history, paged, config.prefill_chunk_tokens)
         self.vocab_size = self.target.vocab_size
         self.drafter: Drafter | None = make_drafter(drafter, config, self.target)
         if config.draft_vocab is not None:

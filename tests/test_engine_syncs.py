@@ -26,7 +26,9 @@ from tiny_models import make_prompts, tiny_lm
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine, engine
 from specroll.rollout.drafters.heads import EagleHead
 
-MAX_SYNCS_PER_STEP = {"plain": 1, "model": 1, "eagle": 1, "suffix+model": 2}  # the bar: 2 for all
+# The bar: 2 for all. A paged cache adds one host→device copy of new block-table entries on a step where
+# a row enters a new block.
+MAX_SYNCS_PER_STEP = {"plain": 1, "model": 1, "eagle": 1, "suffix+model": 2, "plain-paged": 2, "model-paged": 2}
 WARM_STEPS, COUNTED_STEPS = 2, 5  # counted steps emit ≤ 5 · (max_gamma + 1) = 35 tokens: no row ends
 PROMPTS = make_prompts(4, 3, 9)
 COPYING_METHODS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
@@ -84,6 +86,8 @@ def syncs_per_step(engine: SpecEngine, params: SamplingParams, monkeypatch: pyte
 def build(kind: str, gamma) -> SpecEngine:
     target = tiny_lm("llama", "sdpa", layers=2)
     config = dict(max_batch_size=8, max_seq_len=96, gamma=gamma, max_gamma=6, cost_model_budget_s=0.2)
+    if kind.endswith("-paged"):
+        kind, config = kind.removesuffix("-paged"), {**config, "kv_cache": "paged", "kv_block_size": 4}
     if kind == "plain":
         return SpecEngine(target, None, EngineConfig(**{**config, "gamma": 0}))
     if kind == "model":
@@ -95,7 +99,7 @@ def build(kind: str, gamma) -> SpecEngine:
 
 
 CASES = [("plain", 0), ("model", 3), ("model", "auto"), ("eagle", 3), ("eagle", "auto"),
-         ("suffix+model", 3), ("suffix+model", "auto")]
+         ("suffix+model", 3), ("suffix+model", "auto"), ("plain-paged", 0), ("model-paged", 3)]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])

@@ -180,3 +180,30 @@ def test_every_verified_architecture_is_exact_paged(model_type):
         engine = SpecEngine(target, drafter, config)
         got = engine.generate(rows, SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0))
         assert [r.completion_ids for r in got] == expected, (model_type, gamma)
+
+
+def extend_forward_sizes(engine: SpecEngine) -> list[int]:
+    """Record the tokens of every forward `extend` makes (prefill, the drafter's catch-up), target and drafter."""
+    fed = []
+    for runner in (engine.target, engine.drafter.runner):
+        forward = runner.forward
+
+        def spy(rows, input_ids, *args, forward=forward, **kwargs):
+            if kwargs.get("logits_at") is not None:  # extend's forwards ask for each row's last logits
+                fed.append(input_ids.numel())
+            return forward(rows, input_ids, *args, **kwargs)
+
+        runner.forward = spy
+    return fed
+
+
+@pytest.mark.parametrize("kv_cache", ["dense", "paged"])
+def test_chunked_prefill_stays_under_its_token_budget_and_changes_no_token(kv_cache):
+    target, drafter = tiny_lm("llama", "sdpa"), noisy_copy("llama", "sdpa")
+    sizes = {}
+    for chunk in (None, 8):
+        engine = SpecEngine(target, drafter, paged_config(gamma=3, kv_cache=kv_cache, prefill_chunk_tokens=chunk))
+        sizes[chunk] = extend_forward_sizes(engine)
+        assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY, n=2)] == dense_plain(target, n=2)
+    assert max(sizes[None]) > 8  # unchunked, the first prefill feeds 6 rows × their longest prompt
+    assert max(sizes[8]) <= 8

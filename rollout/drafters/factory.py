@@ -62,7 +62,7 @@ def _model_kind(kinds: tuple[str, ...], drafter: DrafterWeights | None, config: 
     model = target.model
     if "model" in kinds:
         return ModelDrafter(drafter, slots, length, dtype, device, target.vocab_size, config.lean_forward,
-                            config.state_history)
+                            config.state_history, config.prefill_chunk_tokens)
     if "layer_skip" in kinds:
         layers = config.layer_skip_layers or max(1, model.config.get_text_config().num_hidden_layers // 2)
         return LayerSkipDrafter(target, layers)

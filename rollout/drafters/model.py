@@ -33,8 +33,10 @@ class ModelDrafter:
     wants_hidden = False
 
     def __init__(self, model: PreTrainedModel, slots: int, length: int, dtype: torch.dtype, device: torch.device,
-                 target_vocab_size: int, lean: bool = True, state_history: int = STATE_HISTORY):
-        self.runner = ModelRunner(model, slots, length, dtype, device, lean, state_history)
+                 target_vocab_size: int, lean: bool = True, state_history: int = STATE_HISTORY,
+                 max_tokens_per_forward: int | None = None):
+        self.runner = ModelRunner(model, slots, length, dtype, device, lean, state_history,
+                                  max_tokens_per_forward=max_tokens_per_forward)
         self.target_vocab_size = target_vocab_size
         self.draws = VocabDraws(target_vocab_size)
 

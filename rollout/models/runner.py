@@ -85,8 +85,11 @@ class ModelRunner:
     """One model (target or drafter) with its ragged cache."""
 
     def __init__(self, model: PreTrainedModel, batch: int, length: int, dtype: torch.dtype, device: torch.device,
-                 lean: bool = True, state_history: int = STATE_HISTORY, paged: PagedLayout | None = None):
-        """`paged`: keep attention K/V in a `paged.PagedKVCache` of that many blocks (None: dense buffers)."""
+                 lean: bool = True, state_history: int = STATE_HISTORY, paged: PagedLayout | None = None,
+                 max_tokens_per_forward: int | None = None):
+        """`paged`: keep attention K/V in a `paged.PagedKVCache` of that many blocks (None: dense buffers).
+        `max_tokens_per_forward`: `extend` feeds at most that many tokens per forward (None: any)."""
+        self.max_tokens_per_forward = max_tokens_per_forward
         self.model = cast_module(model, device, dtype).eval()
         self.lean = lean_decoder(self.model) if lean else None
         self.device = device
@@ -192,10 +195,27 @@ class ModelRunner:
         Returns the logits at each row's last fed token [n, V] and advances `cache.lens` by `count`.
         Rows are padded on the right to the longest count; a row with count 0 is fed padding only
         and its returned logits are meaningless (`hidden`, `head`: see `forward`; padding lands past the row).
-        `host_count`: `count` as a host list (None: copied from the device).
+        `host_count`: `count` as a host list (None: copied from the device). A call of more than
+        `max_tokens_per_forward` tokens (rows × longest count) runs as several forwards of at most that many
+        (chunked prefill: the activations stay bounded; each row's logits come from the chunk its last token is in).
         """
-        start, host_start = self.cache.lens[device_index(rows)], self.host_lens(rows)  # [n]
         host_count = count.tolist() if host_count is None else host_count
+        query_len = max(max(host_count), 1)
+        budget = self.max_tokens_per_forward
+        chunk = query_len if budget is None else max(1, min(query_len, budget // len(host_count)))
+        if chunk == query_len:
+            return self._extend(rows, tokens, count, hidden, head, host_count)
+        logits = None
+        for lo in range(0, query_len, chunk):
+            part = self._extend(rows, tokens, (count - lo).clamp(0, chunk), hidden, head,
+                                [min(max(c - lo, 0), chunk) for c in host_count])
+            ends_here = ((count > lo) & (count <= lo + chunk))[:, None]  # [n, 1]
+            logits = part if logits is None else torch.where(ends_here, part, logits)
+        return logits
+
+    def _extend(self, rows: Rows, tokens: torch.Tensor, count: torch.Tensor, hidden: torch.Tensor | None,
+                head: Callable[[torch.Tensor], torch.Tensor] | None, host_count: list[int]) -> torch.Tensor:
+        start, host_start = self.cache.lens[device_index(rows)], self.host_lens(rows)  # [n]
         query_len = max(max(host_count), 1)
         idx = (start[:, None] + torch.arange(query_len, device=self.device)).clamp_max(tokens.shape[1] - 1)
         last = (count - 1).clamp_min(0)  # [n]

@@ -1,0 +1,178 @@
+"""KV memory and speed of the paged cache against the dense one (`EngineConfig.kv_cache`), on CPU.
+
+    python -m specroll.benchmarks.kv_memory [--skip-speed] [--repeats 4]
+
+Memory: 64 slots at max_seq_len 8,192, 64 requests (8 prompts x 8 samples) with lognormal completion budgets
+(median 96, sigma 1.35, as the long-tail workload; no stop token), plain decoding. Each cache runs in a fresh
+child process, which samples its RSS every step; the paged run also counts the tokens its rows hold. Printed:
+peak RSS of each, the paged run's growth over its RSS after construction against 1.3 x (peak tokens held x
+bytes per token) plus a constant (the dense run's RSS beside its cache and weights, and its growth while
+decoding), and the dense cache's size. The model is a random 2-layer Llama shaped so that its K/V is
+the point (2 K/V heads of 64 dims: 1 KiB per token per layer in fp32).
+
+Speed: the demo's shapes (target Llama 512 x 8 layers, 8 heads; drafter 192 x 2 layers; random init, a
+128-token vocabulary), 64 requests through 16 slots, greedy, plain and model drafter at γ = 3; dense and
+paged runs interleaved, `--repeats` pairs each, the order alternating; the paired ratio paged / dense of
+tokens per second (median and range). Timings on a shared machine are indicative only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+SLOTS, MAX_SEQ_LEN, PROMPTS, SAMPLES, PROMPT_LEN = 64, 8192, 8, 8, 16
+MEDIAN, SIGMA, SEED = 96, 1.35, 0
+BLOCK_SIZE = 16
+
+
+def lognormal_budgets(count: int, seed: int = SEED) -> list[int]:
+    rng = random.Random(seed)
+    cap = MAX_SEQ_LEN - PROMPT_LEN
+    return [max(1, min(cap, round(MEDIAN * math.exp(SIGMA * rng.gauss(0, 1))))) for _ in range(count)]
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_child(kind: str) -> dict:
+    """One cache's run (in its own process): RSS after construction, peak RSS, peak tokens and blocks held."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+
+    torch.manual_seed(SEED)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                          max_position_embeddings=MAX_SEQ_LEN + 16)).eval()
+    weights = sum(p.numel() * p.element_size() for p in target.parameters())
+    engine = SpecEngine(target, None, EngineConfig(max_batch_size=SLOTS, max_seq_len=MAX_SEQ_LEN, gamma=0,
+                                                   kv_cache=kind, kv_block_size=BLOCK_SIZE))
+    rng = random.Random(SEED)
+    prompts = [[rng.randrange(3, 128) for _ in range(PROMPT_LEN)] for _ in range(PROMPTS)]
+    prompts = [p for p in prompts for _ in range(SAMPLES)]  # siblings: the same tokens, each its own budget
+    budgets = lognormal_budgets(len(prompts))
+    per_token = engine.memory.target_kv // (engine.memory.kv_blocks * BLOCK_SIZE) if kind == "paged" else \
+        engine.memory.target_kv // (SLOTS * engine.config.cache_len)
+    base = _rss()
+    peak_rss, peak_tokens, peak_blocks, steps_run = base, 0, 0, 0
+    cache = engine.target.cache
+    started = time.perf_counter()
+    steps = engine.generate_steps(prompts, SamplingParams(max_new_tokens=max(budgets), temperature=0),
+                                  max_new_tokens=budgets)
+    try:
+        while True:
+            live = next(steps)
+            steps_run += 1
+            peak_rss = max(peak_rss, _rss())
+            peak_tokens = max(peak_tokens, sum(cache.host_lens[:live]))
+            if kind == "paged":
+                peak_blocks = max(peak_blocks, cache.capacity_blocks - len(cache.free))
+    except StopIteration as done:
+        generated = sum(len(r.completion_ids) for r in done.value)
+    return dict(kind=kind, weights=weights, per_token=per_token, base_rss=base, peak_rss=peak_rss,
+                peak_tokens=peak_tokens, peak_blocks=peak_blocks, target_kv=engine.memory.target_kv, steps=steps_run,
+                generated=generated, seconds=time.perf_counter() - started)
+
+
+def run_memory() -> None:
+    runs = {}
+    for kind in ("dense", "paged"):
+        out = subprocess.run([sys.executable, "-m", "specroll.benchmarks.kv_memory", "--child", kind],
+                             capture_output=True, text=True, check=True)
+        runs[kind] = json.loads(out.stdout.strip().splitlines()[-1])
+    dense, paged = runs["dense"], runs["paged"]
+    mib = 1 << 20
+    held = paged["peak_tokens"] * paged["per_token"]
+    growth = paged["peak_rss"] - paged["base_rss"]
+    print(f"# KV memory: {SLOTS} slots, max_seq_len {MAX_SEQ_LEN}, {PROMPTS} prompts x {SAMPLES}, lognormal budgets "
+          f""
+          f"(median {MEDIAN}, sigma {SIGMA}, max {max(lognormal_budgets(PROMPTS * SAMPLES))}), plain, "
+          f"block {BLOCK_SIZE} tokens")
+    print(f"weights {paged['weights'] / mib:.1f} MiB; K/V {paged['per_token']} B per token; "
+          f"dense cache {dense['target_kv'] / mib:.1f} MiB; {paged['generated']} tokens in {paged['steps']} steps")
+    for run in (dense, paged):
+        print(f"{run['kind']:>5}: RSS after construction {run['base_rss'] / mib:8.1f} MiB, "
+              f"peak {run['peak_rss'] / mib:8.1f} MiB  ({run['seconds']:.1f} s)")
+    print(f"paged: peak tokens held {paged['peak_tokens']} ({held / mib:.1f} MiB of K/V), peak blocks "
+          f"{paged['peak_blocks']} ({paged['peak_blocks'] * BLOCK_SIZE * paged['per_token'] / mib:.1f} MiB); "
+          f"RSS growth {growth / mib:.1f} MiB = {growth / max(held, 1):.2f} x the K/V held "
+          "(bar: <= 1.3 plus a constant)")
+    # The constant: what the dense run holds beside its cache and weights (the Python/torch runtime, row buffers)
+    # after construction, plus its growth while decoding (a step's masks, logits and temporaries).
+    constant = dense["base_rss"] - dense["target_kv"] - dense["weights"] + dense["peak_rss"] - dense["base_rss"]
+    bound = paged["weights"] + 1.3 * held + constant
+    print(f"bar: paged peak {paged['peak_rss'] / mib:.1f} MiB <= weights + 1.3 x K/V held + constant "
+          f"({constant / mib:.1f} MiB: the dense run's RSS beside its cache and weights, and its growth) = "
+          f"{bound / mib:.1f} MiB: {'pass' if paged['peak_rss'] <= bound else 'FAIL'}")
+    print(f"peak RSS paged / dense: {paged['peak_rss'] / dense['peak_rss']:.3f}")
+
+
+def run_speed(repeats: int) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+
+    def llama(hidden: int, layers: int, heads: int, inter: int, seed: int) -> LlamaForCausalLM:
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=inter,
+                                            num_hidden_layers=layers, num_attention_heads=heads,
+                                            num_key_value_heads=heads, max_position_embeddings=1024)).eval()
+
+    target, drafter = llama(512, 8, 8, 2048, 0), llama(192, 2, 3, 768, 1)
+    rng = random.Random(SEED)
+    prompts = [[rng.randrange(3, 128) for _ in range(rng.randrange(20, 60))] for _ in range(16)]
+    params = SamplingParams(max_new_tokens=96, temperature=0)
+    print(f"# tokens/s at the demo shapes: 16 prompts x 4 through 16 slots, {params.max_new_tokens} new tokens, "
+          f"greedy; {repeats} interleaved pairs; torch threads {torch.get_num_threads()}; load {os.getloadavg()}")
+    for name, draft, gamma in (("plain", None, 0), ("model γ=3", drafter, 3)):
+        engines = {kind: SpecEngine(target, draft, EngineConfig(
+            max_batch_size=16, max_seq_len=256, gamma=gamma, kv_cache=kind, kv_block_size=BLOCK_SIZE))
+            for kind in ("dense", "paged")}
+        rates = {kind: [] for kind in engines}
+        outputs = {}
+        for repeat in range(repeats + 1):  # the first pair warms up
+            for kind in (("dense", "paged") if repeat % 2 else ("paged", "dense")):
+                engine = engines[kind]
+                started = time.perf_counter()
+                out = engine.generate(prompts, params, n=4)
+                seconds = time.perf_counter() - started
+                outputs[kind] = [r.completion_ids for r in out]
+                if repeat:
+                    rates[kind].append(sum(map(len, outputs[kind])) / seconds)
+        assert outputs["dense"] == outputs["paged"], "paged and dense disagree"
+        ratios = [p / d for p, d in zip(rates["paged"], rates["dense"])]
+        print(f"{name:>10}: dense {statistics.median(rates['dense']):7.0f} tok/s, paged "
+              f"{statistics.median(rates['paged']):7.0f} tok/s; paired paged/dense median "
+              f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", choices=["dense", "paged"], help=argparse.SUPPRESS)
+    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--repeats", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(memory_child(args.child)))
+        return
+    if not args.skip_memory:
+        run_memory()
+    if not args.skip_speed:
+        run_speed(args.repeats)
+
+
+if __name__ == "__main__":
+    main()
