@@ -37,7 +37,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from specroll.integrations.backend import RolloutBackend
 from specroll.integrations.learner_schedule import LearnerSchedule, LearnerTimes
+from specroll.integrations.trl_hook import SpecrollRolloutFunc
 from specroll.integrations.yaml_config import ConfigError
 
 from .checkpoints import SavedRun, write_saved_run
@@ -83,8 +85,8 @@ class ResumeCallback(TrainerCallback):
     """At every trainer checkpoint, specroll's state beside it (see the module doc). Registered by `specroll
     train` when `checkpoint.every` > 0; one trainer process (several ranks are refused before the run)."""
 
-    def __init__(self, trainer: Any, rollout_func: Any, schedule: LearnerSchedule, backend: Any,
-                 config: TrainConfig, resumes: list[dict[str, Any]] | None = None):
+    def __init__(self, trainer: Any, rollout_func: SpecrollRolloutFunc, schedule: LearnerSchedule,
+                 backend: RolloutBackend, config: TrainConfig, resumes: list[dict[str, Any]] | None = None):
         self.trainer = trainer
         self.rollout_func = rollout_func
         self.schedule = schedule
@@ -107,7 +109,7 @@ class ResumeCallback(TrainerCallback):
               f"({time.perf_counter() - started:.1f}s)", flush=True)
 
 
-def capture(trainer: Any, rollout_func: Any, schedule: LearnerSchedule, fingerprint: dict[str, Any],
+def capture(trainer: Any, rollout_func: SpecrollRolloutFunc, schedule: LearnerSchedule, fingerprint: dict[str, Any],
             resumes: list[dict[str, Any]]) -> dict[str, Any]:
     """run.json's content (plain data) at the trainer's current step."""
     return {
@@ -123,7 +125,7 @@ def capture(trainer: Any, rollout_func: Any, schedule: LearnerSchedule, fingerpr
     }
 
 
-def restore_run(saved: SavedRun, trainer: Any, rollout_func: Any, schedule: LearnerSchedule) -> None:
+def restore_run(saved: SavedRun, trainer: Any, rollout_func: SpecrollRolloutFunc, schedule: LearnerSchedule) -> None:
     """Put the hook, the schedule and the trainer's pending metrics back as `capture` found them (the policy
     and the trainer's own state come with `trainer.train(resume_from_checkpoint=...)`)."""
     run = saved.run
