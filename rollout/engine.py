@@ -46,7 +46,6 @@ import warnings
 from collections.abc import Generator, Mapping, Sequence
 
 import torch
-from torch import nn
 from transformers import PreTrainedModel
 
 from .config import EngineConfig, SamplingParams
@@ -58,14 +57,12 @@ from .core.scheduler import Scheduler
 from .core.stats import EngineStats
 from .core.validate import validate_generate_args
 from .drafters.draft_vocab import DraftVocab, initial_ids
-from .drafters.factory import DrafterWeights, make_drafter
-from .drafters.heads import EagleHead, MedusaHeads
+from .drafters.factory import DrafterWeights, drafter_memory, make_drafter
 from .drafters.protocol import Drafter, Proposal
 from .gamma.factory import make_gamma_policy
 from .gamma.policy import GammaPolicy, StepOutcome, StepShape
 from .models.architectures import check_architecture
-from .models.cache import LayerShape, probe_layer_shapes
-from .models.memory import MemoryPlan, module_bytes, plan_memory
+from .models.memory import MemoryPlan, plan_memory
 from .models.paged import PagedKVCache, PagedLayout
 from .models.runner import ModelRunner
 from .models.timing import CALIBRATION_CONTEXT, runs_async
@@ -263,22 +260,9 @@ class SpecEngine:
 
     def _plan_memory(self, target: PreTrainedModel, drafter: DrafterWeights | Drafter | None) -> MemoryPlan:
         """`models.memory.plan_memory` for what `drafter` will be, before anything is allocated."""
-        config = self.config
-        kinds = config.drafters if config.drafters is not None else (
-            ("model",) if isinstance(drafter, PreTrainedModel) else ("eagle",) if isinstance(drafter, EagleHead)
-            else ("medusa",) if isinstance(drafter, MedusaHeads) else ())
-        shapes, weights = None, 0
-        if "model" in kinds and isinstance(drafter, PreTrainedModel):
-            shapes, weights = probe_layer_shapes(drafter), module_bytes(drafter, config.dtype)
-        elif "eagle" in kinds:
-            head = drafter if isinstance(drafter, EagleHead) else EagleHead.for_target(target.config)
-            shapes, weights = [LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)], module_bytes(
-                head, config.dtype)
-        elif isinstance(drafter, nn.Module):
-            weights = module_bytes(drafter, config.dtype)
-        feature = bool({"eagle", "medusa"} & set(kinds))
-        return plan_memory(config, target, shapes, weights,
-                           target.config.get_text_config().hidden_size if feature else None)
+        shapes, weights, reads_hidden = drafter_memory(drafter, self.config, target)
+        return plan_memory(self.config, target, shapes, weights,
+                           target.config.get_text_config().hidden_size if reads_hidden else None)
 
     @property
     def released(self) -> bool:
@@ -405,13 +389,8 @@ class SpecEngine:
 
     def _check_blocks(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int]) -> None:
         """A paged cache must hold every request alone (else it would wait for ever)."""
-        cache = self.target.cache
-        if not isinstance(cache, PagedKVCache):
-            return
-        need = max((cache.blocks_for(len(p) + b + self.config.max_gamma) for p, b in zip(prompts, budgets)), default=0)
-        if need > cache.capacity_blocks:
-            raise ValueError(f"a request needs {need} KV blocks of {cache.block_size} tokens; the paged cache holds "
-                             f"{cache.capacity_blocks} (EngineConfig.memory_budget): raise it or lower the budgets")
+        if isinstance(self.target.cache, PagedKVCache):
+            self.target.cache.check_fits([len(p) + b + self.config.max_gamma for p, b in zip(prompts, budgets)])
 
     def _reserved_tokens(self, req: Request) -> int:
         """The most tokens a request's row can hold in the target cache: its prompt and budget, a step of drafts."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 from transformers import PreTrainedModel
 
 from ..config import EngineConfig
+from ..models.cache import LayerShape, probe_layer_shapes
+from ..models.memory import module_bytes
 from ..models.runner import ModelRunner
 from .eagle import EagleDrafter
 from .heads import EagleHead, MedusaHeads
@@ -76,3 +78,19 @@ def _model_kind(kinds: tuple[str, ...], drafter: DrafterWeights | None, config: 
             model.config.get_text_config().hidden_size, config.medusa_heads)
         return MedusaDrafter(heads, model.get_output_embeddings(), dtype, device)
     return None
+
+
+def drafter_memory(drafter: DrafterWeights | Drafter | None, config: EngineConfig, target: PreTrainedModel
+                   ) -> tuple[list | None, int, bool]:
+    """What the drafter `make_drafter` will build needs, before it is built: its cache's layer shapes (None: no
+    cache of its own), its weights' bytes, and whether it reads the target's hidden states."""
+    kinds = config.drafters if config.drafters is not None else (
+        _kinds_of(drafter) if drafter is None or isinstance(drafter, DrafterWeights) else ())
+    reads_hidden = bool({"eagle", "medusa"} & set(kinds))
+    if "model" in kinds and isinstance(drafter, PreTrainedModel):
+        return probe_layer_shapes(drafter), module_bytes(drafter, config.dtype), reads_hidden
+    if "eagle" in kinds:
+        head = drafter if isinstance(drafter, EagleHead) else EagleHead.for_target(target.config)
+        return [LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)], module_bytes(head, config.dtype), True
+    weights = module_bytes(drafter, config.dtype) if isinstance(drafter, MedusaHeads) else 0
+    return None, weights, reads_hidden

@@ -168,6 +168,13 @@ class PagedKVCache(RaggedKVCache):
         """Blocks rows can hold: all but the reserved ones."""
         return self.num_blocks - RESERVED_BLOCKS
 
+    def check_fits(self, tokens: list[int]) -> None:
+        """Raise `ValueError` if a request of `tokens[i]` tokens could never be admitted (the pool is too small)."""
+        need = max((self.blocks_for(t) for t in tokens), default=0)
+        if need > self.capacity_blocks:
+            raise ValueError(f"a request needs {need} KV blocks of {self.block_size} tokens; the paged cache holds "
+                             f"{self.capacity_blocks} (EngineConfig.memory_budget): raise it or lower the budgets")
+
     def try_reserve(self, tokens: int) -> bool:
         """Reserve the blocks a request of up to `tokens` tokens can take, if they are free (beyond what
         earlier reservations may still take); `assign` then gives them to its row."""
