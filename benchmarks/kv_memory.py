@@ -11,9 +11,9 @@ decoding), and the dense cache's size. The model is a random 2-layer Llama shape
 the point (2 K/V heads of 64 dims: 1 KiB per token per layer in fp32).
 
 Speed: the demo's shapes (target Llama 512 x 8 layers, 8 heads; drafter 192 x 2 layers; random init, a
-128-token vocabulary), 64 requests through 16 slots, greedy, plain and model drafter at γ = 3; dense and
-paged runs interleaved, `--repeats` pairs each, the order alternating; the paired ratio paged / dense of
-tokens per second (median and range). Timings on a shared machine are indicative only.
+128-token vocabulary), 16 requests (prompts of 20-59 tokens) through 16 slots, 48 new tokens, greedy, plain
+and model drafter at γ = 3; dense and paged runs interleaved, `--repeats` pairs each, the order alternating;
+the paired ratio paged / dense of tokens per second (median and range). Timings on a shared machine are indicative only.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import time
 SLOTS, MAX_SEQ_LEN, PROMPTS, SAMPLES, PROMPT_LEN = 64, 8192, 8, 8, 16
 MEDIAN, SIGMA, SEED = 96, 1.35, 0
 BLOCK_SIZE = 16
+SPEED_NEW_TOKENS = 48
 
 
 def lognormal_budgets(count: int, seed: int = SEED) -> list[int]:
@@ -133,8 +134,8 @@ def run_speed(repeats: int) -> None:
     target, drafter = llama(512, 8, 8, 2048, 0), llama(192, 2, 3, 768, 1)
     rng = random.Random(SEED)
     prompts = [[rng.randrange(3, 128) for _ in range(rng.randrange(20, 60))] for _ in range(16)]
-    params = SamplingParams(max_new_tokens=96, temperature=0)
-    print(f"# tokens/s at the demo shapes: 16 prompts x 4 through 16 slots, {params.max_new_tokens} new tokens, "
+    params = SamplingParams(max_new_tokens=SPEED_NEW_TOKENS, temperature=0)
+    print(f"# tokens/s at the demo shapes: 16 prompts through 16 slots, {params.max_new_tokens} new tokens, "
           f"greedy; {repeats} interleaved pairs; torch threads {torch.get_num_threads()}; load {os.getloadavg()}")
     for name, draft, gamma in (("plain", None, 0), ("model γ=3", drafter, 3)):
         engines = {kind: SpecEngine(target, draft, EngineConfig(
@@ -146,7 +147,7 @@ def run_speed(repeats: int) -> None:
             for kind in (("dense", "paged") if repeat % 2 else ("paged", "dense")):
                 engine = engines[kind]
                 started = time.perf_counter()
-                out = engine.generate(prompts, params, n=4)
+                out = engine.generate(prompts, params)
                 seconds = time.perf_counter() - started
                 outputs[kind] = [r.completion_ids for r in out]
                 if repeat:

@@ -16,6 +16,12 @@ row but the last. With no drafter or γ = 0 the same loop is plain batched decod
 For a drafter that reads the target's features (`Drafter.wants_hidden`) the prefill and verification
 forwards also write their last hidden states into `RowBuffers.hidden` (`drafters.hidden`).
 
+Memory: the target's attention K/V lives in dense per-slot buffers or, with `EngineConfig.kv_cache="paged"`,
+in blocks taken as rows grow (`models.paged`; requests wait for free blocks, siblings share their prompt's
+full blocks, `core.prefill`); `EngineConfig.memory_budget` is checked part by part before anything is
+allocated (`models.memory`, `SpecEngine.memory`). `release` / `allocate` hand the caches' memory to a
+colocated trainer between rollout phases.
+
 Randomness is per request and position (`sampling.randomness`): sample j of prompt i is keyed by the call's
 seed and (prompt_indices[i], j), and every number it draws by its sequence position and purpose —
 never by the step, slot, batch or γ schedule. `EngineConfig.sampler` picks the accept rule
