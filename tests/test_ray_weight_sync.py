@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 
 import pytest
@@ -152,6 +153,7 @@ def test_broadcast_group_is_formed_once_and_reused_by_every_sync(broadcast_contr
     assert groups == [{ctl.transport.route.group_id}] * 3
     board = ray.get(ctl.board.latest.remote())["policy"]
     assert isinstance(board.route, PeerRoute) and board.version == ctl.policy_version  # no object-store copy
+    assert not ray.get(ctl.board.__ray_call__.remote(lambda _: "torch" in sys.modules))  # the board stays light
 
 
 def test_sync_adds_at_most_twice_the_payload_to_host_memory(broadcast_controller):

@@ -218,7 +218,12 @@ class RolloutWorker:
     def _receive_from_peer(self, role: str, payload: WeightPayload, timeout_s: float) -> dict[str, torch.Tensor]:
         deadline = time.monotonic() + timeout_s
         failures = []
-        for index, holder in payload.route.holders:
+        try:
+            holders = ray.get(payload.route.holders, timeout=timeout_s)
+        except RayError as err:
+            raise WeightSyncError(f"worker {self.worker_index}: the holders of {role} version {payload.version} "
+                                  f"are unknown: {err}") from err
+        for index, holder in holders:
             if index == self.worker_index:
                 continue
             try:

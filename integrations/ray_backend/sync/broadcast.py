@@ -99,7 +99,8 @@ class TorchBroadcastTransport:
                       holders: Sequence[tuple[int, Any]]) -> WeightPayload:
         if len(holders) < 2:
             return ObjectStoreTransport().publish(buckets, payload, len(holders))
-        return WeightPayload(payload.version, payload.metas, payload.bucket_sizes, route=PeerRoute(tuple(holders)))
+        route = PeerRoute(ray.put(tuple(holders)))
+        return WeightPayload(payload.version, payload.metas, payload.bucket_sizes, route=route)
 
     def close(self, timeout_s: float) -> None:
         """Shut the group down on every member (bounded by `timeout_s`; a dead one has none) and here."""

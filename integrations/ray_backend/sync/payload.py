@@ -35,7 +35,9 @@ class WeightPayload:
 
 @dataclass(frozen=True)
 class PeerRoute:
-    """Where a version sent by broadcast can be found again: the (worker index, actor handle) of every worker
-    that staged it; any of them exports it (`RolloutWorker.export_weights`) to a worker that restarted."""
+    """Where a version sent by broadcast can be found again: a ref to the (worker index, actor handle) of every
+    worker that staged it; any of them exports it (`RolloutWorker.export_weights`) to a worker that restarted.
+    A ref, not the handles: unpickling an actor handle loads the actor's class — torch with it — and the
+    board must stay light."""
 
-    holders: tuple[tuple[int, Any], ...]
+    holders: Any  # ray.ObjectRef to tuple[tuple[int, ActorHandle], ...]
