@@ -2,9 +2,11 @@
 
 - `protocol`: the sync itself — pack tensors into byte buckets, stage them on every live worker, post the
   version on the board (the commit point), commit everywhere — and the default object-store transport;
-- `broadcast`: the `torch.distributed` transport (gloo on CPU, NCCL on GPU), a fresh group per sync;
-- `payload`: what a sync sends besides the bytes (layout and version), standard library only;
-- `board`: the `WeightBoard` actor, the latest committed payload per role, which a restarted worker loads.
+- `broadcast`: the `torch.distributed` transport (gloo on CPU, NCCL on GPU), one persistent group per
+  controller, buckets built and received on the group's device;
+- `payload`: what a sync sends besides the bytes (layout, version, route), standard library only;
+- `board`: the `WeightBoard` actor, the latest committed payload per role, which a restarted worker loads
+  (from the object store, or after a broadcast from a peer that holds it).
 
 The trainer's side (gathering ZeRO-3 / PEFT weights) is `integrations.trl_hook.policy_sync`; the engine's
 (in-place loading, checked first) is `rollout.models.weights`. Nothing here imports torch at package level:
