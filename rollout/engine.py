@@ -18,7 +18,7 @@ forwards also write their last hidden states into `RowBuffers.hidden` (`drafters
 
 Memory: the target's attention K/V lives in dense per-slot buffers or, with `EngineConfig.kv_cache="paged"`,
 in blocks taken as rows grow (`models.paged`; requests wait for free blocks, siblings share their prompt's
-full blocks, `core.prefill`); `EngineConfig.memory_budget` is checked part by part before anything is
+full blocks, `prefill`); `EngineConfig.memory_budget` is checked part by part before anything is
 allocated (`models.memory`, `SpecEngine.memory`). `release` / `allocate` hand the caches' memory to a
 colocated trainer between rollout phases.
 
@@ -57,7 +57,6 @@ from transformers import PreTrainedModel
 from .config import EngineConfig, SamplingParams
 from .core.append import VerifiedStep, append_kept
 from .core.batch import RowBuffers
-from .core.prefill import prefill_target
 from .core.request import Request, Rollout, make_requests
 from .core.scheduler import Scheduler
 from .core.stats import EngineStats
@@ -74,6 +73,7 @@ from .models.runner import ModelRunner
 from .models.timing import CALIBRATION_CONTEXT, runs_async
 from .models.vocab import check_vocab_compatible
 from .models.weights import copy_into
+from .prefill import prefill_target
 from .sampling.accept import ACCEPT_RULES, AcceptRule
 from .sampling.draft_q import DraftQ
 from .sampling.logits import process_logits

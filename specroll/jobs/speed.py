@@ -47,7 +47,8 @@ def _measure_speed(config: TrainConfig, sources: ModelSources, task: Task, train
     published = backend.published_drafter()
     if drafter is not None and published:
         spec.update_drafter(published, version=-1)
-    plain = SpecEngine(spec.target.model, None, engine_config)
+    # plain decoding has no drafter, so no draft vocabulary to cut (the config's applies to the drafter)
+    plain = SpecEngine(spec.target.model, None, dataclasses.replace(engine_config, draft_vocab=None))
     prompt_ids = tokenize_prompts(task.prompts(config.report.speed_prompts, config.grpo.seed + 1), trainer)
     params = SamplingParams(max_new_tokens=config.grpo.max_completion_length, temperature=config.grpo.temperature,
                             stop_token_ids=tuple(trainer.eos_token_ids), seed=config.grpo.seed)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from ..models.paged import PagedKVCache
-from ..models.rows import RowIds
-from ..models.runner import ModelRunner
-from .batch import RowBuffers
-from .request import Request
+from .core.batch import RowBuffers
+from .core.request import Request
+from .models.paged import PagedKVCache
+from .models.rows import RowIds
+from .models.runner import ModelRunner
 
 
 def prefill_target(target: ModelRunner, rows: RowBuffers, admitted: list[Request], live: list[Request | None],
