@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
+from packaging import version
+from transformers import CONFIG_MAPPING
 from tiny_models import tiny_lm
 
 from specroll.benchmarks.arch_sweep import check_exact, tiny_model
@@ -23,8 +26,19 @@ from specroll.rollout.models.runner import ModelRunner
 CPU = torch.device("cpu")
 
 
+# transformers before 5.18 (the GPU image's 5.17) lacks some types and keeps nemotron_h's recurrent state in a
+# cache layer the ragged cache refuses at construction, with its reason: refused clearly there, not wrong tokens.
+OLD_TRANSFORMERS = version.parse(transformers.__version__) < version.parse("5.18")
+
+
 @pytest.mark.parametrize("model_type", sorted(VERIFIED_MODEL_TYPES))
 def test_allowlisted_type_is_exact(model_type):
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no model type {model_type!r}")
+    if OLD_TRANSFORMERS and model_type == "nemotron_h":
+        with pytest.raises(ValueError, match="recurrent/conv state .* the ragged cache cannot hold"):
+            check_exact(model_type)
+        return
     assert check_exact(model_type) == []
 
 

@@ -40,6 +40,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin
 
+from .hf_compat import cache_kwargs
 from .recurrent.linear_state import RaggedStateLayer, StateShape
 from .rows import Rows, device_index, host_ids
 
@@ -75,7 +76,7 @@ def probe_layer_shapes(model: PreTrainedModel) -> list[LayerShape | StateShape |
     """
     probe = DynamicCache(config=model.config)
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.get_input_embeddings().weight.device)
-    model(input_ids=ids, position_ids=torch.zeros_like(ids), cache=probe, use_cache=True)
+    model(input_ids=ids, position_ids=torch.zeros_like(ids), use_cache=True, **cache_kwargs(model, probe))
     return [_layer_shape(model, index, layer) for index, layer in enumerate(probe.layers)]
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .cache import RaggedKVCache
+from .hf_compat import cache_kwargs, pop_cache
 from .recurrent.gated_delta import RAGGED_FORWARDS as GATED_DELTA_FORWARDS
 from .recurrent.linear_state import RaggedStateLayer
 from .recurrent.mamba import RAGGED_FORWARDS as MAMBA_FORWARDS
@@ -33,10 +34,11 @@ class RaggedMixer:
         self.module = module
         self.ragged = RAGGED_FORWARDS[type(module)]
 
-    def __call__(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, **kwargs) -> torch.Tensor:
+    def __call__(self, hidden_states: torch.Tensor, attention_mask=None, **kwargs) -> torch.Tensor:
+        cache = pop_cache(kwargs)  # `cache`, or `past_key_values` / `cache_params` before transformers 5.18
         if not isinstance(cache, RaggedKVCache):
-            return type(self.module).forward(self.module, hidden_states, cache=cache, attention_mask=attention_mask,
-                                             **kwargs)
+            return type(self.module).forward(self.module, hidden_states, attention_mask=attention_mask,
+                                             **cache_kwargs(self.module, cache), **kwargs)
         return self.ragged(self.module, hidden_states, cache.states_by_layer[self.module.layer_idx])
 
 

@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .cache import STATE_HISTORY, HybridShape, RaggedKVCache, StateShape, probe_layer_shapes
+from .hf_compat import cache_kwargs
 from .lean import lean_decoder, unsupported_reason
 from .mixers import install_ragged_mixers
 from .paged import PagedKVCache, PagedLayout
@@ -150,14 +151,14 @@ class ModelRunner:
                                  f"{self.model.config.model_type!r} here ({unsupported_reason(self.model)})")
             if hidden_out is not None or head is not None:
                 base = getattr(self.model, self.model.base_model_prefix)
-                states = base(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
-                              use_cache=True).last_hidden_state  # [n, Q, H], final-normed
+                states = base(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+                              **cache_kwargs(base, self.cache)).last_hidden_state  # [n, Q, H], final-normed
                 if hidden_out is not None:
                     hidden_out(states)
                 logits = (head or self.model.get_output_embeddings())(states)
             else:
                 logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                                    cache=self.cache, use_cache=True).logits
+                                    use_cache=True, **cache_kwargs(self.model, self.cache)).logits
             return logits if logits_at is None else logits[torch.arange(logits.shape[0], device=self.device), logits_at]
         finally:
             self.cache.plan = None
