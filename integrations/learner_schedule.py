@@ -15,6 +15,10 @@ last, possibly short, rollout's share. Every `ProbeSet.every` steps the round
 first scores the served drafter against the frozen one on fresh rollouts of fixed probe prompts
 (`DraftLearner.probe`): the drift measure the report plots.
 
+Whether the step's training rollouts drafted at all is logged too (`drafter/speculating`, and their draft
+forwards, `drafter/draft_forwards`): with `speculation_events` (a cold start, `EngineConfig.speculation =
+"when_learned"`) each turn of it, on or off, is an event, with the drafter version and the acceptance behind it.
+
 The learner's alarms (`online_drafter.alarms`: it stopped learning) are events too, printed to stderr
 as they are raised and counted in `drafter/alarms` (alarm conditions holding after each round).
 
@@ -36,6 +40,7 @@ from typing import Any
 from tqdm import tqdm
 
 from specroll.rollout import SamplingParams
+from specroll.rollout.core.stats import BatchStats
 
 from .backend import LearnerRound, ProbeRequest
 
@@ -85,6 +90,7 @@ class LearnerSchedule:
     rollout_share: float = 0.25
     update_share: float = 0.9
     max_budget_s: float | None = None
+    speculation_events: bool = False
     probes: list[dict[str, float]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     times: LearnerTimes = field(default_factory=LearnerTimes)
@@ -94,6 +100,8 @@ class LearnerSchedule:
     _pending_probe: int | None = None  # the policy version of the probe in flight
     num_rounds: int = 0
     num_published: int = 0  # rounds that published a drafter version (the gate's or the watchdog's)
+    _speculating: bool | None = None  # whether the last training step's rollouts drafted
+    _last_acceptance: float | None = None  # the last gated round's held-out acceptance of the served drafter
 
     def budget(self) -> float:
         """Seconds the next round may take (see the module docstring)."""
@@ -106,6 +114,17 @@ class LearnerSchedule:
         self.times.rollout_s += rollout_s
         if self._first_rollout_at is None:
             self._first_rollout_at = started_at
+
+    def speculation_seen(self, step: int, stats: BatchStats, drafter_version: float | None = None) -> dict[str, float]:
+        """The metrics of whether step `step`'s training rollouts (`stats`) drafted; with `speculation_events`, an
+        event when that turned since the previous step."""
+        on = stats.spec_row_steps > 0
+        if self.speculation_events and self._speculating is not None and on != self._speculating:
+            version = "" if drafter_version is None else f" with drafter version {drafter_version:g}"
+            seen = "" if self._last_acceptance is None else f" (its held-out acceptance {self._last_acceptance:.3f})"
+            self.events.append(f"step {step}: speculation turned {'on' if on else 'off'}{version}{seen}")
+        self._speculating = on
+        return {"drafter/speculating": float(on), "drafter/draft_forwards": float(stats.drafter_forwards)}
 
     def probe_request(self, step: int, prompt_ids: list[list[int]] | None, params: SamplingParams,
                       last_step: int | None = None) -> ProbeRequest | None:
@@ -139,6 +158,8 @@ class LearnerSchedule:
             metrics["drafter/budget_s"] = float(report.budget_s or 0.0)
             metrics["drafter/alarms"] = float(report.alarms_active)
             self.num_rounds += 1
+            if report.gated:
+                self._last_acceptance = report.acceptance_after if report.published else report.acceptance_before
             self.num_published += int(report.published)
             if report.event:
                 self.events.append(f"round after step {report.policy_version}: {report.event}")

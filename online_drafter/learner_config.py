@@ -94,6 +94,7 @@ class LearnerConfig:
     alarm_publish_rounds: int = 6
     draft_vocab_decay: float = 0.7
     draft_vocab_updates: bool = True
+    publish_acceptance: bool = False  # versions carry their held-out acceptance (`served_acceptance.ServedAcceptance`)
 
     def __post_init__(self) -> None:
         if isinstance(self.buffer, dict):  # from `asdict` (a checkpoint) or a plain mapping
@@ -131,6 +132,7 @@ class LearnerConfig:
              "an int >= 1"),
             ("draft_vocab_decay", 0 < self.draft_vocab_decay <= 1, "a number in (0, 1] (1: never forget)"),
             ("draft_vocab_updates", isinstance(self.draft_vocab_updates, bool), "True or False"),
+            ("publish_acceptance", isinstance(self.publish_acceptance, bool), "True or False"),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -23,6 +23,7 @@ from .learner_config import LearnerConfig
 from .lm.learner import DraftLearner
 from .recording import RecordingLearner
 from .reports import LearnerReport, ProbeReport
+from .served_acceptance import ServedAcceptance
 
 
 class OnlineLearner(Protocol):
@@ -59,17 +60,23 @@ def make_online_learner(drafter: PreTrainedModel | EagleHead | MedusaHeads, poli
                         config: LearnerConfig) -> OnlineLearner:
     """The learner for `drafter`: a `HeadLearner` for a head (reading `policy`'s embedding and LM head,
     which it never trains), else a `DraftLearner` (`policy` unused). Either is wrapped in a `RecordingLearner`
-    when `config.record_dir` is set (a head's with the policy modules it reads). Each trains its own copy of
-    `drafter`."""
+    when `config.record_dir` is set (a head's with the policy modules it reads), in a `ServedAcceptance` when
+    `config.publish_acceptance` is (its versions carry their held-out acceptance, for an engine that speculates
+    only once it pays). Each trains its own copy of `drafter`."""
+    reads = None
     if isinstance(drafter, (EagleHead, MedusaHeads)):
         if policy is None:
             raise ValueError(f"a {type(drafter).__name__} learner reads the policy's embedding and LM head: "
                              "pass the policy, got None")
         reads = {"embed": policy.get_input_embeddings(), "lm_head": policy.get_output_embeddings()}
         learner = HeadLearner(drafter, reads["embed"], reads["lm_head"], config)
+    else:
+        learner = DraftLearner(drafter, config)
+    if config.publish_acceptance:
         if config.record_dir is not None:
-            return RecordingLearner(learner, config.record_dir, drafter, reads)
-        return learner
+            raise ValueError("learner.record_dir and learner.publish_acceptance are exclusive: a recording replays "
+                             "the learner alone")
+        return ServedAcceptance(learner)
     if config.record_dir is not None:
-        return RecordingLearner(DraftLearner(drafter, config), config.record_dir, drafter)
-    return DraftLearner(drafter, config)
+        return RecordingLearner(learner, config.record_dir, drafter, reads)
+    return learner

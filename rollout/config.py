@@ -73,6 +73,7 @@ SAMPLER_NAMES = ("rejection", "invariant")
 DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "medusa"]
 KVCacheKind = Literal["dense", "paged"]
 KV_CACHE_KINDS = ("dense", "paged")
+SPECULATION_MODES = ("always", "when_learned")  # EngineConfig.speculation
 DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "medusa")
 MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "medusa")  # at most one, with or without "suffix"
 
@@ -154,6 +155,13 @@ class EngineConfig:
     the budget leaves (at most the dense cache's size; without a budget, exactly that).
     `prefill_chunk_tokens` N: a prefill (or a drafter's catch-up) of more than N tokens (rows × longest
     prompt) runs as forwards of at most N tokens each, so its activations stay bounded; None: one forward.
+
+    `speculation` "when_learned" (a drafter that starts from nothing: a fresh EAGLE head) keeps the engine at
+    plain decoding — no drafts, no draft forwards — until a drafter version arrives with its held-out expected
+    acceptance (`update_drafter`, key `ACCEPTANCE_STATE_KEY`: the online learner measures it on recorded
+    positions, without drafting) at or above `SpecEngine.break_even_acceptance`, and off again while a later
+    version's is below; it needs an adaptive `gamma` (the cost model says where break-even is). "always": draft
+    whenever there is a drafter (γ as `gamma` says).
     """
 
     max_batch_size: int = 16
@@ -186,8 +194,12 @@ class EngineConfig:
     kv_block_size: int = 16
     memory_budget: int | float | None = None
     prefill_chunk_tokens: int | None = None
+    speculation: str = "always"
 
     def __post_init__(self) -> None:
+        require(self.speculation in SPECULATION_MODES, "speculation", self.speculation, f"one of {SPECULATION_MODES}")
+        require(self.speculation == "always" or self.gamma in ("auto", "auto_simple"), "speculation",
+                self.speculation, "'always' unless gamma is 'auto' or 'auto_simple' (its cost model gives break-even)")
         require(
             isinstance(self.max_batch_size, int) and self.max_batch_size >= 1,
             "max_batch_size", self.max_batch_size, "an int >= 1",

@@ -82,6 +82,9 @@ from .sampling.randomness import draw_seed
 
 VOCAB_DRAFTER_KINDS = ("model", "eagle", "medusa", "layer_skip")  # the drafters with an LM head to cut
 DRAFT_TIMING_EVERY = 16  # on an async device, the drafting steps whose draft part auto-γ times (one sync each)
+# A drafter state dict's held-out expected acceptance, in parts per million (an int64 [1]: no weight cast moves it);
+# with `EngineConfig.speculation = "when_learned"` it decides whether the engine drafts at all (`speculating`).
+ACCEPTANCE_STATE_KEY = "specroll.held_out_acceptance_ppm"
 
 
 class SpecEngine:
@@ -121,6 +124,8 @@ class SpecEngine:
         self.accept_rule: AcceptRule = ACCEPT_RULES[config.sampler]()
         self.policy_version = 0
         self.drafter_version = 0
+        self.drafter_acceptance: float | None = None  # the served version's held-out acceptance, if it came with one
+        self._drafting = False  # this generate call drafts (`speculating` at its start)
         self._generating = False
         self._drafting_steps = 0
 
@@ -178,10 +183,11 @@ class SpecEngine:
         scheduler = Scheduler(self.config.max_batch_size, self._admits)
         scheduler.add(requests)
         nonfinite_before = self.stats.drafter_nonfinite_rows
+        self._drafting = self.drafter is not None and self.speculating
         self._prefill(scheduler.admit(), scheduler)
         while not scheduler.done:
             shape = self._shape(scheduler.num_live_rows)
-            gamma = self.gamma_policy.choose(shape, params.greedy) if self.drafter else 0
+            gamma = self.gamma_policy.choose(shape, params.greedy) if self._drafting else 0
             finished = self._step(shape, gamma, params, stop_ids)
             self._finish(scheduler, finished)
             self._pause_clock(started)
@@ -225,6 +231,15 @@ class SpecEngine:
         rows = max(1, round(self.stats.mean_live_rows)) if self.stats.steps else self.config.max_batch_size
         return self.gamma_policy.break_even_acceptance(rows, CALIBRATION_CONTEXT)
 
+    @property
+    def speculating(self) -> bool:
+        """Whether a generate call starting now drafts: always with `speculation` "always" (and a drafter); with
+        "when_learned" once the served drafter version's held-out acceptance reaches the break-even acceptance."""
+        if self.drafter is None or self.config.speculation == "always":
+            return self.drafter is not None
+        break_even = self.break_even_acceptance()
+        return self.drafter_acceptance is not None and break_even is not None and self.drafter_acceptance >= break_even
+
     def set_draft_vocab(self, ids: torch.Tensor | Sequence[int] | None) -> None:
         """Draft over these target ids only (None: the whole vocabulary), between `generate` calls. The
         output is the target's either way; a subset only makes drafts cheaper and some of them impossible.
@@ -259,7 +274,9 @@ class SpecEngine:
         if self.drafter is None or not self.drafter.trainable:
             raise ValueError("update_drafter called on an engine without a drafter that has weights "
                              f"(drafters: {self.drafter.names if self.drafter else None})")
-        self.drafter.load_weights(state_dict)
+        acceptance = state_dict.get(ACCEPTANCE_STATE_KEY)
+        self.drafter_acceptance = None if acceptance is None else int(acceptance.reshape(-1)[0]) / 1e6
+        self.drafter.load_weights({k: v for k, v in state_dict.items() if k != ACCEPTANCE_STATE_KEY})
         self.drafter_version = version
 
     # ------------------------------------------------------------------ memory between rollout phases
@@ -391,7 +408,8 @@ class SpecEngine:
         slots, count = prefill_target(self.target, self.rows, admitted, scheduler.running,
                                       [self._reserved_tokens(req) for req in admitted])
         if self.drafter:  # an engine that never drafts lets the drafter catch up lazily, if ever
-            self.drafter.prefill(slots, self.rows, count if self.config.gamma != 0 else torch.zeros_like(count))
+            drafts = self._drafting and self.config.gamma != 0
+            self.drafter.prefill(slots, self.rows, count if drafts else torch.zeros_like(count))
 
     def _check_blocks(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int]) -> None:
         """A paged cache must hold every request alone (else it would wait for ever)."""

@@ -25,7 +25,8 @@ to the reward functions (one value per entry). On each call this hook:
 4. for a training batch, starts the next learner round (with a probe of the served drafter every
    few steps) without waiting for it;
 5. appends `rollout/*` (the backend's `BatchStats` of the step, `backend.rollout_metrics`), the
-   backend's versions and sync times, `drafter/*` and `weights/sync_s` to the trainer's metrics, which
+   backend's versions and sync times, `drafter/*` (whether the step drafted at all among them:
+   `LearnerSchedule.speculation_seen`) and `weights/sync_s` to the trainer's metrics, which
    `GRPOTrainer.log` averages into `log_history` and every `report_to` target alongside its own
    (docs/metrics.md defines each).
 
@@ -109,7 +110,9 @@ class SpecrollRolloutFunc:
         seconds = time.perf_counter() - started
         check_policy_version(rollouts, step, trainer.accelerator.process_index)
         self.num_calls += 1
-        self._log(trainer, mode, rollout_metrics(stats) | (self.backend.metrics() if drives else {}))
+        service = self.backend.metrics() if drives else {}
+        drafted = self.schedule.speculation_seen(step, stats, service.get("drafter/version")) if mode == "train" else {}
+        self._log(trainer, mode, rollout_metrics(stats) | service | drafted)
         if learns and self.backend.serves_all_ranks():
             trainer.accelerator.wait_for_everyone()  # every rank's rollouts are in the shared learner's buffer
         if learns and drives:

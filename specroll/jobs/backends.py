@@ -25,6 +25,7 @@ from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_toke
 
 from .train_config import TrainConfig
 
+FRESH_HEAD = "fresh"  # models.head: a head from nothing (the cold start), also with the demo's models
 # Minutes a first build takes on 2 CPU cores (measured; a faster machine takes less).
 BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 15, "bpe_tiny": 1}
 
@@ -47,7 +48,7 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     models = config.models
     if models.source == "pretrained":
         paths = ModelPaths(models.target, models.drafter, models.tokenizer or models.target, models.drafter,
-                           models.head)
+                           None if models.head == FRESH_HEAD else models.head)
         return ModelSources(paths, load_tokenizer(paths.target_tokenizer), models.task_max_digits or 10)
     from specroll.demo.model_cache import is_cached, load_or_build_demo_models, models_dir
     from specroll.demo.recipe import DemoRecipe
@@ -61,9 +62,14 @@ def resolve_models(config: TrainConfig) -> ModelSources:
               "($SPECROLL_CACHE); later runs load them from there", flush=True)
     demo = load_or_build_demo_models(recipe)
     tokenizer_dir = str(demo.path / "tokenizer")
-    paths = ModelPaths(str(demo.path / "target"), str(demo.path / "drafter"), tokenizer_dir, tokenizer_dir)
+    drafter_dir = demo.path / "drafter"
+    if models.drafter == "generic":
+        from specroll.demo.generic import load_or_build_generic_drafter
+
+        drafter_dir = load_or_build_generic_drafter(demo)
+    paths = ModelPaths(str(demo.path / "target"), str(drafter_dir), tokenizer_dir, tokenizer_dir)
     kind = trained_drafter_kind(paths, config.engine)
-    if kind in HEAD_KINDS:
+    if kind in HEAD_KINDS and models.head != FRESH_HEAD:
         paths = dataclasses.replace(paths, head=demo_head(demo, kind, models.recipe))
     return ModelSources(paths, demo.tokenizer, models.task_max_digits or recipe.max_digits,
                         time.perf_counter() - started if building else 0.0, recipe.world)
@@ -111,7 +117,9 @@ def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None =
     """The config's backend on `sources`; each backend records learning signals itself when it has a learner.
 
     With `ranks` (several trainer ranks), the Ray backend is one service shared by them all."""
-    learner = dataclasses.replace(config.learner, temperature=config.grpo.temperature)
+    # An engine that speculates only once it pays needs each drafter version's held-out acceptance with it.
+    learner = dataclasses.replace(config.learner, temperature=config.grpo.temperature,
+                                  publish_acceptance=config.engine.speculation == "when_learned")
     trained = trained_drafter_kind(sources.paths, config.engine) is not None
     learner = learner if config.online_learning and trained else None
     if config.backend.kind == "local":

@@ -38,8 +38,10 @@ class ModelsConfig:
     """`source: demo` builds (or loads from cache) the demo recipe's target, drafter and tokenizer;
     `source: pretrained` loads `target` / `drafter` / `tokenizer` folders or hub ids from the local cache,
     and `head` (a `state_dict` file) for an `engine.drafters` "eagle" / "medusa" head (null: a fresh
-    head; the demo brings its own first version). `task_max_digits` bounds the demo task's operands
-    (default: the recipe's, 10 for pretrained)."""
+    head; the demo brings its own first version, unless `head: fresh` — the cold start, docs/get_a_drafter.md).
+    With `source: demo`, `drafter: generic` serves the demo's generic drafter LM (trained on the corpus alone,
+    never on the target's samples: `demo.generic`) instead of the one distilled from the target.
+    `task_max_digits` bounds the demo task's operands (default: the recipe's, 10 for pretrained)."""
 
     source: str = "demo"
     recipe: str = "full"
@@ -54,6 +56,9 @@ class ModelsConfig:
         require(self.recipe in DEMO_RECIPES, "models.recipe", self.recipe, f"one of {DEMO_RECIPES}")
         if self.source == "pretrained":
             require(bool(self.target), "models.target", self.target, "a model path when source is pretrained")
+        else:
+            require(self.drafter in (None, "generic"), "models.drafter", self.drafter,
+                    "null (the demo's distilled drafter) or 'generic' when source is demo")
         require(self.task_max_digits is None or 1 <= self.task_max_digits <= 18, "models.task_max_digits",
                  self.task_max_digits, "an int in [1, 18] or null")
 
@@ -235,6 +240,8 @@ class TrainConfig:
                     f"{accumulation}: grpo.num_iterations x steps_per_generation)")
             require(self.learner.record_dir is None, "learner.record_dir", self.learner.record_dir,
                     "null with checkpoint.every > 0 (a recording is one run from its start: it cannot resume)")
+            require(self.engine.speculation == "always", "engine.speculation", self.engine.speculation,
+                    "'always' with checkpoint.every > 0 (a cold start's learner keeps no checkpoint state yet)")
 
 
 def load_train_config(path: str | Path) -> TrainConfig:

@@ -1,0 +1,93 @@
+"""ServedAcceptance: an `OnlineLearner` whose published versions carry their held-out expected acceptance.
+
+A drafter that starts from nothing (a fresh EAGLE head: the cold start of `docs/get_a_drafter.md`) must
+cost nothing while it is useless. The learner knows how good it is without drafting — expected acceptance
+Σ min(p, q) on held-out recorded positions — and the engine knows where drafting starts to pay
+(`SpecEngine.break_even_acceptance`). This wrapper hands the first to the second: every state dict it
+publishes carries the served version's held-out acceptance under `engine.ACCEPTANCE_STATE_KEY`, and an engine
+with `EngineConfig(speculation="when_learned")` drafts only while that number reaches its break-even.
+
+`make_online_learner` wraps a learner in it when `LearnerConfig.publish_acceptance` is set. The served version's
+acceptance comes from the round's own report where it is exact (the published drafter's score when the version
+did not move, the candidate's when the gate published it); after a watchdog revert (the round's `event`) or a
+revert by a probe, the new served version is scored once on the held-out set. It keeps no checkpoint state of
+its own (`learner_state` refuses it: a run with this wrapper does not resume).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specroll.rollout import Rollout
+from specroll.rollout.engine import ACCEPTANCE_STATE_KEY
+
+from .learner import Learner
+from .reports import LearnerReport, ProbeReport
+
+
+class ServedAcceptance:
+    """Delegates to `learner` (a `DraftLearner` or `HeadLearner`) and tags what it publishes (see module doc)."""
+
+    def __init__(self, learner: Learner):
+        self.learner = learner
+        self.config = learner.config
+        self.acceptance: float | None = None  # the served version's held-out expected acceptance (None: unscored)
+        self._scored_version: int | None = None  # the version `acceptance` belongs to
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def set_draft_vocab(self, ids: torch.Tensor, vocab_size: int) -> None:
+        self.learner.set_draft_vocab(ids, vocab_size)
+
+    def draft_vocab(self, name: str = "published") -> torch.Tensor | None:
+        return self.learner.draft_vocab(name)
+
+    def add_rollouts(self, rollouts: list[Rollout]) -> None:
+        self.learner.add_rollouts(rollouts)
+
+    def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
+        before = self.learner.version
+        report = self.learner.train_round(budget_s, break_even)
+        if report.version == before:
+            if report.gated and self._scored_version in (None, before):
+                self._set(report.acceptance_before, before)
+        elif report.event is None:  # the gate published the candidate it just scored
+            self._set(report.acceptance_after, report.version)
+        else:  # a watchdog revert: which drafter it chose is the learner's; score what it serves now
+            self._rescore()
+        return report
+
+    def probe(self, rollouts: list[Rollout]) -> ProbeReport:
+        before = self.learner.version
+        report = self.learner.probe(rollouts)
+        if self.learner.version != before and self.learner.holdout:  # the probe's watchdog reverted
+            self._rescore()
+        return report
+
+    def served_estimate(self) -> float:
+        return self.learner.served_estimate()
+
+    def revert_served(self, reason: str) -> str:
+        event = self.learner.revert_served(reason)
+        self._rescore()
+        return event
+
+    def published_state_dict(self) -> dict[str, torch.Tensor]:
+        """The learner's published weights with the served version's held-out acceptance (parts per million),
+        when it is known for this version."""
+        state = self.learner.published_state_dict()
+        if self.acceptance is None or self._scored_version != self.learner.version:
+            return state
+        return {**state, ACCEPTANCE_STATE_KEY: torch.tensor([round(self.acceptance * 1e6)], dtype=torch.int64)}
+
+    def _set(self, acceptance: float, version: int) -> None:
+        if not math.isnan(acceptance):
+            self.acceptance, self._scored_version = float(acceptance), version
+
+    def _rescore(self) -> None:
+        learner = self.learner
+        self._set(learner.score(learner.published, learner.draft_vocab("published")), learner.version)

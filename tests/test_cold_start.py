@@ -1,0 +1,133 @@
+"""Cold start: a drafter from nothing costs nothing until the learner's held-out acceptance says it pays.
+
+The engine with `speculation="when_learned"` decodes plainly (no drafts, no draft forwards) until a drafter
+version arrives tagged with a held-out acceptance at or above its break-even, and stops again when a later
+version's is below; the learner (`ServedAcceptance`) tags every version it publishes with the score the
+learner itself gives it; `specroll train` from a fresh EAGLE head on the tiny demo starts with speculation off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from tiny_models import make_prompts, tiny_lm
+
+from specroll.integrations.backend import learner_round
+from specroll.integrations.local_backend import LocalBackend
+from specroll.online_drafter import LearnerConfig
+from specroll.online_drafter.served_acceptance import ServedAcceptance
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.drafters.heads import EagleHead
+from specroll.rollout.engine import ACCEPTANCE_STATE_KEY
+
+PROMPTS = make_prompts(6, 2, 6)
+PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
+COLD = EngineConfig(max_batch_size=4, max_seq_len=40, gamma="auto", max_gamma=3, drafters=("eagle",),
+                    speculation="when_learned", cost_model_budget_s=0.2)
+
+
+def tagged(head: EagleHead, acceptance: float) -> dict[str, torch.Tensor]:
+    return {**head.state_dict(), ACCEPTANCE_STATE_KEY: torch.tensor([round(acceptance * 1e6)])}
+
+
+def test_when_learned_drafts_nothing_until_a_version_reaches_break_even():
+    target = tiny_lm("llama", "sdpa")
+    head = EagleHead.for_target(target.config, seed=0)
+    engine = SpecEngine(target, head, COLD)
+    plain = SpecEngine(target, None, EngineConfig(max_batch_size=4, max_seq_len=40, gamma=0))
+    assert not engine.speculating
+    cold = engine.generate(PROMPTS, PARAMS)
+    assert engine.stats.drafter_forwards == 0 and engine.stats.drafted == 0
+    assert [r.completion_ids for r in cold] == [r.completion_ids for r in plain.generate(PROMPTS, PARAMS)]
+    break_even = engine.break_even_acceptance()
+    assert 0 < break_even <= 1
+    engine.update_drafter(tagged(head, break_even / 2), version=1)
+    assert engine.drafter_acceptance == pytest.approx(break_even / 2, abs=1e-6) and not engine.speculating
+    engine.update_drafter(tagged(head, 1.0), version=2)  # at or above any break-even
+    assert engine.speculating
+    engine.generate(PROMPTS, PARAMS)
+    assert engine.stats.drafter_forwards > 0 and engine.stats.drafted > 0
+    engine.update_drafter(tagged(head, 0.0), version=3)  # a later version below it: off again
+    forwards = engine.stats.drafter_forwards
+    engine.generate(PROMPTS, PARAMS)
+    assert not engine.speculating and engine.stats.drafter_forwards == forwards
+
+
+def test_a_version_without_acceptance_keeps_speculation_off():
+    target = tiny_lm("llama", "sdpa")
+    head = EagleHead.for_target(target.config, seed=0)
+    engine = SpecEngine(target, head, COLD)
+    engine.update_drafter(head.state_dict(), version=1)
+    assert engine.drafter_acceptance is None and not engine.speculating
+
+
+def test_when_learned_needs_an_adaptive_gamma():
+    with pytest.raises(ValueError, match=r"speculation='when_learned' is invalid"):
+        EngineConfig(gamma=3, speculation="when_learned")
+    with pytest.raises(ValueError, match="speculation='sometimes' is invalid"):
+        EngineConfig(gamma="auto", speculation="sometimes")
+
+
+def test_published_versions_carry_the_learners_own_held_out_score():
+    target = tiny_lm("llama", "sdpa")
+    learner_config = LearnerConfig(publish_acceptance=True, lr=3e-3, warmup_steps=0, ema_decay=0.0, gate_z=0.0,
+                                   max_steps=30, batch_size=4, holdout_fraction=0.34)
+    backend = LocalBackend.from_models(target, EagleHead.for_target(target.config, seed=0), COLD, learner_config)
+    learner = backend.learner
+    assert isinstance(learner, ServedAcceptance)
+    assert ACCEPTANCE_STATE_KEY not in learner.published_state_dict()  # version 0 was never scored
+    for seed in range(3):
+        params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=seed)
+        backend.generate(make_prompts(6, 2, 6, seed=seed), params, n=2)
+        learner_round(backend)
+    assert learner.version > 0  # 90 steps at a high lr beat a random head (gate_z 0)
+    served = learner.learner.score(learner.learner.published, learner.draft_vocab())
+    assert backend.engine.drafter_acceptance == pytest.approx(served, abs=2e-6)
+    assert backend.engine.drafter_version == learner.version
+
+
+def test_record_dir_and_publish_acceptance_are_exclusive(tmp_path):
+    from specroll.online_drafter import make_online_learner
+
+    target = tiny_lm("llama", "sdpa")
+    with pytest.raises(ValueError, match="exclusive"):
+        make_online_learner(EagleHead.for_target(target.config), target,
+                            LearnerConfig(publish_acceptance=True, record_dir=str(tmp_path / "rec")))
+
+
+COLD_TRAIN = """
+models: {{source: demo, recipe: tiny, head: fresh}}
+grpo: {{steps: 3, prompts_per_step: 2, num_generations: 2, max_completion_length: 16, learning_rate: 1.0e-3,
+        num_train_prompts: 12}}
+backend: {{kind: local}}
+engine: {{max_batch_size: 4, max_seq_len: 96, gamma: auto, max_gamma: 3, drafters: [eagle], speculation: when_learned,
+          cost_model_budget_s: 0.3, calibration_cache: {root}/calibration}}
+learner: {{max_steps: 4, batch_size: 4, warmup_steps: 0}}
+probe: {{prompts: 0}}
+report: {{out_dir: {root}/report, speed_prompts: 2, speed_repeats: 1}}
+torch_threads: 1
+"""
+
+
+def test_train_from_a_fresh_head_starts_with_speculation_off(tiny_demo_cache, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("trl")
+    from specroll.jobs import train
+
+    monkeypatch.setenv("SPECROLL_CACHE", str(tiny_demo_cache))
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "report" / "tensorboard"))
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    config = tmp_path / "cold.yaml"
+    config.write_text(COLD_TRAIN.format(root=tmp_path))
+    assert train.run(argparse.Namespace(config=str(config), out_dir=None)) == 0
+    assert "training the demo target's eagle head" not in capsys.readouterr().out  # fresh: no offline first version
+    steps = [json.loads(line) for line in (tmp_path / "report" / "metrics.jsonl").read_text().splitlines()]
+    logged = [e for e in steps if "drafter/speculating" in e]
+    assert len(logged) == 3
+    first = logged[0]
+    assert first["drafter/speculating"] == 0.0 and first["drafter/draft_forwards"] == 0.0
+    assert first["rollout/gamma"] == 0.0
+    for entry in logged:  # off means off: a step that did not speculate made no draft forward
+        assert entry["drafter/speculating"] == 1.0 or entry["drafter/draft_forwards"] == 0.0
