@@ -55,6 +55,14 @@ class DecayedRates:
         targets = toward if isinstance(toward, list) else [toward] * len(self.kept)
         return [(k + weight * a) / (r + weight) for k, r, a in zip(self.kept, self.reached, targets)]
 
+    def state_dict(self) -> dict[str, list[float]]:
+        """The counts, for a resumed run (`rollout.engine_state`)."""
+        return {"kept": list(self.kept), "reached": list(self.reached)}
+
+    def load_state_dict(self, state: dict[str, list[float]]) -> None:
+        self.kept = [float(k) for k in state["kept"]]
+        self.reached = [float(r) for r in state["reached"]]
+
     def __add__(self, other: DecayedRates) -> DecayedRates:
         """Both counts summed slot by slot (e.g. two start states pooled)."""
         out = DecayedRates()

@@ -125,6 +125,19 @@ class SuffixDrafter:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise ValueError("the suffix drafter has no weights to load")
 
+    def state_dict(self) -> dict:
+        """Its history and its acceptance per match length, for a resumed run (`rollout.engine_state`)."""
+        return {"index": self.index.state_dict(), "rates": self.rates.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take back a `state_dict()` (between `generate` calls): the history, and the rates per match length."""
+        if len(state["rates"]["kept"]) != len(BUCKET_STARTS):
+            raise ValueError(f"the saved suffix drafter has {len(state['rates']['kept'])} match-length buckets; this "
+                             f"one has {len(BUCKET_STARTS)}")
+        self.index.load_state_dict(state["index"])
+        self.rates.load_state_dict(state["rates"])
+        self._last = None
+
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
         """Its drafts are point masses on earlier text: no LM head to cut."""
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import torch
+
 from ..config import SuffixConfig
 
 KEY_LENS = (16, 8, 4, 2, 1)  # n-gram lengths indexed, longest tried first
@@ -126,6 +128,32 @@ class CompletionIndex:
             self._evict_completions(group, row.seq_id)
         if self.tokens > self.config.history_tokens:
             self._evict_prompts()
+
+    def state_dict(self) -> dict:
+        """The history (every prompt's completions, least recently used first) as plain data and int64 tensors,
+        for a resumed run (`rollout.engine_state`). Rows being written are not part of it: take it between calls."""
+        groups = [{"prompt": torch.tensor(key, dtype=torch.int64),
+                   "seqs": [(seq_id, torch.tensor(seq, dtype=torch.int64)) for seq_id, seq in group.seqs.items()]}
+                  for key, group in self.groups.items()]
+        return {"groups": groups, "next_id": self.next_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the history with a `state_dict()`'s (no row is live after it), its n-gram tables rebuilt: each
+        key's candidates are then in completion order, not append order, so drafts may differ from the saved
+        run's — never a token. Evicted to this index's bounds."""
+        self.rows = [None] * len(self.rows)
+        self.groups, self.tokens = OrderedDict(), 0
+        for saved in state["groups"]:
+            group = _Group(seqs={int(seq_id): seq.tolist() for seq_id, seq in saved["seqs"]})
+            group.tokens = sum(len(seq) for seq in group.seqs.values())
+            self._rebuild(group)
+            self.groups[tuple(saved["prompt"].tolist())] = group
+            self.tokens += group.tokens
+        self.next_id = int(state["next_id"])
+        for group in self.groups.values():
+            if group.tokens > self.config.prompt_history_tokens:
+                self._evict_completions(group, keep_id=-1)
+        self._evict_prompts()
 
     def _evict_completions(self, group: _Group, keep_id: int) -> None:
         """Drop the group's oldest completions until it fits (never the growing one); rebuild the table

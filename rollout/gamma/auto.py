@@ -53,6 +53,22 @@ class AutoGamma:
         self.tried: dict[tuple[int, int], int] = {}  # (live rows, γ) → the step it was last run at
         self._raw: tuple[int, int, tuple[list[float], list[float]]] | None = None
 
+    def state_dict(self) -> dict:
+        """What it learnt from the steps run — acceptance per mode, the cost model's online corrections (not its
+        calibration) — and its step counters, for a resumed run (`rollout.engine_state`)."""
+        return {"estimates": {mode: estimate.state_dict() for mode, estimate in self.estimates.items()},
+                "cost": self.cost.corrections_state(),
+                "plain_steps": self.plain_steps, "last": dict(self.last), "steps": self.steps,
+                "tried": dict(self.tried)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for mode, estimate in self.estimates.items():
+            estimate.load_state_dict(state["estimates"][mode])
+        self.cost.load_corrections_state(state["cost"])
+        self.plain_steps, self.steps = int(state["plain_steps"]), int(state["steps"])
+        self.last = {bool(mode): int(g) for mode, g in state["last"].items()}
+        self.tried = {(int(rows), int(g)): int(step) for (rows, g), step in state["tried"].items()}
+
     def _raw_step_times(self, rows: int, context: int) -> tuple[list[float], list[float]]:
         """Calibrated (verify, draft) seconds for every γ. The grid lookups are cached per live batch
         size and the context enters linearly, so a step costs a few list operations — a policy that

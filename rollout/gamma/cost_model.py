@@ -60,6 +60,19 @@ class CostModel:
     _gamma_parts: dict[tuple[int, int], tuple[list[float], list[float], list[float]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
+    def corrections_state(self) -> dict:
+        """The online corrections learnt from the steps run (not the calibration), for a resumed run
+        (`rollout.engine_state`): they go on adapting from there, on whatever hardware it runs."""
+        return {"draft_scale": self.draft_scale, "overhead": dict(self.overhead),
+                "overhead_offsets": {batch: list(offsets) for batch, offsets in self.overhead_offsets.items()}}
+
+    def load_corrections_state(self, state: dict) -> None:
+        scale = state["draft_scale"]
+        self.draft_scale = None if scale is None else float(scale)
+        self.overhead = {int(batch): float(extra) for batch, extra in state["overhead"].items()}
+        self.overhead_offsets = {int(batch): [float(o) for o in offsets]
+                                 for batch, offsets in state["overhead_offsets"].items()}
+
     def context_weight(self, context: int) -> float:
         """Where `context` lies between the two calibrated contexts (0 at the short one; the time is
         linear in the KV length the attention reads, and extrapolated past the long one)."""

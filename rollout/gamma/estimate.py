@@ -52,6 +52,23 @@ class AcceptanceEstimate:
         self.alpha = [PRIOR_ACCEPTANCE] * max_gamma  # pooled over start states
         self.alpha_by_state = [list(self.alpha), list(self.alpha)]
 
+    def state_dict(self) -> dict:
+        """The counts and the α they give, for a resumed run (`rollout.engine_state`)."""
+        return {"max_gamma": self.max_gamma, "by_state": [rates.state_dict() for rates in self.by_state],
+                "stops": self.stops, "emitted": self.emitted, "seen": list(self.seen), "alpha": list(self.alpha),
+                "alpha_by_state": [list(a) for a in self.alpha_by_state]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["max_gamma"] != self.max_gamma:
+            raise ValueError(f"the saved acceptance estimate has max_gamma={state['max_gamma']!r}; this engine's is "
+                             f"{self.max_gamma}: engine.max_gamma must be the saved run's")
+        for rates, saved in zip(self.by_state, state["by_state"]):
+            rates.load_state_dict(saved)
+        self.stops, self.emitted = float(state["stops"]), float(state["emitted"])
+        self.seen = [bool(s) for s in state["seen"]]
+        self.alpha = [float(a) for a in state["alpha"]]
+        self.alpha_by_state = [[float(a) for a in alphas] for alphas in state["alpha_by_state"]]
+
     @property
     def any_seen(self) -> bool:
         return any(self.seen)

@@ -54,6 +54,14 @@ class GammaPolicy(Protocol):
         (`break_even`); None without a cost model to ask."""
         ...
 
+    def state_dict(self) -> dict:
+        """What the policy learnt from the steps run (plain data), for a resumed run (`rollout.engine_state`)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take back a `state_dict()` of a policy of the same kind and `max_gamma`."""
+        ...
+
 
 class FixedGamma:
     """Always the configured γ (0 = plain decoding)."""
@@ -73,5 +81,12 @@ class FixedGamma:
         return len(expected_kept) - 1  # no cost model to weigh a column against
 
     def break_even_acceptance(self, rows: int, context: int) -> float | None:
+        return None
+
+    def state_dict(self) -> dict:
+        """Nothing is learnt: the configured γ comes with the config."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
         return None
 

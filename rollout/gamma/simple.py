@@ -54,6 +54,19 @@ class SimpleGamma:
         self.overhead: dict[int, float] = {}  # live rows → o(n)
         self.plain_steps = 0
 
+    def state_dict(self) -> dict:
+        """The acceptance counts per mode, the time corrections and the plain-step counter, for a resumed run
+        (`rollout.engine_state`)."""
+        return {"acceptance": {mode: rates.state_dict() for mode, rates in self.acceptance.items()},
+                "draft_scale": self.draft_scale, "overhead": dict(self.overhead), "plain_steps": self.plain_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        for mode, rates in self.acceptance.items():
+            rates.load_state_dict(state["acceptance"][mode])
+        self.draft_scale = float(state["draft_scale"])
+        self.overhead = {int(rows): float(extra) for rows, extra in state["overhead"].items()}
+        self.plain_steps = int(state["plain_steps"])
+
     def alpha(self, greedy: bool) -> list[float]:
         acceptance = self.acceptance[greedy]
         return acceptance.shrunk(acceptance.pooled(PRIOR_ACCEPTANCE, PRIOR_ROWS), SHRINK_ROWS)

@@ -1,0 +1,80 @@
+"""An engine's own state through the resume path: a backend's `state_dict()` written beside a checkpoint
+(`checkpoints.write_saved_run`), read back and loaded into a fresh backend gives an engine with the same suffix
+history and γ statistics (`rollout.engine_state`) — and that history drafts at once, where a fresh engine has none.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import make_prompts, noisy_copy, tiny_lm
+
+from specroll.integrations.local_backend import LocalBackend
+from specroll.jobs.checkpoints import read_saved_run, write_saved_run
+from specroll.rollout import EngineConfig, SamplingParams
+from specroll.rollout.engine_state import engine_state, load_engine_state
+
+PROMPTS = make_prompts(4, 2, 6, seed=3)
+GREEDY = SamplingParams(max_new_tokens=16, temperature=0)
+CONFIG = EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto_simple", max_gamma=4, drafters=("suffix", "model"),
+                      cost_model_budget_s=0.5)
+
+
+def backend() -> LocalBackend:
+    torch.manual_seed(0)
+    return LocalBackend.from_models(tiny_lm("llama"), noisy_copy("llama"), CONFIG)
+
+
+def same(a, b) -> bool:
+    """Plain data and tensors compared all the way down."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A backend that generated twice, and its state read back from a checkpoint folder."""
+    first = backend()
+    for _ in range(2):
+        first.generate(PROMPTS, GREEDY, n=2)
+    folder = tmp_path_factory.mktemp("run") / "trainer" / "checkpoint-2"
+    folder.mkdir(parents=True)
+    write_saved_run(folder, {"step": 2}, first.state_dict())
+    return first, read_saved_run(folder).backend_state()
+
+
+def test_a_loaded_engine_has_the_saved_suffix_history_and_gamma_statistics(saved):
+    first, state = saved
+    second = backend()
+    second.load_state_dict(state)
+    before, after = engine_state(first.engine), engine_state(second.engine)
+    assert before["suffix"]["index"]["groups"], "nothing was saved: the test would prove nothing"
+    assert any(before["gamma"]["acceptance"][True]["reached"])
+    assert same(before, after)
+    assert second.metrics()["rollout/total_rollouts"] == first.metrics()["rollout/total_rollouts"] == 16
+
+
+def test_the_loaded_history_drafts_from_the_first_call(saved):
+    _, state = saved
+    loaded, fresh = backend(), backend()
+    loaded.load_state_dict(state)
+    outputs = [b.generate(PROMPTS, GREEDY, n=1) for b in (loaded, fresh)]
+    assert [r.completion_ids for r in outputs[0]] == [r.completion_ids for r in outputs[1]]  # speed, never tokens
+    kept = [b.batch_stats().by_drafter.get("suffix") for b in (loaded, fresh)]
+    # Greedy completions repeat the saved ones: the loaded history drafts them; a fresh engine has only the
+    # row's own text to match.
+    assert kept[0] is not None and kept[0].accepted > 2 * (kept[1].accepted if kept[1] else 0) + 4
+
+
+def test_another_gamma_policy_is_refused_naming_it(saved):
+    _, state = saved
+    other = LocalBackend.from_models(tiny_lm("llama"), noisy_copy("llama"),
+                                     EngineConfig(max_batch_size=4, max_seq_len=64, gamma=2,
+                                                  drafters=("suffix", "model")))
+    with pytest.raises(ValueError, match="γ policy is SimpleGamma, this engine's FixedGamma"):
+        load_engine_state(other.engine, state["engines"][0])
