@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specroll.rollout import Rollout
+from specroll.rollout.drafters.eagle3_head import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 from .heads.learner import HeadLearner
@@ -56,7 +57,8 @@ class OnlineLearner(Protocol):
         ...
 
 
-def make_online_learner(drafter: PreTrainedModel | EagleHead | MedusaHeads, policy: PreTrainedModel | None,
+def make_online_learner(drafter: PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads,
+                        policy: PreTrainedModel | None,
                         config: LearnerConfig) -> OnlineLearner:
     """The learner for `drafter`: a `HeadLearner` for a head (reading `policy`'s embedding and LM head,
     which it never trains), else a `DraftLearner` (`policy` unused). Either is wrapped in a `RecordingLearner`
@@ -64,7 +66,7 @@ def make_online_learner(drafter: PreTrainedModel | EagleHead | MedusaHeads, poli
     `config.publish_acceptance` is (its versions carry their held-out acceptance, for an engine that speculates
     only once it pays). Each trains its own copy of `drafter`."""
     reads = None
-    if isinstance(drafter, (EagleHead, MedusaHeads)):
+    if isinstance(drafter, (EagleHead, Eagle3Head, MedusaHeads)):
         if policy is None:
             raise ValueError(f"a {type(drafter).__name__} learner reads the policy's embedding and LM head: "
                              "pass the policy, got None")

@@ -70,12 +70,12 @@ class SamplingParams:
 GammaSetting = int | Literal["auto", "auto_simple"]
 SamplerName = Literal["rejection", "invariant"]
 SAMPLER_NAMES = ("rejection", "invariant")
-DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "medusa"]
+DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "eagle3", "medusa"]
 KVCacheKind = Literal["dense", "paged"]
 KV_CACHE_KINDS = ("dense", "paged")
 SPECULATION_MODES = ("always", "when_learned")  # EngineConfig.speculation
-DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "medusa")
-MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "medusa")  # at most one, with or without "suffix"
+DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "eagle3", "medusa")
+MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "eagle3", "medusa")  # at most one, with or without "suffix"
 
 
 @dataclass
@@ -139,6 +139,11 @@ class EngineConfig:
     without "suffix": with the suffix drafter each row each step takes the proposal expected to keep the
     most tokens (`drafters.suffix_or_model`), all rows still verified in one target forward.
     None: the drafter passed to `SpecEngine` as what it is (an LM: "model"), else plain decoding.
+    "eagle3" is an EAGLE-3 head (`drafters.eagle3`) on the residual stream entering the target's decoder layers
+    `eagle3_layers` (sorted ids, vLLM's numbering; None: low / middle / high, `eagle3_head.default_layers`),
+    captured by verification; a fresh one is trained online at `eagle3_ttt_steps` draft depths (its training-time
+    test) and drafts through the target's LM head; one passed as the drafter (a public checkpoint:
+    `integrations.eagle3_checkpoint`) brings its layers, depths and LM head.
 
     `draft_vocab` N: the drafter with an LM head ("model", "eagle", "medusa", "layer_skip") drafts over N
     target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper drafts at a large
@@ -189,6 +194,8 @@ class EngineConfig:
     layer_skip_layers: int | None = None
     eagle_intermediate_size: int | None = None
     medusa_heads: int = 4
+    eagle3_layers: tuple[int, ...] | None = None
+    eagle3_ttt_steps: int = 3
     draft_vocab: int | None = None
     kv_cache: KVCacheKind = "dense"
     kv_block_size: int = 16
@@ -255,6 +262,14 @@ class EngineConfig:
                 "eagle_intermediate_size", self.eagle_intermediate_size, "None (the target's MLP width) or an int >= 1")
         require(isinstance(self.medusa_heads, int) and not isinstance(self.medusa_heads, bool)
                 and self.medusa_heads >= 1, "medusa_heads", self.medusa_heads, "an int >= 1")
+        if self.eagle3_layers is not None:
+            self.eagle3_layers = tuple(self.eagle3_layers)
+            layers = self.eagle3_layers
+            require(len(layers) >= 1 and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+                    and list(layers) == sorted(set(layers)) and layers[0] >= 0, "eagle3_layers", layers,
+                    "None (low / middle / high) or distinct sorted target layer ids >= 0")
+        require(isinstance(self.eagle3_ttt_steps, int) and not isinstance(self.eagle3_ttt_steps, bool)
+                and self.eagle3_ttt_steps >= 1, "eagle3_ttt_steps", self.eagle3_ttt_steps, "an int >= 1")
         require(self.draft_vocab is None or (isinstance(self.draft_vocab, int)
                 and not isinstance(self.draft_vocab, bool) and self.draft_vocab >= 1), "draft_vocab", self.draft_vocab,
                 "None (the whole vocabulary) or an int >= 1 (token ids the drafter drafts over)")

@@ -80,7 +80,7 @@ from .sampling.logits import process_logits
 from .sampling.noise import StepNoise
 from .sampling.randomness import draw_seed
 
-VOCAB_DRAFTER_KINDS = ("model", "eagle", "medusa", "layer_skip")  # the drafters with an LM head to cut
+VOCAB_DRAFTER_KINDS = ("model", "eagle", "eagle3", "medusa", "layer_skip")  # the drafters with an LM head to cut
 DRAFT_TIMING_EVERY = 16  # on an async device, the drafting steps whose draft part auto-γ times (one sync each)
 # A drafter state dict's held-out expected acceptance, in parts per million (an int64 [1]: no weight cast moves it);
 # with `EngineConfig.speculation = "when_learned"` it decides whether the engine drafts at all (`speculating`).
@@ -117,7 +117,7 @@ class SpecEngine:
         if config.draft_vocab is not None:
             self._first_draft_vocab(target, config.draft_vocab)
         wants_hidden = self.drafter is not None and self.drafter.wants_hidden
-        self._hidden_size = target.config.get_text_config().hidden_size if wants_hidden else None
+        self._hidden_size = self.target.hidden_width if wants_hidden else None
         self.rows: RowBuffers | None = self._row_buffers()
         self.stats = EngineStats(trace_steps=config.stats_trace_steps)
         self.gamma_policy: GammaPolicy = make_gamma_policy(config, self.target, self.drafter)
@@ -283,9 +283,8 @@ class SpecEngine:
 
     def _plan_memory(self, target: PreTrainedModel, drafter: DrafterWeights | Drafter | None) -> MemoryPlan:
         """`models.memory.plan_memory` for what `drafter` will be, before anything is allocated."""
-        shapes, weights, reads_hidden = drafter_memory(drafter, self.config, target)
-        return plan_memory(self.config, target, shapes, weights,
-                           target.config.get_text_config().hidden_size if reads_hidden else None)
+        shapes, weights, hidden_width = drafter_memory(drafter, self.config, target)
+        return plan_memory(self.config, target, shapes, weights, hidden_width)
 
     @property
     def released(self) -> bool:

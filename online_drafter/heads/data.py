@@ -1,7 +1,8 @@
 """A feature head's data: token ids, the target's hidden states and its top-k p per sequence, batched, buffered.
 
 `FeatureSequence` is one rollout (or one offline sample) as the head learner keeps it: prompt +
-completion ids, the target's final-normed hidden state at every position but the last (float16: 2·H
+completion ids, the target's final-normed hidden state at every position but the last (an EAGLE-3 head's:
+the states entering its target layers, k·H wide, `ModelRunner.capture_hidden`) (float16: 2·H
 bytes per position — 1 KiB for the demo target's H = 512), the target's top-k processed probabilities
 at each completion position (12·k bytes) and where a draft was rejected. Online they come with
 verification (`EngineConfig(record_signals=True)` and an EAGLE or Medusa drafter: `RolloutSignals.hidden`),
@@ -63,15 +64,19 @@ def from_rollout(rollout: Rollout) -> FeatureSequence:
 
 @torch.inference_mode()
 def from_target(target: PreTrainedModel, token_ids: list[int], prompt_len: int, temperature: float = 1.0,
-                top_k: int = 16, policy_version: int = 0) -> FeatureSequence:
-    """One sample's features from one target forward (offline: a fresh head's first version)."""
+                top_k: int = 16, policy_version: int = 0, layers: tuple[int, ...] | None = None) -> FeatureSequence:
+    """One sample's features from one target forward (offline: a fresh head's first version). `layers`: keep the
+    states entering those decoder layers, concatenated, as an EAGLE-3 head reads them (`Eagle3Head.target_layers`;
+    None: the final-normed last hidden state)."""
     if not 1 <= prompt_len < len(token_ids):
         raise ValueError(f"prompt_len={prompt_len} is invalid: in [1, {len(token_ids) - 1}] for "
                          f"{len(token_ids)} tokens")
     ids = torch.tensor(token_ids, dtype=torch.long)
     base = getattr(target, target.base_model_prefix)
-    hidden = base(input_ids=ids[None, :-1]).last_hidden_state[0]  # [L-1, H]
-    logits = target.get_output_embeddings()(hidden[prompt_len - 1 :]).float()  # [T, V]
+    out = base(input_ids=ids[None, :-1], output_hidden_states=layers is not None)
+    last = out.last_hidden_state[0]  # [L-1, H]
+    hidden = last if layers is None else torch.cat([out.hidden_states[i][0] for i in layers], -1)  # [L-1, k·H]
+    logits = target.get_output_embeddings()(last[prompt_len - 1 :]).float()  # [T, V]
     probs = (logits / max(temperature, 1e-6)).softmax(-1) if temperature > 0 else logits.softmax(-1)
     top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
     return FeatureSequence(ids, prompt_len, hidden.to("cpu", HIDDEN_DTYPE), top.indices.cpu(), top.values.cpu(),

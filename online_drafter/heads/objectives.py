@@ -11,6 +11,8 @@ head. The alignments follow the drafters (`rollout.drafters.eagle`, `rollout.dra
   real context (the engine's second draft); and EAGLE's feature-regression term (smooth L1 of the
   predicted h_{i+1} to the real one, `feature_weight`) keeps the predictions in the target's space.
 - Medusa (D = K): head k reads h_i and predicts token i + 1 + k.
+- EAGLE-3 (D = the head's `ttt_steps`): its training-time test (`Eagle3Objective`), the head unrolled on its
+  own outputs for D steps, each step's q scored.
 
 Positions a head cannot predict (the first tokens) get a uniform q, and count as the poor drafts they are.
 
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specroll.rollout.drafters.eagle3_head import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 from .data import FeatureBatch
@@ -123,10 +126,63 @@ class MedusaObjective:
         return HeadOutput(log_q, log_q.new_zeros(()))
 
 
+OUTSIDE_LOGIT = -1e9  # an own LM head's logit for a target id outside its draft ids: q = 0 there, still finite
+
+
+class Eagle3Objective:
+    """EAGLE-3's training-time test. Step 1: pair i is (fc(target states at i), x_{i+1}) at position i, attending
+    causally over the real pairs, and its output o¹_i gives q for token i + 2 (the engine's first draft). Step s:
+    element i feeds (o^{s-1}_i, x_{i+s}) at position i + s - 1 — its own earlier output with the token a kept
+    draft would be — attending over the real pairs ≤ i and its own chain's earlier steps (keys of step 1 causal,
+    of each later step only its own element: vllm-project/speculators' diagonal mask), and gives q for token
+    i + s + 1: what the engine's s-th draft sees when the drafts before it were kept. Trained at the first
+    `LearnerConfig.train_depths` steps (None: all `ttt_steps`). No feature-regression term (EAGLE-3 dropped it).
+    With an own LM head q is over its draft ids (`OUTSIDE_LOGIT` elsewhere: q = 0 there, as in the engine)."""
+
+    def __init__(self, embed: nn.Module, lm_head: nn.Module, steps: int):
+        self.embed, self.lm_head, self.depths = embed, lm_head, steps
+
+    def __call__(self, head: Eagle3Head, batch: FeatureBatch, temperature: float, depths: int | None = None
+                 ) -> HeadOutput:
+        size, length = batch.token_ids.shape
+        pairs = length - 1
+        device = batch.hidden.device
+        causal = torch.ones(pairs, pairs, dtype=torch.bool, device=device).tril()
+        eye = torch.eye(pairs, dtype=torch.bool, device=device)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+
+        def chained(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            keys.append(k)
+            values.append(v)
+            return torch.cat(keys, 2), torch.cat(values, 2)  # [B, Hkv, s·N, D]
+
+        hidden = head.fuse(batch.hidden)  # [B, N, H]
+        per_step = []
+        for step in range(depths or self.depths):
+            ids = F.pad(batch.token_ids[:, 1 + step :], (0, step))  # [B, N]: x_{i+1+step}
+            positions = (torch.arange(pairs, device=device) + step)[None].expand(size, -1)
+            mask = torch.cat([causal] + [eye] * step, 1)[None, None]  # [1, 1, N, (step+1)·N]
+            hidden = head(_frozen_embed(self.embed, ids, hidden), hidden, positions, chained, mask)  # [B, N, H]
+            per_step.append(_shifted(self._logits(head, head.final(hidden)), step + 2, length))
+        log_q = (torch.stack(per_step, 1).float() / temperature).log_softmax(-1)  # [B, D, L, V]
+        return HeadOutput(log_q, log_q.new_zeros(()))
+
+    def _logits(self, head: Eagle3Head, x: torch.Tensor) -> torch.Tensor:
+        """[B, N, V] over the target's vocabulary: the target's frozen LM head, or the head's own (trained)."""
+        if head.lm_head is None:
+            return _frozen_logits(self.lm_head, x)
+        own = head.lm_head(x)  # [B, N, K]
+        full = own.new_full((*own.shape[:-1], self.lm_head.weight.shape[0]), OUTSIDE_LOGIT)
+        return full.index_copy(-1, head.draft_ids.to(own.device), own)
+
+
 def objective_for(head: nn.Module, embed: nn.Module, lm_head: nn.Module, feature_weight: float = 1.0
                   ) -> HeadObjective:
+    if isinstance(head, Eagle3Head):
+        return Eagle3Objective(embed, lm_head, head.ttt_steps)
     if isinstance(head, EagleHead):
         return EagleObjective(embed, lm_head, feature_weight)
     if isinstance(head, MedusaHeads):
         return MedusaObjective(lm_head, head.num_heads)
-    raise ValueError(f"no head objective for {type(head).__name__}: an EagleHead or MedusaHeads")
+    raise ValueError(f"no head objective for {type(head).__name__}: an EagleHead, Eagle3Head or MedusaHeads")

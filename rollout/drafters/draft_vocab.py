@@ -118,15 +118,33 @@ def _check_size(size: int, vocab_size: int) -> None:
 class VocabDraws:
     """What a drafter with an LM head does at each draft, over its draft vocabulary when it has one: its head's
     logits → the processed q → the draft (drawn by the engine's `draw` with that position's noise), and the
-    step's `DraftQ`. Drafters hold one as `self.draws`."""
+    step's `DraftQ`. Drafters hold one as `self.draws`.
 
-    def __init__(self, vocab_size: int):
+    `head_ids` [N] (sorted target ids): the LM head is the drafter's own, one row per draft id (EAGLE-3's, whose
+    `d2t` maps row i to target id i + d2t[i]); it drafts over those ids, or over those also in a `set` vocabulary
+    (its rows of the head). None: the head's row r is target id r."""
+
+    def __init__(self, vocab_size: int, head_ids: torch.Tensor | None = None):
         self.vocab_size = vocab_size  # the target's: what drafts are ids of
         self.vocab: DraftVocab | None = None
+        self.head_ids = head_ids
+        self._rows: DraftVocab | None = None  # with `head_ids`: the head's rows drafted over (None: all of them)
+        if head_ids is not None:
+            self.set(None, head_ids.device)
 
     def set(self, vocab: DraftVocab | None, device: torch.device, head_rows: int | None = None) -> None:
         """Draft over `vocab` (None: everything), its ids on `device`. `head_rows`: the LM head has only that many
         rows (a drafter LM with a smaller vocabulary than the target's): the ids past them are left out."""
+        if self.head_ids is not None:
+            head_ids = self.head_ids.to(device)
+            keep = torch.ones_like(head_ids, dtype=torch.bool) if vocab is None else torch.isin(
+                head_ids, vocab.ids.to(device))  # [N]
+            if not bool(keep.any()):
+                raise ValueError(f"draft vocabulary of {vocab.size} ids shares none with the drafter's own LM head "
+                                 f"({head_ids.numel()} ids): give a vocabulary that overlaps them")
+            self.vocab = DraftVocab(head_ids[keep], self.vocab_size)
+            self._rows = None if bool(keep.all()) else DraftVocab(keep.nonzero()[:, 0], head_ids.numel())
+            return
         if vocab is not None:
             ids = vocab.ids.to(device)
             vocab = DraftVocab(ids if head_rows is None else ids[ids < head_rows], self.vocab_size)
@@ -152,12 +170,13 @@ class VocabDraws:
 
     def head(self, lm_head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """The LM head to apply: the draft vocabulary's rows of `lm_head`, or None (the head itself)."""
-        vocab = self.vocab
-        return None if vocab is None else lambda hidden: vocab.logits(hidden, lm_head)
+        rows = self._rows if self.head_ids is not None else self.vocab
+        return None if rows is None else lambda hidden: rows.logits(hidden, lm_head)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """hidden [..., H] → fp32 logits [..., K]."""
-        return (lm_head(hidden) if self.vocab is None else self.vocab.logits(hidden, lm_head)).float()
+        rows = self._rows if self.head_ids is not None else self.vocab
+        return (lm_head(hidden) if rows is None else rows.logits(hidden, lm_head)).float()
 
     def draw(self, logits: torch.Tensor, params: SamplingParams, draw: Callable[..., torch.Tensor], i: int
              ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,30 +71,41 @@ class EagleDrafter:
         hidden = rows.hidden[index]  # [n, L, H]
         features = hidden.gather(1, t.clamp_max(hidden.shape[1] - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
         tokens = rows.tokens[index].gather(1, (t + 1).clamp_max(rows.tokens.shape[1] - 1))  # [n, Q] x_{t+1}
-        out = self._feed(live, tokens, features, start, count, host_start, host_count)  # [n, Q, H]
+        out = self._feed(live, tokens, features, start, count, host_start, host_count, real=True)  # [n, Q, H]
         feature = out[torch.arange(n, device=self.device), count - 1]  # [n, H]
         for i in range(gamma):
-            q[:, i], drafts[:, i] = self.draws.draw(self.draws.logits(feature, self.lm_head), params, draw, i)
+            logits = self.draws.logits(self._draft_input(feature), self.lm_head)  # [n, K]
+            q[:, i], drafts[:, i] = self.draws.draw(logits, params, draw, i)
             if i < gamma - 1:
                 feature = self._feed(live, drafts[:, i : i + 1], feature[:, None], self.cache.lens[index],
                                      torch.ones_like(count), pick(self.cache.host_lens, live), [1] * n)[:, 0]
         return Proposal(drafts, self.draws.proposal_q(q))
 
     def _feed(self, rows: Rows, tokens: torch.Tensor, features: torch.Tensor, start: torch.Tensor,
-              count: torch.Tensor, host_start: list[int], host_count: list[int]) -> torch.Tensor:
-        """Pairs (features [n, Q, H], tokens [n, Q]) at positions start + q; `count` [n] of them are real
-        (the rest padding; `host_start`, `host_count`: the same on the host). Returns predicted features
-        [n, Q, H] and advances the cache by `count`."""
+              count: torch.Tensor, host_start: list[int], host_count: list[int], real: bool = False) -> torch.Tensor:
+        """Pairs (features [n, Q, ·], tokens [n, Q]) at positions start + q; `count` [n] of them are real
+        (the rest padding; `host_start`, `host_count`: the same on the host); `real`: the features are the
+        target's (`RowBuffers.hidden`), else the head's own. Returns the head's outputs [n, Q, H] and advances
+        the cache by `count`."""
         positions = self.cache.plan_write(rows, start, tokens.shape[1], host_start=host_start)  # [n, Q]
         slots = torch.arange(self.cache.plan.kv_len, device=self.device)
         mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, Q, K]
         try:
-            out = self.head(self.embed(tokens.clamp_max(self.max_input_id)), features.to(self.head.fc.weight.dtype),
-                            positions, self.cache.layers[0].update, mask)
+            embeds = self.embed(tokens.clamp_max(self.max_input_id))
+            out = self._run_head(embeds, features.to(self.head.fc.weight.dtype), positions, mask, real)
         finally:
             self.cache.plan = None
             self.num_forwards += 1
         self.cache.set_lens(rows, start + count, [s + c for s, c in zip(host_start, host_count)])
+        return out
+
+    def _run_head(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                  real: bool) -> torch.Tensor:
+        """The head over its ragged cache: predicted features (final-normed) from either kind of input."""
+        return self.head(embeds, features, positions, self.cache.layers[0].update, mask)
+
+    def _draft_input(self, out: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads of a head output [n, H]: the output itself (EAGLE-1's is final-normed)."""
         return out
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
@@ -142,7 +153,7 @@ class EagleDrafter:
             at = min(CALIBRATION_CONTEXT, self.cache.length - 3)
             start = torch.full((batch,), at, dtype=torch.long, device=self.device)
             out = self._feed(rows, tokens, features, start, torch.zeros_like(start), [at] * batch, [0] * batch)
-            probs = process_logits(self.draws.logits(out[:, -1], self.lm_head), DRAFT_PARAMS)
+            probs = process_logits(self.draws.logits(self._draft_input(out[:, -1]), self.lm_head), DRAFT_PARAMS)
             gumbel_max(probs, torch.zeros_like(probs))
 
         try:

@@ -1,10 +1,11 @@
 """make_drafter: the engine's `Drafter` from what `SpecEngine` was given and what `EngineConfig.drafters` lists.
 
 The kinds and what each needs: "model" the drafter LM passed to `SpecEngine`; "suffix" nothing;
-"layer_skip" the target's own layers (`layer_skip.LayerSkipDrafter`); "eagle" / "medusa" a head passed
-as the drafter (`heads.EagleHead` / `heads.MedusaHeads`) or, without one, a fresh head shaped after the
-target (the learner trains its first version from the first rollouts). "suffix" with one model-like
-kind is a `suffix_or_model.SuffixOrModelDrafter`.
+"layer_skip" the target's own layers (`layer_skip.LayerSkipDrafter`); "eagle" / "eagle3" / "medusa" a head
+passed as the drafter (`heads.EagleHead` / `eagle3_head.Eagle3Head` / `heads.MedusaHeads`) or, without one, a
+fresh head shaped after the target (the learner trains its first version from the first rollouts).
+"eagle3" also tells the target's runner which layers' states verification captures
+(`ModelRunner.capture_hidden`). "suffix" with one model-like kind is a `suffix_or_model.SuffixOrModelDrafter`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from ..models.cache import LayerShape, probe_layer_shapes
 from ..models.memory import module_bytes
 from ..models.runner import ModelRunner
 from .eagle import EagleDrafter
+from .eagle3 import Eagle3Drafter
+from .eagle3_head import Eagle3Head
 from .heads import EagleHead, MedusaHeads
 from .layer_skip import LayerSkipDrafter
 from .medusa import MedusaDrafter
@@ -25,8 +28,8 @@ from .suffix import SuffixDrafter
 from .suffix_or_model import SuffixOrModelDrafter
 
 # The drafter objects SpecEngine wraps (anything else non-None is a `Drafter`, used as given).
-DrafterWeights = PreTrainedModel | EagleHead | MedusaHeads
-HEAD_KINDS = {EagleHead: "eagle", MedusaHeads: "medusa"}
+DrafterWeights = PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads
+HEAD_KINDS = {EagleHead: "eagle", Eagle3Head: "eagle3", MedusaHeads: "medusa"}
 
 
 def make_drafter(drafter: DrafterWeights | Drafter | None, config: EngineConfig, target: ModelRunner) -> Drafter | None:
@@ -73,6 +76,11 @@ def _model_kind(kinds: tuple[str, ...], drafter: DrafterWeights | None, config: 
             model.config, intermediate_size=config.eagle_intermediate_size)
         return EagleDrafter(head, model.get_input_embeddings(), model.get_output_embeddings(), slots, length,
                             dtype, device)
+    if "eagle3" in kinds:
+        head = drafter if isinstance(drafter, Eagle3Head) else fresh_eagle3(config, model.config)
+        target.capture_hidden(head.target_layers)
+        return Eagle3Drafter(head, model.get_input_embeddings(), model.get_output_embeddings(), slots, length,
+                             dtype, device)
     if "medusa" in kinds:
         heads = drafter if isinstance(drafter, MedusaHeads) else MedusaHeads(
             model.config.get_text_config().hidden_size, config.medusa_heads)
@@ -80,17 +88,29 @@ def _model_kind(kinds: tuple[str, ...], drafter: DrafterWeights | None, config: 
     return None
 
 
+def fresh_eagle3(config: EngineConfig, target_config) -> Eagle3Head:
+    """A fresh EAGLE-3 head for the target: `config.eagle3_layers` (None: low / middle / high), the target's MLP
+    width, `config.eagle3_ttt_steps` depths, the target's LM head."""
+    return Eagle3Head.for_target(target_config, config.eagle3_layers, ttt_steps=config.eagle3_ttt_steps)
+
+
 def drafter_memory(drafter: DrafterWeights | Drafter | None, config: EngineConfig, target: PreTrainedModel
-                   ) -> tuple[list | None, int, bool]:
+                   ) -> tuple[list | None, int, int | None]:
     """What the drafter `make_drafter` will build needs, before it is built: its cache's layer shapes (None: no
-    cache of its own), its weights' bytes, and whether it reads the target's hidden states."""
+    cache of its own), its weights' bytes, and the width per position of the target's states it reads (None:
+    it reads none)."""
     kinds = config.drafters if config.drafters is not None else (
         _kinds_of(drafter) if drafter is None or isinstance(drafter, DrafterWeights) else ())
-    reads_hidden = bool({"eagle", "medusa"} & set(kinds))
+    hidden = target.config.get_text_config().hidden_size
+    width = hidden if {"eagle", "medusa"} & set(kinds) else None
     if "model" in kinds and isinstance(drafter, PreTrainedModel):
-        return probe_layer_shapes(drafter), module_bytes(drafter, config.dtype), reads_hidden
-    if "eagle" in kinds:
-        head = drafter if isinstance(drafter, EagleHead) else EagleHead.for_target(target.config)
-        return [LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)], module_bytes(head, config.dtype), True
+        return probe_layer_shapes(drafter), module_bytes(drafter, config.dtype), width
+    if "eagle" in kinds or "eagle3" in kinds:
+        if "eagle3" in kinds:
+            head = drafter if isinstance(drafter, Eagle3Head) else fresh_eagle3(config, target.config)
+            width = hidden * len(head.target_layers)
+        else:
+            head = drafter if isinstance(drafter, EagleHead) else EagleHead.for_target(target.config)
+        return [LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)], module_bytes(head, config.dtype), width
     weights = module_bytes(drafter, config.dtype) if isinstance(drafter, MedusaHeads) else 0
-    return None, weights, reads_hidden
+    return None, weights, width

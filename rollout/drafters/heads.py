@@ -87,25 +87,37 @@ class EagleHead(nn.Module):
         """Predicted features [n, Q, H] (final-normed) from token embeddings and features [n, Q, H] at
         `positions` [n, Q]. With `kv` (the cache's write) attends over what it returns under `mask`
         [n, 1, Q, K] (bool); without, over the Q inputs causally (training)."""
-        n, q_len, _ = embeds.shape
         x = self.fc(torch.cat([embeds, hidden], dim=-1))  # [n, Q, H]
-        h = _normed(self.attn_norm, x)
-        q = self.q_proj(h).view(n, q_len, self.num_heads, self.head_dim).transpose(1, 2)  # [n, Hq, Q, D]
-        k = self.k_proj(h).view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [n, Hkv, Q, D]
-        v = self.v_proj(h).view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        angles = positions[..., None].float() * self.inv_freq  # [n, Q, D/2]
-        cos, sin = (torch.cat([angles, angles], -1)[:, None].to(q.dtype) for angles in (angles.cos(), angles.sin()))
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        if kv is not None:
-            k, v = kv(k, v)  # [n, Hkv, K, D]
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kv is None)  # [n, Hq, Q, D]
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(n, q_len, -1))
+        x = x + self.o_proj(attend(self, _normed(self.attn_norm, x), positions, kv, mask))
         h = _normed(self.mlp_norm, x)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
         return _normed(self.out_norm, x)
+
+
+def attend(head: nn.Module, h: torch.Tensor, positions: torch.Tensor, kv: KVWrite | None,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """A head's self-attention over inputs h [n, Q, ·] at `positions` [n, Q] → [n, Q, Hq·D] (before `o_proj`):
+    its q/k/v projections (and per-head q/k norms where it has them, Qwen3-style), plain RoPE from its
+    `inv_freq`, GQA. With `kv` (the cache's write) attends over what it returns under `mask` [n, 1, Q, K]
+    (bool, or `mask` alone without `kv`); with neither, over the Q inputs causally."""
+    n, q_len, _ = h.shape
+    q = head.q_proj(h).view(n, q_len, head.num_heads, head.head_dim)
+    k = head.k_proj(h).view(n, q_len, head.num_kv_heads, head.head_dim)
+    if getattr(head, "q_norm", None) is not None:
+        q, k = _normed(head.q_norm, q), _normed(head.k_norm, k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # [n, Hq, Q, D], [n, Hkv, Q, D]
+    v = head.v_proj(h).view(n, q_len, head.num_kv_heads, head.head_dim).transpose(1, 2)
+    angles = positions[..., None].float() * head.inv_freq  # [n, Q, D/2]
+    cos, sin = (torch.cat([angles, angles], -1)[:, None].to(q.dtype) for angles in (angles.cos(), angles.sin()))
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    if kv is not None:
+        k, v = kv(k, v)  # [n, Hkv, K, D]
+    groups = head.num_heads // head.num_kv_heads
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    causal = kv is None and mask is None
+    attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)  # [n, Hq, Q, D]
+    return attn.transpose(1, 2).reshape(n, q_len, -1)
 
 
 def _normed(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:

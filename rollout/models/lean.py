@@ -134,13 +134,15 @@ class LeanDecoder:
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
                  cache: RaggedKVCache, logits_at: torch.Tensor | None = None, num_layers: int | None = None,
                  hidden_out: Callable[[torch.Tensor], None] | None = None,
-                 head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 capture: tuple[int, ...] | None = None) -> torch.Tensor:
         """Logits [n, Q, V], or [n, V] at query index `logits_at` [n] of each row when given.
 
         `num_layers`: run only the first that many decoder layers, then the final norm and LM head (a
         layer-skip draft). `hidden_out`, if given, is handed the final-normed hidden state at every query
         [n, Q, H] — what the LM head reads, and what feature drafters read (`drafters.hidden`). `head` replaces
-        the LM head (a draft vocabulary's rows of it, `drafters.draft_vocab`)."""
+        the LM head (a draft vocabulary's rows of it, `drafters.draft_vocab`). `capture` (sorted layer ids): hand
+        `hidden_out` the residual stream entering each of those layers instead, concatenated [n, Q, k·H] (EAGLE-3)."""
         if not self.layers[0].is_fused():
             self._fuse()
         n, q_len = input_ids.shape
@@ -148,7 +150,10 @@ class LeanDecoder:
         cos, sin = self.rotary(hidden, position_ids)  # [n, Q, D]
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
         groups = self.num_heads // self.num_kv_heads
+        captured = []
         for index, layer in enumerate(self.layers[:num_layers]):
+            if capture is not None and index in capture:
+                captured.append(hidden)
             x = _rms_norm(hidden, layer.input_norm)
             qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)  # [n, Q, (Hq + 2 Hkv) D]
             q, k, v = qkv.split((layer.q_size, layer.kv_size, layer.kv_size), dim=-1)
@@ -167,7 +172,7 @@ class LeanDecoder:
             hidden = hidden + F.linear(F.silu(gate) * up, layer.down_weight)
         if hidden_out is not None:
             hidden = _rms_norm(hidden, self.final_norm)  # [n, Q, H]
-            hidden_out(hidden)
+            hidden_out(hidden if capture is None else torch.cat(captured, -1))
         if logits_at is not None:
             hidden = hidden[torch.arange(n, device=hidden.device), logits_at][:, None]  # [n, 1, H]
         logits = (head or self.lm_head)(hidden if hidden_out is not None else _rms_norm(hidden, self.final_norm))

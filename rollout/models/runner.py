@@ -108,11 +108,28 @@ class ModelRunner:
         self.mask_dtype = dtype
         self.num_forwards = 0
 
+        self.capture_layers: tuple[int, ...] | None = None  # `capture_hidden`
     @property
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
 
     @torch.inference_mode()
+    def capture_hidden(self, layers: tuple[int, ...] | None) -> None:
+        """What a forward's `hidden` receives: None (the default) the final-normed last hidden state; else, for an
+        EAGLE-3 drafter (`drafters.eagle3`), the residual stream entering each of these decoder layers (sorted
+        ids; 0 is the embeddings: HF's `output_hidden_states[i]`, vLLM's `aux_hidden_state_layers`), concatenated."""
+        count = self.model.config.get_text_config().num_hidden_layers
+        if layers is not None and (list(layers) != sorted(set(layers)) or not 0 <= layers[0] <= layers[-1] < count):
+            raise ValueError(f"eagle3 layers {list(layers)} are invalid for a target of {count} layers: distinct "
+                             f"sorted ids in [0, {count - 1}]")
+        self.capture_layers = None if layers is None else tuple(layers)
+
+    @property
+    def hidden_width(self) -> int:
+        """The width of what `hidden` receives per position (`capture_hidden`)."""
+        width = self.model.config.get_text_config().hidden_size
+        return width if self.capture_layers is None else width * len(self.capture_layers)
+
     def forward(self, rows: Rows, input_ids: torch.Tensor, start: torch.Tensor,
                 logits_at: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
                 num_layers: int | None = None, count: torch.Tensor | None = None,
@@ -123,7 +140,8 @@ class ModelRunner:
         With `logits_at` [n] only each row's logits at that query index are returned, [n, V] (the
         lean forward then skips the LM head elsewhere — most of a prefill's cost at a large vocab).
         `hidden` [B, L, H], if given, receives the final-normed last hidden state of query q of row b at
-        `hidden[rows[b], start[b] + q]` (`drafters.hidden`). `num_layers` runs only the first that many
+        `hidden[rows[b], start[b] + q]` (`drafters.hidden`; the chosen layers' states instead, [B, L, k·H], after
+        `capture_hidden`). `num_layers` runs only the first that many
         decoder layers (layer-skip drafts; lean forward only). `count` [n] (default: all Q) is how many
         of each row's tokens are real; the rest is right padding (kept out of linear-attention state).
         `head` replaces the LM head on the final-normed hidden states (a draft vocabulary's rows,
@@ -145,16 +163,20 @@ class ModelRunner:
                                                          position_ids.clamp_max(hidden.shape[1] - 1))
         try:
             if self.lean is not None:
-                return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out, head)
+                return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out, head,
+                                 capture=self.capture_layers if hidden_out is not None else None)
             if num_layers is not None:
                 raise ValueError(f"num_layers={num_layers} needs the lean forward, which does not run "
                                  f"{self.model.config.model_type!r} here ({unsupported_reason(self.model)})")
             if hidden_out is not None or head is not None:
                 base = getattr(self.model, self.model.base_model_prefix)
-                states = base(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
-                              **cache_kwargs(base, self.cache)).last_hidden_state  # [n, Q, H], final-normed
-                if hidden_out is not None:
-                    hidden_out(states)
+                capture = self.capture_layers is not None and hidden_out is not None
+                out = base(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+                           output_hidden_states=capture, **cache_kwargs(base, self.cache))
+                states = out.last_hidden_state  # [n, Q, H], final-normed
+                if hidden_out is not None:  # [n, Q, H] or [n, Q, k·H]: the chosen layers' inputs
+                    layers = self.capture_layers if capture else ()
+                    hidden_out(torch.cat([out.hidden_states[i] for i in layers], -1) if capture else states)
                 logits = (head or self.model.get_output_embeddings())(states)
             else:
                 logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
