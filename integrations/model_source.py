@@ -1,19 +1,23 @@
 """Where the rollout engines load the models from (`ModelPaths`), the drafter a run's engine config asks
-for (`load_drafter`: the drafter LM, or an EAGLE / Medusa head shaped after the target), and the target's
-and drafter's tokenizers for the engine's vocabulary check, when they can be found."""
+for (`load_drafter`: the drafter LM, or an EAGLE / EAGLE-3 / Medusa head shaped after the target — an EAGLE-3 one
+also from a public checkpoint folder, `eagle3_checkpoint`), and the target's and drafter's tokenizers for the
+engine's vocabulary check, when they can be found."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
+from specroll.rollout.drafters.eagle3_head import Eagle3Head
+from specroll.rollout.drafters.factory import fresh_eagle3
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
-HEAD_KINDS = ("eagle", "medusa")  # drafter kinds whose weights are a head on the target's hidden states
+HEAD_KINDS = ("eagle", "eagle3", "medusa")  # drafter kinds whose weights are a head on the target's hidden states
 
 
 @dataclass
@@ -24,8 +28,10 @@ class ModelPaths:
     the two vocabularies token by token — needed when the embedding tables are padded to different
     sizes (e.g. Qwen2.5-7B's 152064 rows vs 0.5B's 151936 over the same tokenizer).
 
-    `head` is a head's `state_dict` file (`torch.save`) for an "eagle" or "medusa" drafter (None: a
-    fresh head, which the online learner trains from the first rollouts).
+    `head` is a head's `state_dict` file (`torch.save`) for an "eagle", "eagle3" or "medusa" drafter (None: a
+    fresh head, which the online learner trains from the first rollouts); for "eagle3" also a public checkpoint
+    folder (speculators or SpecForge layout: `eagle3_checkpoint.load_eagle3_checkpoint`, refused if it does not
+    fit the target).
     """
 
     target: str = ""
@@ -58,7 +64,7 @@ def tokenizer_pair(models: ModelPaths) -> tuple[PreTrainedTokenizerBase | None, 
 
 
 def trained_drafter_kind(models: ModelPaths, engine: EngineConfig) -> str | None:
-    """The drafter kind with weights the engine serves and an online learner can train: "eagle" / "medusa"
+    """The drafter kind with weights the engine serves and an online learner can train: "eagle" / "eagle3" / "medusa"
     when `engine.drafters` lists one, "model" for a drafter LM at `models.drafter` (listed, or
     `drafters` None), else None (layer-skip and suffix drafting have nothing to train)."""
     kinds = engine.drafters
@@ -69,7 +75,7 @@ def trained_drafter_kind(models: ModelPaths, engine: EngineConfig) -> str | None
 
 
 def load_drafter(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel | None
-                 ) -> PreTrainedModel | EagleHead | MedusaHeads | None:
+                 ) -> PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads | None:
     """The drafter weights to pass to `SpecEngine` (and to train online), by `trained_drafter_kind`: the
     drafter LM, or a head shaped after `target` (needed only then) with `models.head`'s weights if given."""
     kind = trained_drafter_kind(models, engine)
@@ -79,6 +85,8 @@ def load_drafter(models: ModelPaths, engine: EngineConfig, target: PreTrainedMod
         return None
     if target is None:
         raise ValueError(f"an {kind!r} head is shaped after the target: load_drafter needs it, got None")
+    if kind == "eagle3":
+        return _eagle3_head(models, engine, target)
     weights = torch.load(models.head, weights_only=True) if models.head else None
     if kind == "medusa":
         head = MedusaHeads(target.config.get_text_config().hidden_size, engine.medusa_heads)
@@ -100,3 +108,22 @@ def _eagle_width(weights: dict | None, engine: EngineConfig, path: str | None) -
                          f"head at models.head={path!r}, whose MLP is {width} wide: set it to {width} or leave it "
                          f"unset (the weights decide)")
     return width
+
+
+def _eagle3_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> Eagle3Head:
+    """`models.head` as a public checkpoint folder, a `state_dict` file over a fresh head, or (None) a fresh head;
+    a checkpoint brings its layers, which `engine.eagle3_layers` (if set) must name too."""
+    from .eagle3_checkpoint import load_eagle3_checkpoint
+
+    if models.head and Path(models.head).is_dir():
+        head = load_eagle3_checkpoint(models.head, target, load_tokenizer(models.target_tokenizer or models.target),
+                                      engine.eagle3_ttt_steps)
+        if engine.eagle3_layers not in (None, head.target_layers):
+            raise ValueError(f"engine.eagle3_layers={engine.eagle3_layers} does not match the checkpoint at "
+                             f"models.head={models.head!r}, whose layers are {head.target_layers}: set them or "
+                             "leave engine.eagle3_layers unset (the checkpoint decides)")
+        return head
+    head = fresh_eagle3(engine, target.config)
+    if models.head:
+        head.load_state_dict(torch.load(models.head, weights_only=True))
+    return head

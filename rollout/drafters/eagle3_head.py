@@ -91,7 +91,8 @@ class Eagle3Head(nn.Module):
             torch.manual_seed(seed)
             return cls(text.hidden_size, layers or default_layers(text.num_hidden_layers), heads,
                        getattr(text, "num_key_value_heads", None) or heads, head_dim,
-                       intermediate_size or text.intermediate_size, float(theta), getattr(text, "rms_norm_eps", 1e-6),
+                       intermediate_size or getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
+                       float(theta), getattr(text, "rms_norm_eps", None) or 1e-6,
                        draft_ids, ttt_steps)
 
     @property
