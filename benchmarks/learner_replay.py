@@ -128,6 +128,8 @@ def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
             result.probes.append(learner.probe(payload))
             if result.probes[-1].event:
                 result.events.append(result.probes[-1].event)
+        elif kind == "revert":  # a collapse the run's rollouts showed (`Learner.revert_served`)
+            result.events.append(learner.revert_served(payload))
         elif kind == "round":
             budget = payload["budget_s"]
             if budget is not None:

@@ -32,7 +32,7 @@ the rank's own process cannot be shared), and every rank syncs its own.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -93,7 +93,8 @@ class RolloutBackend(Protocol):
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs of the service: `learner`, the learner's whole state
-        (`online_drafter.learner_state.state_of`; None without a learner), and `total_rollouts`. Raises
+        (`online_drafter.learner_state.state_of`; None without a learner), `engines`, each engine's own state
+        (`rollout.engine_state`: suffix history, γ statistics; one per Ray worker), and `total_rollouts`. Raises
         RuntimeError while a learner round runs (`finish_learner_round` first) or on a service this rank does
         not drive."""
         ...
@@ -147,12 +148,15 @@ class ProbeRequest:
 
 @dataclass
 class LearnerRound:
-    """What one background round did: the learner's `LearnerReport`, the probe's `ProbeReport` (or
-    None), and the seconds `finish_learner_round` blocked for it (its share of the critical path)."""
+    """What one background round did: the learner's `LearnerReport` (None when the learner was lost during it),
+    the probe's `ProbeReport` (or None), the seconds `finish_learner_round` blocked for it (its share of the
+    critical path), and the backend's drafter events since the last round (`drafter_watch`: digests that did not
+    match, collapses — those starting "ALARM " are alarms —, a refused sync, a learner restarted)."""
 
     report: Any
     probe: Any
     wait_s: float
+    events: list[str] = field(default_factory=list)
 
 
 def learner_round(backend: RolloutBackend) -> LearnerRound | None:

@@ -177,6 +177,11 @@ class LearnerSchedule:
             if done.probe.event:
                 self.events.append(f"probe of policy version {version}: {done.probe.event}")
         self._pending_probe = None
+        for event in done.events:  # the backend's drafter checks (`integrations.drafter_watch`)
+            if event.startswith("ALARM "):
+                self._raise_alarm(event.removeprefix("ALARM "))
+            else:
+                self.events.append(event)
         metrics["drafter/events"] = float(len(self.events))
         return metrics
 

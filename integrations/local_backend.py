@@ -14,7 +14,8 @@ GIL in its kernels, so the two share the machine's cores — and `finish_learner
 loads the learner's drafter into the engine only when the version moved, so a round that measured
 worse never changes what the engine drafts with. `sync_policy` and `generate` join a running round
 first: the probe generates on the same engine. `state_dict` / `load_state_dict` (a resumed run) carry the
-learner's state (`online_drafter.learner_state`) and the rollout count.
+learner's state (`online_drafter.learner_state`), the engine's (`rollout.engine_state`: the suffix history and
+the γ statistics) and the rollout count.
 
 A LocalBackend lives in one process and cannot be shared: under `accelerate launch` every rank
 builds its own (its own engine and learner), and every rank syncs its own with the gathered weights.
@@ -40,6 +41,7 @@ from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
 from specroll.rollout.drafters.draft_vocab import initial_ids
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+from specroll.rollout.engine_state import engine_state, load_engine_state
 
 from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 
@@ -166,7 +168,7 @@ class LocalBackend:
         if self._round_result is not None:
             raise RuntimeError("state_dict while a learner round runs: finish_learner_round collects it first")
         return {"learner": None if self.learner is None else state_of(self.learner),
-                "total_rollouts": self.total_rollouts}
+                "total_rollouts": self.total_rollouts, "engines": [engine_state(self.engine)]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         learner = state["learner"]
@@ -175,6 +177,9 @@ class LocalBackend:
                              f"{'has' if self.learner is not None else 'has none'}: online_learning and the drafter "
                              "kind must be those of the run that saved it")
         self._join_round()
+        engines = state.get("engines", [])
+        if engines:  # a Ray run's: its first worker's engine
+            load_engine_state(self.engine, engines[0])
         if learner is not None:
             restore(self.learner, learner, "the saved learner state")
             self.engine.update_drafter(self.learner.published_state_dict(), self.learner.version)

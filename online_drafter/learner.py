@@ -241,6 +241,21 @@ class Learner:
         """The draft vocabulary [N] of the "frozen", "published" or "candidate" drafter (None: the whole one)."""
         return None if self.vocab is None else self.vocab.ids[name]
 
+    def served_estimate(self) -> float:
+        """The published drafter's expected acceptance on the held-out positions (nan before any is held out)."""
+        return self._cached("published").mean if self.holdout else math.nan
+
+    def revert_served(self, reason: str) -> str:
+        """The rollouts showed the served drafter collapsed where its held-out score says it should not: the
+        watchdog's revert without it — publish the better of the frozen drafter and the candidate as a new
+        version. Returns the event."""
+        if not self.holdout:
+            raise ValueError("no held-out rollouts yet: add_rollouts(...) before revert_served()")
+        with self._compute(), self.scorer.over(self.draft_vocab("candidate")):
+            candidate_entries = self.scorer.score_entries(self.candidate.averaged, self.holdout.entries)
+        known = {"frozen": self._cached("frozen"), "candidate": self._group(candidate_entries)}
+        return self._revert(reason, known, candidate_entries)
+
     def score(self, drafter: nn.Module, vocab_ids: torch.Tensor | None = None) -> float:
         """Expected acceptance of any drafter (same vocabulary; over the draft vocabulary `vocab_ids`, if given)
         on the current held-out positions."""

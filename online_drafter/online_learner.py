@@ -56,6 +56,14 @@ class OnlineLearner(Protocol):
         """The published version's weights, for `engine.update_drafter(sd, learner.version)`."""
         ...
 
+    def served_estimate(self) -> float:
+        """The published drafter's expected acceptance on the held-out positions (nan before any)."""
+        ...
+
+    def revert_served(self, reason: str) -> str:
+        """The rollouts showed the served drafter collapsed: publish the best other known drafter (the event)."""
+        ...
+
 
 def make_online_learner(drafter: PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads,
                         policy: PreTrainedModel | None,

@@ -89,6 +89,13 @@ class RecordingLearner:
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         return self.learner.published_state_dict()
 
+    def served_estimate(self) -> float:
+        return self.learner.served_estimate()
+
+    def revert_served(self, reason: str) -> str:
+        self._record("revert", reason)
+        return self.learner.revert_served(reason)
+
     def _current_reads(self) -> dict[str, dict[str, torch.Tensor]]:
         return {name: {k: v.detach().clone() for k, v in module.state_dict().items()}
                 for name, module in self.reads.items()}

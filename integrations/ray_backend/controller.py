@@ -26,48 +26,41 @@ names its workers, board and learner there, and `RolloutController.attach` gives
 the shared workers and feeds the shared learner, but never syncs weights, runs learner rounds or kills
 the actors: the creating rank does, once per step, and the others `await_policy` the version it synced.
 
-A resumed run (`state_dict` / `load_state_dict`) moves the learner's state (`online_drafter.learner_state`)
-between the learner actor and the driver with Ray's `__ray_call__` (a function run on the actor with the
-actor as its argument: `LearnerActor` has no methods of its own for it yet), and syncs its published
-drafter to the workers as any new version.
+The actors are started by `actors`, the learner's rounds driven by `learner_driver` (which also brings a learner
+that died back from its state after the last round), and every drafter event — a publish, a policy sync, a
+worker restart, a resume — checked by `drafter_guard`: each worker's served drafter digest against the
+learner's, and the first batch after it for a collapse (alarm, event, the watchdog's revert). A resumed run
+(`state_dict` / `load_state_dict`) moves the learner's state (`LearnerActor.state_dict`), the drafter
+checks' counts and each worker's engine state (`rollout.engine_state`: the suffix history, the γ statistics),
+and syncs the learner's published drafter to the workers as any new version.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayError
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from specroll.integrations.backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
+from specroll.integrations.drafter_watch import DrafterWatch
 from specroll.integrations.model_source import trained_drafter_kind
-from specroll.integrations.threads import ThreadSetting, actor_threads
-from specroll.online_drafter.learner_state import restore, state_of
+from specroll.integrations.threads import ThreadSetting
+from specroll.integrations.weights_digest import weights_digest
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.core.stats import BatchStats
 
+from .actors import ServiceActors, find_actors, start_actors
 from .dispatch import run_chunks, split_groups
-from .learner_actor import LearnerActor
-from .service_names import BOARD_NAME, LEARNER_NAME, lookup_actor, named, worker_name
+from .drafter_guard import DrafterGuard
+from .learner_driver import LearnerDriver
 from .settings import ControllerConfig
-from .sync.board import WeightBoard
-from .sync.protocol import (
-    ObjectStoreTransport,
-    WeightSyncError,
-    commit_weights,
-    discard_staged,
-    make_transport,
-    pack_buckets,
-    stage_weights,
-    wait_for_workers,
-)
-from .worker import RolloutWorker
+from .sync.protocol import WeightSyncError, make_transport, wait_for_workers
+from .sync.sequence import sync_weights
 
 
 class RolloutController:
@@ -78,49 +71,14 @@ class RolloutController:
         with_learner = _has_learner(config)
         if with_learner:  # the learner lives on what verification records
             config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, record_signals=True))
-        self.config = config
-        topo = config.topology
+        self.config, self.namespace, self.owns_actors = config, namespace, True
         self.transport = make_transport(config.sync)
-        self.namespace = namespace
-        self.owns_actors = True
-        self.board = WeightBoard.options(**named(BOARD_NAME, namespace)).remote()
-        bundles = [topo.worker.bundle()] * topo.num_workers + ([topo.learner.bundle()] if with_learner else [])
-        self.placement_group = None
-        if topo.placement_strategy is not None and all(bundles):
-            self.placement_group = placement_group(bundles, strategy=topo.placement_strategy)
-            try:
-                ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
-            except GetTimeoutError as err:
-                remove_placement_group(self.placement_group)
-                raise RuntimeError(f"placement group {bundles} ({topo.placement_strategy}) not placed within "
-                                   f"{placement_timeout_s}s; cluster has {ray.cluster_resources()}") from err
-        self.workers = [
-            RolloutWorker.options(
-                num_cpus=topo.worker.num_cpus, num_gpus=topo.worker.num_gpus, max_restarts=topo.max_restarts,
-                max_task_retries=0, scheduling_strategy=self._bundle(i), **named(worker_name(i), namespace),
-            ).remote(i, config.models, config.engine, self.board, config.sync.timeout_s,
-                     actor_threads(topo.worker.num_cpus))
-            for i in range(topo.num_workers)
-        ]
-        self.learner = None
-        if with_learner:
-            self.learner = LearnerActor.options(
-                num_cpus=topo.learner.num_cpus, num_gpus=topo.learner.num_gpus,
-                scheduling_strategy=self._bundle(topo.num_workers), **named(LEARNER_NAME, namespace),
-            ).remote(config.models, config.engine, config.learner, actor_threads(topo.learner.num_cpus))
-        warm_up = ObjectStoreTransport().publish(*pack_buckets({"warm_up": torch.zeros(1)}, 1 << 10, version=-1), 0)
-        try:
-            ray.get([w.versions.remote() for w in self.workers] + [self.board.ping.remote(warm_up)],
-                    timeout=placement_timeout_s)
-        except GetTimeoutError as err:
-            message = (f"{topo.num_workers} rollout workers ({topo.worker}) not all started within "
-                       f"{placement_timeout_s}s; cluster resources {ray.cluster_resources()}, available "
-                       f"{ray.available_resources()}")
-            self.shutdown()  # a half-built service must not hold its actors and placement group after it
-            raise RuntimeError(message) from err
+        self.actors = start_actors(config, with_learner, namespace, placement_timeout_s)
         self._init_state()
         if self.learner is not None:
-            self._learner_policy_names = ray.get(self.learner.policy_names.remote(), timeout=placement_timeout_s)
+            self.learners = LearnerDriver(self.learner, max(placement_timeout_s, config.sync.timeout_s))
+            self.guard.published(0, ray.get(self.learner.published_digest.remote(config.engine.dtype)))
+            self.guard.verify("start", self.workers)
 
     @classmethod
     def attach(cls, config: ControllerConfig, namespace: str, timeout_s: float = 120.0) -> RolloutController:
@@ -128,14 +86,10 @@ class RolloutController:
 
         Waits up to `timeout_s` for them; raises RuntimeError naming the actor it could not find.
         """
-        with_learner = _has_learner(config)
         self = cls.__new__(cls)
         self.config, self.namespace, self.owns_actors = config, namespace, False
-        self.transport, self.placement_group = None, None
-        names = [worker_name(i) for i in range(config.topology.num_workers)] + [BOARD_NAME]
-        actors = [lookup_actor(name, namespace, timeout_s) for name in names]
-        self.workers, self.board = actors[:-1], actors[-1]
-        self.learner = lookup_actor(LEARNER_NAME, namespace, timeout_s) if with_learner else None
+        self.transport = None
+        self.actors = find_actors(config, _has_learner(config), namespace, timeout_s)
         self._init_state()
         versions = ray.get(self.workers[0].versions.remote(), timeout=timeout_s)
         self.policy_version, self.drafter_version = versions["policy"], versions["drafter"]
@@ -144,14 +98,26 @@ class RolloutController:
     def _init_state(self) -> None:
         self.policy_version = 0
         self.drafter_version = 0
-        self._pending_learner_adds: list[ray.ObjectRef] = []
-        # (buffer adds, probe, round) in flight between start_ and finish_learner_round
-        self._round: tuple[list[ray.ObjectRef], ray.ObjectRef | None, ray.ObjectRef] | None = None
+        self.learners: LearnerDriver | None = None  # the owner's driver of the learner actor
+        self.learner_version = 0  # the version the learner publishes (ahead of `drafter_version` after a failed sync)
+        self.watch = DrafterWatch()
+        self.guard = DrafterGuard(self.watch, self.board, self.config.engine.dtype, self.config.sync.timeout_s)
         self._last_sync_s: dict[str, float] = {}
-        self._learner_policy_names: list[str] = []  # the policy tensors the learner reads (a head's)
         self.last_batch = BatchStats()
         self.num_resends = 0
         self.total_rollouts = 0  # returned by generate since the run began (a resumed run's from its checkpoint)
+
+    @property
+    def workers(self) -> list[Any]:
+        return self.actors.workers
+
+    @property
+    def board(self) -> Any:
+        return self.actors.board
+
+    @property
+    def learner(self) -> Any | None:
+        return self.actors.learner
 
     # ------------------------------------------------------------------ RolloutBackend
 
@@ -161,7 +127,9 @@ class RolloutController:
         Raises `RolloutError` (carrying every rollout) when any rollout ended with an error."""
         if n < 1:
             raise ValueError(f"n={n!r} is invalid: an int >= 1")
-        started = time.perf_counter()
+        if self.learners is not None and self.learner_version != self.drafter_version:
+            self._publish(self.learner_version, "drafter publish (again: the last sync was refused)")
+        started, resends = time.perf_counter(), self.num_resends
         chunks = split_groups(len(prompts), len(self.workers))
         results = run_chunks(self.workers, chunks, prompts, params, n, self.config.topology.max_resends,
                              self._count_resend)
@@ -172,14 +140,15 @@ class RolloutController:
             raise RuntimeError(f"rollouts from policy versions {sorted(stale)}; current is {self.policy_version}")
         if self.learner is not None:
             refs = [results[chunk_id][0] for chunk_id in range(len(chunks))]
-            added = self.learner.add_rollouts.remote(refs)
             if self.owns_actors:  # awaited with the round this controller queues after them
-                self._pending_learner_adds.append(added)
+                self.learners.add(refs)
             else:  # in the shared buffer once this returns: the creating rank's next round sees them
-                ray.get(added)
+                ray.get(self.learner.add_rollouts.remote(refs))
         self.total_rollouts += len(rollouts)
         total = sum((batch.stats for batch in batches), BatchStats())
         self.last_batch = dataclasses.replace(total, wall_time_s=time.perf_counter() - started)
+        if self.learners is not None and not self.learners.running:
+            self._check_batches(batches, restarted=self.num_resends > resends)
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
         return rollouts
 
@@ -196,9 +165,11 @@ class RolloutController:
         self._require_owner("sync_policy")
         seconds = self._sync("policy", named_tensors, version)
         self.policy_version = version
-        read = {name: named_tensors[name] for name in self._learner_policy_names if name in named_tensors}
+        names = self.learners.policy_names if self.learners is not None else []
+        read = {name: named_tensors[name] for name in names if name in named_tensors}
         if read:  # the learner is idle: its round was collected before this sync
             ray.get(self.learner.load_policy.remote(read), timeout=self.config.sync.timeout_s)
+        self.guard.verify(f"policy sync to version {version}", self.workers)
         return seconds
 
     def await_policy(self, version: int, timeout_s: float | None = None) -> None:
@@ -213,10 +184,11 @@ class RolloutController:
                                   "the rank that syncs did not sync this step's policy to every worker")
         self.policy_version, self.drafter_version = version, versions[0]["drafter"]
 
-    def sync_drafter(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
-        """Load new drafter weights on every worker; returns seconds."""
+    def sync_drafter(self, named_tensors: Mapping[str, torch.Tensor], version: int, digest: str | None = None) -> float:
+        """Load new drafter weights on every worker; returns seconds. With `digest` (the learner's, over these
+        weights) each worker refuses weights that arrive otherwise: WeightSyncError, the version kept."""
         self._require_owner("sync_drafter")
-        seconds = self._sync("drafter", named_tensors, version)
+        seconds = self._sync("drafter", named_tensors, version, digest)
         self.drafter_version = version
         return seconds
 
@@ -225,31 +197,29 @@ class RolloutController:
         if self.learner is None:
             return
         self._require_owner("start_learner_round")
-        if self._round is not None:
-            raise RuntimeError("start_learner_round called twice: finish_learner_round collects the running round")
-        probe_ref = None
+        probe_refs = None
         if probe is not None:
             chunks = split_groups(len(probe.prompts), len(self.workers))
-            refs = [self.workers[i].generate.remote([probe.prompts[j] for j in chunk], probe.params, probe.n,
-                                                    list(chunk)) for i, chunk in enumerate(chunks)]
-            probe_ref = self.learner.probe.remote(refs)
+            probe_refs = [self.workers[i].generate.remote([probe.prompts[j] for j in chunk], probe.params, probe.n,
+                                                          list(chunk)) for i, chunk in enumerate(chunks)]
         break_even = self.workers[0].break_even_acceptance.remote()  # resolved by Ray before the round runs
-        adds, self._pending_learner_adds = self._pending_learner_adds, []  # ordered before the round on the actor
-        self._round = (adds, probe_ref, self.learner.train_round.remote(budget_s, break_even))
+        self.learners.start(budget_s, probe_refs, break_even)
 
     def finish_learner_round(self) -> LearnerRound | None:
-        """Wait for the queued round; sync its drafter to the workers if the version moved."""
-        if self._round is None:
+        """Wait for the queued round; sync its drafter to the workers if the version moved. A learner that died
+        meanwhile is brought back from its last state (the round is lost: `LearnerRound.report` None)."""
+        if self.learners is None:
             return None
         started = time.perf_counter()
-        adds, probe_ref, round_ref = self._round
-        self._round = None
-        ray.get(adds)  # a failed add raises here, not silently
-        report = ray.get(round_ref)
-        probe = ray.get(probe_ref) if probe_ref is not None else None
-        if report.version != self.drafter_version:
-            self.sync_drafter(ray.get(self.learner.published_state_dict.remote()), report.version)
-        return LearnerRound(report, probe, time.perf_counter() - started)
+        done = self.learners.finish(self.workers[0])
+        if done is None:
+            return None
+        if done.lost is not None:
+            self.watch.events.append(done.lost)
+            self.guard.verify("learner restart", self.workers)  # the restored learner publishes what is served
+        elif done.report.version != self.drafter_version:
+            self._publish(done.report.version, "drafter publish")
+        return LearnerRound(done.report, done.probe, time.perf_counter() - started, self.watch.take_events())
 
     def published_drafter(self) -> dict[str, torch.Tensor] | None:
         return None if self.learner is None else ray.get(self.learner.published_state_dict.remote())
@@ -257,29 +227,39 @@ class RolloutController:
     def metrics(self) -> dict[str, float]:
         return {"rollout/policy_version": float(self.policy_version), "drafter/version": float(self.drafter_version),
                 "rollout/resends": float(self.num_resends), "rollout/total_rollouts": float(self.total_rollouts),
-                **self._last_sync_s}
+                **self.watch.metrics(), **self._last_sync_s}
 
     def state_dict(self) -> dict[str, Any]:
-        """The learner actor's state (after the rollouts added before this call) and the rollout count."""
+        """The learner actor's state (after the rollouts added before this call), the drafter checks' counts,
+        each worker's engine state and the rollout count."""
         self._require_owner("state_dict")
-        if self._round is not None:
+        if self.learners is not None and self.learners.running:
             raise RuntimeError("state_dict while a learner round runs: finish_learner_round collects it first")
+        timeout = self.config.sync.timeout_s
         learner = None
         if self.learner is not None:  # an actor runs one caller's calls in order: after every add queued
-            learner = ray.get(self.learner.__ray_call__.remote(_learner_state), timeout=self.config.sync.timeout_s)
-        return {"learner": learner, "total_rollouts": self.total_rollouts}
+            learner = ray.get(self.learner.state_dict.remote(), timeout=timeout)
+        engines = ray.get([w.engine_state.remote() for w in wait_for_workers(self.workers, timeout)], timeout=timeout)
+        return {"learner": learner, "total_rollouts": self.total_rollouts, "drafter_watch": self.watch.state_dict(),
+                "engines": engines}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the learner actor from `state` and sync its published drafter to every worker."""
+        """Restore the learner actor, the drafter checks' counts and the workers' engine states (by worker index;
+        workers beyond the saved ones start afresh) from `state`, and sync the learner's published drafter."""
         self._require_owner("load_state_dict")
         learner = state["learner"]
         if (learner is None) != (self.learner is None):
             raise ValueError(f"the state {'has' if learner is not None else 'has no'} learner and this service "
                              f"{'has' if self.learner is not None else 'has none'}: online_learning and the drafter "
                              "kind must be those of the run that saved it")
+        timeout = self.config.sync.timeout_s
+        ray.get([w.load_engine_state.remote(engine) for w, engine in zip(self.workers, state.get("engines", []))],
+                timeout=timeout)
         if learner is not None:
-            ray.get(self.learner.__ray_call__.remote(_load_learner_state, learner), timeout=self.config.sync.timeout_s)
-            self.sync_drafter(ray.get(self.learner.published_state_dict.remote()), int(learner["version"]))
+            self.learners.load(learner)
+            self._publish(int(learner["version"]), "resume")
+        if "drafter_watch" in state:
+            self.watch.load_state_dict(state["drafter_watch"])
         self.total_rollouts = int(state["total_rollouts"])
 
     def process_threads(self) -> list[ThreadSetting]:
@@ -290,15 +270,10 @@ class RolloutController:
     def shutdown(self) -> None:
         """Stop the actors this controller created; an attached one only lets go of them."""
         if not self.owns_actors:
-            self.workers, self.learner = [], None
+            self.actors = ServiceActors(self.board, [], None)
             return
         self.transport.close(self.config.sync.timeout_s)  # the broadcast group, on the workers too
-        for actor in [*self.workers, self.learner, self.board]:
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
-        if self.placement_group is not None:
-            remove_placement_group(self.placement_group)
-            self.placement_group = None
+        self.actors.stop()
 
     # ------------------------------------------------------------------ internals
 
@@ -308,46 +283,55 @@ class RolloutController:
                                "controller that created the shared service (rank 0) syncs weights and runs the "
                                "learner; the other ranks await_policy")
 
-    def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy | None:
-        if self.placement_group is None:
-            return None
-        return PlacementGroupSchedulingStrategy(placement_group=self.placement_group,
-                                                placement_group_bundle_index=index)
-
     def _count_resend(self) -> None:
         self.num_resends += 1
 
-    def _sync(self, role: str, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
-        """Wait for restarting workers, stage on all, post on the board (the commit point), commit on all.
-
-        Each phase waits at most `sync.timeout_s`. A failure before the commit point raises
-        WeightSyncError and changes nothing; after it, every worker ends on `version` (one that cannot
-        load it is restarted, and reloads it from the board). Workers Ray gave up restarting are skipped.
-        """
-        started = time.perf_counter()
-        sync = self.config.sync
-        live = wait_for_workers(self.workers, sync.timeout_s)
-        buckets, layout = pack_buckets(named_tensors, sync.bucket_bytes, version, wire_dtype=self.config.engine.dtype)
-        payload = stage_weights(self.transport, live, role, buckets, layout, sync.timeout_s)  # the board's payload
-        try:
-            ray.get(self.board.post.remote(role, payload), timeout=sync.timeout_s)
-        except RayError as err:
-            discard_staged(live, role)
-            raise WeightSyncError(f"{role} version {version} could not be posted on the weight board: {err}") from err
-        commit_weights(live, role, payload, sync.timeout_s)
-        seconds = time.perf_counter() - started
+    def _sync(self, role: str, named_tensors: Mapping[str, torch.Tensor], version: int,
+              digest: str | None = None) -> float:
+        seconds = sync_weights(self.transport, self.board, self.workers, role, named_tensors, version,
+                               self.config.sync, self.config.engine.dtype, digest)
         self._last_sync_s[f"sync/{role}_s"] = seconds
         return seconds
 
+    def _publish(self, version: int, event: str) -> None:
+        """Sync the learner's published drafter (`version`) to every worker, checked by the learner's digest, then
+        verify what each serves. A refused sync (corrupted in flight) keeps the served version: an event, and the
+        next `generate` syncs again."""
+        timeout = self.config.sync.timeout_s
+        self.learner_version = version
+        state = ray.get(self.learner.published_state_dict.remote(), timeout=timeout)
+        digest = ray.get(self.learner.published_digest.remote(self.config.engine.dtype), timeout=timeout)
+        if digest != weights_digest(state, self.config.engine.dtype):
+            raise WeightSyncError(f"the learner's published drafter version {version} changed on its way to the "
+                                  "controller (its digest differs from the learner's)")
+        try:
+            self.sync_drafter(state, version, digest)
+        except WeightSyncError as err:
+            self.watch.events.append(f"{event}: drafter version {version} refused, version {self.drafter_version} "
+                                     f"kept on every worker ({err})")
+            warnings.warn(f"drafter sync to version {version} refused ({err}); serving version "
+                          f"{self.drafter_version}", stacklevel=2)
+            return
+        self.guard.published(version, digest)
+        self.guard.verify(f"{event} of version {version}", self.workers)
 
-def _learner_state(actor: LearnerActor) -> dict[str, Any]:
-    """Run on the learner actor (`__ray_call__`): its learner's state."""
-    return state_of(actor.learner)
-
-
-def _load_learner_state(actor: LearnerActor, state: dict[str, Any]) -> None:
-    """Run on the learner actor (`__ray_call__`): restore its learner from `state`."""
-    restore(actor.learner, state, "the saved learner state")
+    def _check_batches(self, batches: list[Any], restarted: bool) -> None:
+        """The drafter checks after a generate call: the first batch after an event judged for a collapse (alarm,
+        event, the learner's revert), and the served digests checked when a worker restarted during it."""
+        if restarted:
+            self.guard.verify("worker restart", self.workers)
+        collapsed, stats = self.guard.judge(batches)
+        if not collapsed:
+            return
+        estimate = ray.get(self.learner.served_estimate.remote(), timeout=self.config.sync.timeout_s)
+        if not self.watch.collapse_confirmed(collapsed, stats, estimate, self.drafter_version):
+            return
+        self.guard.verify("drafter collapse", self.workers)  # weights that changed under a worker are reloaded
+        reason = (f"rollouts: {', '.join(collapsed)} kept almost no drafts of version {self.drafter_version}, "
+                  f"whose held-out estimate is {estimate:.3f}")
+        self.watch.events.append(ray.get(self.learner.revert_served.remote(reason), timeout=self.config.sync.timeout_s))
+        self._publish(ray.get(self.learner.published_version.remote(), timeout=self.config.sync.timeout_s),
+                      "watchdog revert")
 
 
 def _has_learner(config: ControllerConfig) -> bool:

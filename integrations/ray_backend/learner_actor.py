@@ -11,8 +11,12 @@ probe rollouts idle workers are generating) and `train_round` without waiting: a
 calls in order, so the probe scores the drafter that served the step before the round replaces it,
 and the whole round runs while the trainer updates the policy. The drafter weights live here; when
 the round's report says the version moved, the controller fetches `published_state_dict` and syncs
-it to the workers. The learner is not restarted on failure: losing it costs learning, never
-rollouts, and the controller reports it. It runs torch on as many threads as it has whole CPUs
+it to the workers. Losing the learner costs learning, never rollouts: Ray restarts it (the topology's
+`max_restarts`) and the controller (`learner_driver`) loads the state it took after the last round
+(`state_dict`, a return value the controller owns, so it outlives this process) and adds the rollouts since.
+Digests (`published_digest`) are computed here, over the published weights as they are, so the backend
+compares them with what every worker hashes of what it serves (`integrations.drafter_watch`).
+It runs torch on as many threads as it has whole CPUs
 (`threads`), whatever `OMP_NUM_THREADS` it inherited: oversubscribed, a time-bounded round finishes
 no optimizer step.
 """
@@ -28,7 +32,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_drafter, trained_drafter_kind
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
+from specroll.integrations.weights_digest import weights_digest
 from specroll.online_drafter import LearnerConfig
+from specroll.online_drafter.learner import Learner
+from specroll.online_drafter.learner_state import restore, state_of
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.rollout import EngineConfig
 from specroll.rollout.drafters.draft_vocab import initial_ids
@@ -90,6 +97,34 @@ class LearnerActor:
         """The drafter weights of the latest published version (what workers should serve), on the CPU: a
         learner on a GPU must not hand CUDA tensors to Ray (the driver would need that GPU to read them)."""
         return {name: tensor.detach().to("cpu") for name, tensor in self.learner.published_state_dict().items()}
+
+    def published_digest(self, wire_dtype: torch.dtype | None) -> str:
+        """The digest of the published drafter (`weights_digest`) as a sync in `wire_dtype` delivers it."""
+        return weights_digest(self.learner.published_state_dict(), wire_dtype)
+
+    def served_estimate(self) -> float:
+        """The learner's held-out expected acceptance of the published drafter (nan before any is held out)."""
+        return self.learner.served_estimate()
+
+    def revert_served(self, reason: str) -> str:
+        """The rollouts showed the served drafter collapsed: publish the best other drafter (`Learner.revert_served`);
+        returns the event."""
+        return self.learner.revert_served(reason)
+
+    def published_version(self) -> int:
+        return self.learner.version
+
+    def restorable(self) -> bool:
+        """Whether the learner has a state to save (a recording, `learner.record_dir`, is one run from its start)."""
+        return isinstance(self.learner, Learner)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The learner's whole state (`online_drafter.learner_state.state_of`), for a resume or a restart."""
+        return state_of(self.learner)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the learner from a `state_dict()` (of this run, or of the checkpoint it resumes)."""
+        restore(self.learner, state, "the saved learner state")
 
     def policy_names(self) -> list[str]:
         """Names of the policy parameters the learner reads (the embedding and LM head a head shares), in

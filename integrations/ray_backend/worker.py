@@ -35,9 +35,11 @@ from transformers import AutoModelForCausalLM
 
 from specroll.integrations.model_source import ModelPaths, load_drafter, tokenizer_pair
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
+from specroll.integrations.weights_digest import served_drafter_tensors, weights_digest
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
 from specroll.rollout.drafters.draft_vocab import STATE_KEY, DraftVocab, split_state
+from specroll.rollout.engine_state import engine_state, load_engine_state
 from specroll.rollout.models.weights import check_fits
 
 from .metrics import WorkerMetrics
@@ -58,10 +60,12 @@ EXPORT_BUCKET_BYTES = 64 << 20  # a restarted peer's copy goes through the objec
 
 @dataclass(frozen=True)
 class WorkerBatch:
-    """What `RolloutWorker.generate` returns: the rollouts, in order, and the engine's counters over the call."""
+    """What `RolloutWorker.generate` returns: the rollouts, in order, the engine's counters over the call, and
+    which worker made them."""
 
     rollouts: list[Rollout]
     stats: BatchStats
+    worker_index: int
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class RolloutWorker:
         rollouts = self.engine.generate(prompts, params, n, prompt_indices=prompt_indices)
         stats = self.engine.stats.since(before)
         self.metrics.record_batch(stats)
-        return WorkerBatch(rollouts, stats)
+        return WorkerBatch(rollouts, stats, self.worker_index)
 
     def draft_vocab(self) -> list[int] | None:
         """The token ids the engine's drafter drafts over now (None: the whole vocabulary)."""
@@ -130,6 +134,10 @@ class RolloutWorker:
             raise WeightSyncError(f"worker {self.worker_index} has no drafter to load version {payload.version} into")
         started = time.perf_counter()
         named = self._receive(role, payload, rank, timeout_s)
+        if payload.digest is not None and weights_digest(named) != payload.digest:
+            raise WeightSyncError(f"worker {self.worker_index}: {role} version {payload.version} arrived with digest "
+                                  f"{weights_digest(named)[:12]}, not the sender's {payload.digest[:12]}: corrupted in "
+                                  "flight, refused (the version served is kept)")
         try:
             # A drafter version may carry its draft vocabulary (`draft_vocab.STATE_KEY`): checked as one, not a weight.
             weights, vocab_ids = split_state(named) if role == "drafter" else (named, None)
@@ -234,6 +242,32 @@ class RolloutWorker:
         raise WeightSyncError(f"worker {self.worker_index}: no peer could export {role} version {payload.version} "
                               f"within {timeout_s}s ({'; '.join(failures) or 'no other holder'})")
 
+    def engine_state(self) -> dict:
+        """What this engine learnt while it ran (`rollout.engine_state`: suffix history, γ statistics)."""
+        return engine_state(self.engine)
+
+    def load_engine_state(self, state: dict) -> None:
+        """Take back an `engine_state()` (a resumed run's, of the worker with this index)."""
+        load_engine_state(self.engine, state)
+
+    def drafter_digest(self) -> str | None:
+        """The digest of the drafter this engine serves, computed here over its weights as the engine holds them
+        (`weights_digest`, in the engine's dtype); None for an engine without a drafter that has weights."""
+        drafter = self.models["drafter"]
+        if drafter is None:
+            return None
+        with self._weights_lock:
+            named = served_drafter_tensors(drafter, self.engine.draft_vocab())
+            return weights_digest(named, self.engine.config.dtype)
+
+    def served_policy(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Copies (on the CPU) of the served policy's tensors named `names` (a restarted head learner's reads)."""
+        held = dict(self.models["policy"].named_parameters())
+        missing = sorted(set(names) - set(held))
+        if missing:
+            raise ValueError(f"names {missing[:4]} are not parameters of the served policy")
+        return {name: held[name].detach().to("cpu", copy=True) for name in names}
+
     def threads(self) -> ThreadSetting:
         """The torch threads this worker runs with (as torch reports them in the thread that serves calls)."""
         return current_threads(self._process_name())
@@ -248,7 +282,6 @@ class RolloutWorker:
     def progress(self) -> int:
         """Tokens this engine has generated so far, readable while a batch is running."""
         return self.engine.stats.generated_tokens
-
 
 
 def _left(deadline: float) -> float:

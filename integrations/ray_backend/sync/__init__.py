@@ -2,9 +2,11 @@
 
 - `protocol`: the sync itself — pack tensors into byte buckets, stage them on every live worker, post the
   version on the board (the commit point), commit everywhere — and the default object-store transport;
+- `sequence`: those steps in order for one role's version (`sync_weights`), a drafter's checked against the
+  learner's digest by every receiver;
 - `broadcast`: the `torch.distributed` transport (gloo on CPU, NCCL on GPU), one persistent group per
   controller, buckets built and received on the group's device;
-- `payload`: what a sync sends besides the bytes (layout, version, route), standard library only;
+- `payload`: what a sync sends besides the bytes (layout, version, route, digest), standard library only;
 - `board`: the `WeightBoard` actor, the latest committed payload per role, which a restarted worker loads
   (from the object store, or after a broadcast from a peer that holds it).
 

@@ -21,6 +21,7 @@ A lone worker has no peer, so its buckets go to the object store for the board a
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 import warnings
 from collections.abc import Sequence
@@ -79,7 +80,7 @@ class TorchBroadcastTransport:
     def publish(self, buckets: PackedBuckets, payload: WeightPayload, num_receivers: int) -> WeightPayload:
         if self.route is None or num_receivers != len(self.members):
             raise WeightSyncError(f"publish to {num_receivers} receivers before open() formed a group over them")
-        return WeightPayload(payload.version, payload.metas, payload.bucket_sizes, route=self.route)
+        return dataclasses.replace(payload, route=self.route)
 
     def stream(self, buckets: PackedBuckets, payload: WeightPayload, timeout_s: float) -> None:
         try:
@@ -100,7 +101,7 @@ class TorchBroadcastTransport:
         if len(holders) < 2:
             return ObjectStoreTransport().publish(buckets, payload, len(holders))
         route = PeerRoute(ray.put(tuple(holders)))
-        return WeightPayload(payload.version, payload.metas, payload.bucket_sizes, route=route)
+        return dataclasses.replace(payload, route=route)
 
     def close(self, timeout_s: float) -> None:
         """Shut the group down on every member (bounded by `timeout_s`; a dead one has none) and here."""

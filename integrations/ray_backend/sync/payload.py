@@ -24,13 +24,16 @@ class TensorMeta:
 
 @dataclass(frozen=True)
 class WeightPayload:
-    """What every receiver gets: the layout, the version, and transport-specific `route` data
-    (the bucket ObjectRefs for the object store; the group for a broadcast; a `PeerRoute` on the board)."""
+    """What every receiver gets: the layout, the version, transport-specific `route` data (the bucket ObjectRefs
+    for the object store; the group for a broadcast; a `PeerRoute` on the board), and the digest of the tensors
+    as the sender's source computed it (`integrations.weights_digest`; None: not checked), which a receiver
+    recomputes over what arrived and refuses the version on a mismatch."""
 
     version: int
     metas: tuple[TensorMeta, ...]
     bucket_sizes: tuple[int, ...]
     route: Any = None
+    digest: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Versioned weight sync: named tensors from one sender (trainer or controller) to rollout workers.
 
-Usage (in the controller; `RolloutController._sync` is the full sequence)::
+Usage (in the controller; `sequence.sync_weights` is the full sequence)::
 
     transport = make_transport(sync_config)
     workers = wait_for_workers(workers, timeout_s=60)
@@ -36,6 +36,7 @@ wait is bounded by `timeout_s`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -158,7 +159,7 @@ class ObjectStoreTransport:
 
     def publish(self, buckets: PackedBuckets, payload: WeightPayload, num_receivers: int) -> WeightPayload:
         refs = tuple(ray.put(bucket.numpy()) for bucket in buckets)
-        return WeightPayload(payload.version, payload.metas, payload.bucket_sizes, route=refs)
+        return dataclasses.replace(payload, route=refs)
 
     def stream(self, buckets: PackedBuckets, payload: WeightPayload, timeout_s: float) -> None:
         return None
