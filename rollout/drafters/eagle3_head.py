@@ -83,17 +83,19 @@ class Eagle3Head(nn.Module):
         """A fresh head shaped after the target's config (one of its layers' geometry); `layers` None: the
         low / middle / high default; `intermediate_size` None: the target's MLP width."""
         text = config.get_text_config()
-        heads = text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-        theta = getattr(text, "rope_theta", None) or (getattr(text, "rope_parameters", None) or {}).get(
-            "rope_theta", 10000.0)
+        hidden = text.hidden_size
+        # The head's attention is its own: the target's geometry where its config has one for every layer, else
+        # 64-wide heads (an attention-free target: Mamba; a per-layer geometry: Gemma 4).
+        heads = _value(text, "num_attention_heads") or max(1, hidden // 64)
+        head_dim = _value(text, "head_dim") or hidden // heads
+        kv_heads = _value(text, "num_key_value_heads") or heads
+        theta = _value(text, "rope_theta") or (_value(text, "rope_parameters") or {}).get("rope_theta", 10000.0)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            return cls(text.hidden_size, layers or default_layers(text.num_hidden_layers), heads,
-                       getattr(text, "num_key_value_heads", None) or heads, head_dim,
-                       intermediate_size or getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
-                       float(theta), getattr(text, "rms_norm_eps", None) or 1e-6,
-                       draft_ids, ttt_steps)
+            return cls(hidden, layers or default_layers(text.num_hidden_layers), heads,
+                       kv_heads if heads % kv_heads == 0 else heads, head_dim,
+                       intermediate_size or _value(text, "intermediate_size") or 4 * hidden,
+                       float(theta), _value(text, "rms_norm_eps") or 1e-6, draft_ids, ttt_steps)
 
     @property
     def hidden_size(self) -> int:
@@ -120,3 +122,12 @@ class Eagle3Head(nn.Module):
     def final(self, out: torch.Tensor) -> torch.Tensor:
         """What the LM head reads: the final-normed output."""
         return _normed(self.norm, out)
+
+
+def _value(config, name: str):
+    """`config.name`, or None where it has none or none that holds for every layer (transformers raises its
+    `AmbiguousGlobalPerLayerAttributeError`, a RuntimeError, for a per-layer attribute of a heterogeneous config)."""
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:
+        return None
