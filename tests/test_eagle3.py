@@ -155,3 +155,19 @@ def test_greedy_exact_on_every_verified_architecture(model_type):
     expected = plain(target, rows)
     assert [r.completion_ids for r in SpecEngine(target, None, EngineConfig(**config)).generate(rows, GREEDY)] \
         == expected
+
+
+def test_yaml_selects_eagle3_and_its_layers(tmp_path):
+    from specroll.integrations.yaml_config import ConfigError, load_config
+
+    path = tmp_path / "engine.yaml"
+    path.write_text("drafters: [eagle3, suffix]\neagle3_layers: [1, 2, 3]\neagle3_ttt_steps: 4\n")
+    config = load_config(path, EngineConfig)
+    assert config.drafters == ("eagle3", "suffix") and config.eagle3_layers == (1, 2, 3)
+    assert SpecEngine(tiny_lm("llama", "sdpa", layers=4), None, config).drafter.model.head.ttt_steps == 4
+    path.write_text("drafters: [eagle3]\neagle3_layers: [3, 1]\n")
+    with pytest.raises(ConfigError, match="eagle3_layers"):
+        load_config(path, EngineConfig)
+    path.write_text("drafters: [eagle3, eagle]\n")
+    with pytest.raises(ConfigError, match="at most one of"):
+        load_config(path, EngineConfig)
