@@ -182,3 +182,16 @@ def test_a_drafter_that_collapses_under_a_worker_raises_the_alarm_and_is_reverte
     assert any(e.startswith("ALARM drafter collapse") and "worker 0" in e for e in events), events
     assert_one_published_drafter(controller)
     assert abs(acceptance(controller) - before) <= 0.05
+
+
+def test_after_a_resume_every_worker_serves_the_learner_state_it_was_given(controller):
+    saved_version = controller.drafter_version
+    before = acceptance(controller)
+    state = controller.state_dict()
+    assert len(state["engines"]) == 2 and state["learner"]["version"] == saved_version
+    publish_a_version(controller)  # the run goes on past its checkpoint, then is taken back to it
+    controller.load_state_dict(state)
+    assert ray.get(controller.learner.published_version.remote()) == saved_version
+    assert controller.learner_version == saved_version
+    assert_one_published_drafter(controller)
+    assert abs(acceptance(controller) - before) <= 0.05

@@ -12,7 +12,9 @@ learner is half done), then saves (`checkpoints.write_saved_run`, all or nothing
 
 - the rollout service's `state_dict()`: the learner's whole state (candidate, optimizer, replay buffer,
   held-out set and its cached scores, served and frozen drafters and the version, draft vocabularies and their
-  counts, the gate's and the alarms' state, its sampling generator) and the rollouts generated so far;
+  counts, the gate's and the alarms' state, its sampling generator), each engine's own state
+  (`rollout.engine_state`: the suffix drafter's history, the γ policy's statistics), and the rollouts generated
+  so far;
 - the hook's call counter (the seed of every rollout batch is a function of it and `grpo.seed`), the learner
   schedule's probes, events, time totals and counters (the report's probe plot, events and headline go on
   from them), the metrics the round's collection logged for the next step, and `fingerprint(config)`;
@@ -23,9 +25,9 @@ A resumed run is refused, in one line, when its config differs where a checkpoin
 (`FINGERPRINT`: the models, the drafter kind, the task, the GRPO data shape and seed, online learning);
 everything else (steps, learning rates, the learner's settings, the backend) may change.
 
-Not saved: the engine's own statistics (the γ policy's acceptance estimates and cost model, re-measured) and
-the suffix drafter's history (`SpecEngine` offers no state of it yet); both change speed only, never a
-token. What is exact, and what only within noise: docs/resume.md.
+Not saved: the cost model's calibration (measured again); the suffix history's n-gram tables are rebuilt from
+its completions. Both change speed only, never a token. What is exact, and what only within noise:
+docs/resume.md.
 """
 
 from __future__ import annotations
