@@ -2,7 +2,8 @@
 
 A Qwen2.5-0.5B-shaped target (494M, tied 152k head) built from its config (random init, no downloads:
 `shapes`), and a drafter of each kind on it: two independent small LMs with their own 152k heads (2 layers × 384,
-and gpu_check's 4 × 256), an EAGLE-style head and Medusa heads on the target's features and head, layer-skip (the
+and gpu_check's 4 × 256), an EAGLE-style head, an EAGLE-3 head (low / middle / high layers fused, the target's
+head) and Medusa heads on the target's features and head, layer-skip (the
 target's first k layers) — each with and without a draft vocabulary of N ids (`EngineConfig.draft_vocab`) — and
 the suffix drafter (a host lookup). From one run it prints:
 
@@ -218,7 +219,8 @@ def build_models(args: argparse.Namespace) -> Models:
     skip = args.layer_skip_layers or max(1, shape.layers // 4)
     specs = []
     for name, kinds, weights, layers in (("lm_2x384", ("model",), lms[0], None), ("lm_4x256", ("model",), lms[1], None),
-                                         ("eagle", ("eagle",), None, None), ("medusa", ("medusa",), None, None),
+                                         ("eagle", ("eagle",), None, None), ("eagle3", ("eagle3",), None, None),
+                                         ("medusa", ("medusa",), None, None),
                                          (f"layer_skip{skip}", ("layer_skip",), None, skip)):
         specs.append(DrafterSpec(name, kinds, weights, None, layers))
         if args.draft_vocab:
