@@ -74,6 +74,7 @@ DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "eagle3", "medus
 KVCacheKind = Literal["dense", "paged"]
 KV_CACHE_KINDS = ("dense", "paged")
 SPECULATION_MODES = ("always", "when_learned")  # EngineConfig.speculation
+MAX_TREE_WIDTH = 16  # nodes per tree level (`EngineConfig.max_tree_width`)
 DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "eagle3", "medusa")
 MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "eagle3", "medusa")  # at most one, with or without "suffix"
 
@@ -161,6 +162,13 @@ class EngineConfig:
     `prefill_chunk_tokens` N: a prefill (or a drafter's catch-up) of more than N tokens (rows × longest
     prompt) runs as forwards of at most N tokens each, so its activations stay bounded; None: one forward.
 
+    `tree_width` w ≥ 2: every speculative step drafts a tree of γ levels of w nodes per row, all verified in one
+    target forward (`tree_step`; a fixed shape, for benchmarks); "auto" (needs `gamma="auto"`): the width is
+    chosen per step, up to `max_tree_width`, from the measured forward cost at the live batch and the trees'
+    acceptance so far (`gamma.tree`) — chains (w = 1) where a wider verification costs more than it keeps, as
+    at full batch. 1 (the default): chains only. Trees need a drafter that proposes them (the drafter LM, alone
+    or with the suffix drafter) and a target and drafter without recurrent layers.
+
     `speculation` "when_learned" (a drafter that starts from nothing: a fresh EAGLE head) keeps the engine at
     plain decoding — no drafts, no draft forwards — until a drafter version arrives with its held-out expected
     acceptance (`update_drafter`, key `ACCEPTANCE_STATE_KEY`: the online learner measures it on recorded
@@ -201,6 +209,8 @@ class EngineConfig:
     kv_block_size: int = 16
     memory_budget: int | float | None = None
     prefill_chunk_tokens: int | None = None
+    tree_width: int | Literal["auto"] = 1
+    max_tree_width: int = 4
     speculation: str = "always"
 
     def __post_init__(self) -> None:
@@ -280,6 +290,17 @@ class EngineConfig:
         require(self.prefill_chunk_tokens is None or (isinstance(self.prefill_chunk_tokens, int)
                 and not isinstance(self.prefill_chunk_tokens, bool) and self.prefill_chunk_tokens >= 1),
                 "prefill_chunk_tokens", self.prefill_chunk_tokens, "None (unchunked) or an int >= 1")
+        require(isinstance(self.max_tree_width, int) and not isinstance(self.max_tree_width, bool)
+                and 1 <= self.max_tree_width <= MAX_TREE_WIDTH, "max_tree_width", self.max_tree_width,
+                f"an int in [1, {MAX_TREE_WIDTH}]")
+        width = self.tree_width
+        require(width == "auto" or (isinstance(width, int) and not isinstance(width, bool)
+                and 1 <= width <= MAX_TREE_WIDTH), "tree_width", width,
+                f"an int in [1, {MAX_TREE_WIDTH}] (1 = chains; w >= 2: trees of w nodes per level) or 'auto'")
+        require(width != "auto" or self.gamma == "auto", "tree_width", width,
+                f"'auto' needs gamma='auto' (the cost model shapes the tree), not gamma={self.gamma!r}")
+        if isinstance(width, int) and width > self.max_tree_width:
+            self.max_tree_width = width
         budget = self.memory_budget
         require(budget is None or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1)
                 or (isinstance(budget, float) and 0 < budget <= 1), "memory_budget", budget,
@@ -291,9 +312,14 @@ class EngineConfig:
             raise ValueError(f"device={self.device!r} is invalid: {err}") from err
 
     @property
+    def max_step_drafts(self) -> int:
+        """The most draft tokens one step feeds per row: γ, or γ levels of a tree's nodes."""
+        return self.max_gamma * (1 if self.tree_width == 1 else self.max_tree_width)
+
+    @property
     def cache_len(self) -> int:
         """Slots per row in the KV buffers: room for the longest row plus one step of drafts."""
-        return self.max_seq_len + self.max_gamma + 2
+        return self.max_seq_len + self.max_step_drafts + 2
 
     @property
     def state_history(self) -> int:

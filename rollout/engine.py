@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -61,33 +61,30 @@ from .core.request import Request, Rollout, make_requests
 from .core.scheduler import Scheduler
 from .core.stats import EngineStats
 from .core.validate import validate_generate_args
-from .drafters.draft_vocab import DraftVocab, initial_ids
-from .drafters.factory import DrafterWeights, drafter_memory, make_drafter
+from .drafters.factory import DrafterWeights, make_drafter
 from .drafters.protocol import Drafter, Proposal
+from .engine_memory import EngineMemory
+from .engine_weights import ACCEPTANCE_STATE_KEY, VOCAB_DRAFTER_KINDS, EngineWeights
 from .gamma.factory import make_gamma_policy
 from .gamma.policy import GammaPolicy, StepOutcome, StepShape
 from .models.architectures import check_architecture
-from .models.memory import MemoryPlan, plan_memory
-from .models.paged import PagedKVCache, PagedLayout
+from .models.paged import PagedLayout
 from .models.runner import ModelRunner
 from .models.timing import CALIBRATION_CONTEXT, runs_async
 from .models.vocab import check_vocab_compatible
-from .models.weights import copy_into
-from .prefill import prefill_target
+from .prefill import admits, check_blocks, prefill_target, reserved_tokens
 from .sampling.accept import ACCEPT_RULES, AcceptRule
 from .sampling.draft_q import DraftQ
 from .sampling.logits import process_logits
 from .sampling.noise import StepNoise
 from .sampling.randomness import draw_seed
+from .tree_step import make_tree_step
 
-VOCAB_DRAFTER_KINDS = ("model", "eagle", "eagle3", "medusa", "layer_skip")  # the drafters with an LM head to cut
+__all__ = ["ACCEPTANCE_STATE_KEY", "DRAFT_TIMING_EVERY", "VOCAB_DRAFTER_KINDS", "SpecEngine"]
 DRAFT_TIMING_EVERY = 16  # on an async device, the drafting steps whose draft part auto-γ times (one sync each)
-# A drafter state dict's held-out expected acceptance, in parts per million (an int64 [1]: no weight cast moves it);
-# with `EngineConfig.speculation = "when_learned"` it decides whether the engine drafts at all (`speculating`).
-ACCEPTANCE_STATE_KEY = "specroll.held_out_acceptance_ppm"
 
 
-class SpecEngine:
+class SpecEngine(EngineMemory, EngineWeights):
     """Generates completions for many prompts at once with a target model and optional drafter."""
 
     def __init__(
@@ -122,6 +119,7 @@ class SpecEngine:
         self.stats = EngineStats(trace_steps=config.stats_trace_steps)
         self.gamma_policy: GammaPolicy = make_gamma_policy(config, self.target, self.drafter)
         self.accept_rule: AcceptRule = ACCEPT_RULES[config.sampler]()
+        self.tree_step, self.tree_policy = make_tree_step(config, self.target, self.drafter, self.gamma_policy)
         self.policy_version = 0
         self.drafter_version = 0
         self.drafter_acceptance: float | None = None  # the served version's held-out acceptance, if it came with one
@@ -164,7 +162,8 @@ class SpecEngine:
             raise RuntimeError("generate called on a released engine (SpecEngine.release): call allocate() first")
         budgets, indices = validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len,
                                                   max_new_tokens, prompt_indices)
-        self._check_blocks(prompts, budgets)
+        check_blocks(self.target.cache, [reserved_tokens(len(p), b, self.config.max_step_drafts)
+                                         for p, b in zip(prompts, budgets)])
         seed = params.seed if params.seed is not None else draw_seed()  # once per call, recorded in each Rollout
         return self._run(make_requests(prompts, n, budgets, seed, indices), params)
 
@@ -180,7 +179,7 @@ class SpecEngine:
     def _steps(self, requests: list[Request], params: SamplingParams) -> Generator[int, None, list[Rollout]]:
         started = time.perf_counter()
         stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.device)
-        scheduler = Scheduler(self.config.max_batch_size, self._admits)
+        scheduler = Scheduler(self.config.max_batch_size, lambda req: admits(self.target.cache, self._reserve(req)))
         scheduler.add(requests)
         nonfinite_before = self.stats.drafter_nonfinite_rows
         self._drafting = self.drafter is not None and self.speculating
@@ -188,7 +187,9 @@ class SpecEngine:
         while not scheduler.done:
             shape = self._shape(scheduler.num_live_rows)
             gamma = self.gamma_policy.choose(shape, params.greedy) if self._drafting else 0
-            finished = self._step(shape, gamma, params, stop_ids)
+            depth, width = self.tree_policy.choose(shape, gamma, params.greedy) if self.tree_policy else (gamma, 1)
+            finished = self._step(shape, gamma, params, stop_ids) if width == 1 else \
+                self._tree(shape, depth, width, params, stop_ids)
             self._finish(scheduler, finished)
             self._pause_clock(started)
             yield scheduler.num_live_rows
@@ -201,13 +202,7 @@ class SpecEngine:
         """The live batch as an adaptive γ policy sees it (from the host copies; skipped for a fixed γ)."""
         if not (self.drafter and self.gamma_policy.adaptive):
             return StepShape(live)
-        lens, limits, top = self.rows.host_seq_len[:live], self.rows.host_max_len[:live], self.config.max_gamma
-        # Attention reads every row up to the longest one: that is the step's KV length. A row with
-        # r tokens left can use r - 1 drafts.
-        room = [0] * (top + 1)
-        for length, limit in zip(lens, limits):
-            room[min(max(limit - length - 1, 0), top)] += 1
-        return StepShape(live, max(lens), room)
+        return StepShape.of_rows(self.rows.host_seq_len[:live], self.rows.host_max_len[:live], self.config.max_gamma)
 
     def _warn_nonfinite_drafter(self, rows: int) -> None:
         if rows > 0:
@@ -240,87 +235,6 @@ class SpecEngine:
         break_even = self.break_even_acceptance()
         return self.drafter_acceptance is not None and break_even is not None and self.drafter_acceptance >= break_even
 
-    def set_draft_vocab(self, ids: torch.Tensor | Sequence[int] | None) -> None:
-        """Draft over these target ids only (None: the whole vocabulary), between `generate` calls. The
-        output is the target's either way; a subset only makes drafts cheaper and some of them impossible.
-        A drafter state dict carrying `drafters.draft_vocab.STATE_KEY` (`update_drafter`) does the same."""
-        if self.drafter is None:
-            raise ValueError("set_draft_vocab called on an engine without a drafter")
-        self.drafter.set_draft_vocab(None if ids is None else DraftVocab(torch.as_tensor(ids), self.vocab_size))
-
-    def draft_vocab(self) -> torch.Tensor | None:
-        """The target ids the drafter drafts over now [N] (None: the whole vocabulary, or no drafter)."""
-        return None if self.drafter is None else self.drafter.draft_vocab()
-
-    def _first_draft_vocab(self, target: PreTrainedModel, size: int) -> None:
-        """`config.draft_vocab` before any rollout was counted: the first `size` ids and the EOS ids
-        (`drafters.draft_vocab.initial_ids`); the online learner publishes subsets counted from rollouts."""
-        if size > self.vocab_size:
-            raise ValueError(f"draft_vocab={size} is invalid: an int in [1, {self.vocab_size}] (the target's "
-                             "vocabulary)")
-        kinds = self.drafter.names if self.drafter else ()
-        if not set(kinds) & set(VOCAB_DRAFTER_KINDS):
-            raise ValueError(f"draft_vocab={size} is invalid with drafters {kinds}: it needs a drafter with an LM "
-                             f"head, one of {VOCAB_DRAFTER_KINDS}")
-        self.set_draft_vocab(initial_ids(size, self.vocab_size, target.config))
-
-    def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load new policy weights (all or some parameters, by name) between `generate` calls."""
-        copy_into(self.target.model, named_tensors, "target")
-        self.policy_version = version
-
-    def update_drafter(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load new drafter weights between `generate` calls; caches are kept, not reallocated."""
-        if self.drafter is None or not self.drafter.trainable:
-            raise ValueError("update_drafter called on an engine without a drafter that has weights "
-                             f"(drafters: {self.drafter.names if self.drafter else None})")
-        acceptance = state_dict.get(ACCEPTANCE_STATE_KEY)
-        self.drafter_acceptance = None if acceptance is None else int(acceptance.reshape(-1)[0]) / 1e6
-        self.drafter.load_weights({k: v for k, v in state_dict.items() if k != ACCEPTANCE_STATE_KEY})
-        self.drafter_version = version
-
-    # ------------------------------------------------------------------ memory between rollout phases
-
-    def _plan_memory(self, target: PreTrainedModel, drafter: DrafterWeights | Drafter | None) -> MemoryPlan:
-        """`models.memory.plan_memory` for what `drafter` will be, before anything is allocated."""
-        shapes, weights, hidden_width = drafter_memory(drafter, self.config, target)
-        return plan_memory(self.config, target, shapes, weights, hidden_width)
-
-    @property
-    def released(self) -> bool:
-        """Whether `release` freed the caches (and `allocate` has not made them again)."""
-        return self.rows is None
-
-    def release(self) -> None:
-        """Free the KV caches (target and drafter), recurrent state and per-row buffers between `generate`
-        calls, so that a trainer colocated with the engine can use the memory; weights, the drafter's suffix
-        history, stats and the cost model stay. `allocate` makes them again. On a GPU the memory goes back to
-        torch's caching allocator (the trainer's next allocations reuse it; `torch.cuda.empty_cache()` hands
-        it to the driver). A released engine refuses `generate` (it does not re-allocate by itself: memory
-        a colocated trainer may hold is not taken behind its back). Releasing twice is a no-op."""
-        if self._generating:
-            raise RuntimeError("release called while this engine is running a generation; finish or close it first")
-        if self.released:
-            return
-        self.target.cache.release()
-        if self.drafter:
-            self.drafter.release()
-        self.rows = None
-
-    def allocate(self) -> None:
-        """Make what `release` freed again, zeroed (a no-op on an allocated engine)."""
-        if not self.released:
-            return
-        self.target.cache.allocate()
-        if self.drafter:
-            self.drafter.allocate()
-        self.rows = self._row_buffers()
-
-    def _row_buffers(self) -> RowBuffers:
-        config = self.config
-        return RowBuffers(config.max_batch_size, config.cache_len, self.device,
-                          config.signal_top_k if config.record_signals else None, self._hidden_size, config.dtype)
-
     # ------------------------------------------------------------------ the step
 
     def _step(self, shape: StepShape, gamma: int, params: SamplingParams, stop_ids: torch.Tensor) -> list[int]:
@@ -335,7 +249,7 @@ class SpecEngine:
             gamma = proposal.drafts.shape[1]
             noise = noise.narrow(gamma + 1)
         drafted = self._draft_clock(gamma)
-        usable = self._usable(proposal, gamma)  # [n, γ]
+        usable = proposal.usable(gamma)  # [n, γ]
         last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
         logits = self.target.feed(live, torch.cat([last_token, proposal.drafts], dim=1),
                                   self.rows.hidden)  # [n, γ+1, V] in the target's dtype
@@ -381,20 +295,19 @@ class SpecEngine:
         each width is expected to keep."""
         if proposal.expected_kept is None or not self.gamma_policy.adaptive:
             return proposal
-        width = self.gamma_policy.narrow(shape, proposal.expected_kept)
-        if width >= proposal.drafts.shape[1]:
-            return proposal
-        lengths = None if proposal.lengths is None else proposal.lengths.clamp_max(width)
-        return Proposal(proposal.drafts[:, :width], proposal.q.narrow(width), lengths, proposal.source)
+        return proposal.narrow(self.gamma_policy.narrow(shape, proposal.expected_kept))
 
-    def _usable(self, proposal: Proposal, gamma: int) -> torch.Tensor:
-        """[n, γ] bool: the drafts verification may keep — each row's proposed ones, none of a row whose
-        q is non-finite anywhere (it takes a plain step)."""
-        n = proposal.drafts.shape[0]
-        usable = proposal.q.finite_rows(n, self.device)[:, None].expand(n, gamma)  # [n, γ]
-        if proposal.lengths is not None:
-            usable = usable & (torch.arange(gamma, device=self.device) < proposal.lengths[:, None])
-        return usable
+    def _tree(self, shape: StepShape, depth: int, width: int, params: SamplingParams, stop_ids: torch.Tensor
+              ) -> list[int]:
+        """A tree step (`tree_step.TreeStep`), counted and shown to the tree policy."""
+        started, n = time.perf_counter(), shape.rows
+        summary = self.tree_step.run(self.rows, n, depth, width, params, stop_ids)
+        self.stats.record_step(depth, n, summary, context=max(self.rows.host_seq_len[:n]),
+                               tree_nodes=n * depth * width)
+        step = self.rows.last_step
+        self.tree_policy.observe(shape, depth, width, step.accepted_len, step.drafted_len,
+                                 time.perf_counter() - started, params.greedy)
+        return summary.finished
 
     # ------------------------------------------------------------------ batch bookkeeping
 
@@ -405,24 +318,13 @@ class SpecEngine:
         for req in admitted:
             self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens, req.key)
         slots, count = prefill_target(self.target, self.rows, admitted, scheduler.running,
-                                      [self._reserved_tokens(req) for req in admitted])
+                                      [self._reserve(req) for req in admitted])
         if self.drafter:  # an engine that never drafts lets the drafter catch up lazily, if ever
             drafts = self._drafting and self.config.gamma != 0
             self.drafter.prefill(slots, self.rows, count if drafts else torch.zeros_like(count))
 
-    def _check_blocks(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int]) -> None:
-        """A paged cache must hold every request alone (else it would wait for ever)."""
-        if isinstance(self.target.cache, PagedKVCache):
-            self.target.cache.check_fits([len(p) + b + self.config.max_gamma for p, b in zip(prompts, budgets)])
-
-    def _reserved_tokens(self, req: Request) -> int:
-        """The most tokens a request's row can hold in the target cache: its prompt and budget, a step of drafts."""
-        return len(req.prompt_ids) + req.max_new_tokens + self.config.max_gamma
-
-    def _admits(self, req: Request) -> bool:
-        """Whether the target cache can take `req` now (a paged cache: its blocks are free, and reserved)."""
-        cache = self.target.cache
-        return not isinstance(cache, PagedKVCache) or cache.try_reserve(self._reserved_tokens(req))
+    def _reserve(self, req: Request) -> int:
+        return reserved_tokens(len(req.prompt_ids), req.max_new_tokens, self.config.max_step_drafts)
 
     def _finish(self, scheduler: Scheduler, finished: list[int]) -> None:
         if not finished:

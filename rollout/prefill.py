@@ -14,6 +14,7 @@ import torch
 
 from .core.batch import RowBuffers
 from .core.request import Request
+from .models.cache import RaggedKVCache
 from .models.paged import PagedKVCache
 from .models.rows import RowIds
 from .models.runner import ModelRunner
@@ -75,3 +76,21 @@ def _extend(target: ModelRunner, rows: RowBuffers, requests: list[Request], shar
         target.cache.set_lens(slots, packed[k : 2 * k], shared)
     if max(counts) > 0:
         target.extend(slots, rows.tokens[slots.index], packed[2 * k :], rows.hidden, host_count=counts)
+
+
+def reserved_tokens(prompt_len: int, max_new_tokens: int, step_drafts: int) -> int:
+    """The most tokens a request's row can hold in the target cache: its prompt and budget, a step of drafts
+    (`EngineConfig.max_step_drafts`: a tree's nodes)."""
+    return prompt_len + max_new_tokens + step_drafts
+
+
+def check_blocks(cache: RaggedKVCache, tokens: list[int]) -> None:
+    """A paged cache must hold every request alone (else it would wait for ever): `ValueError` if one cannot."""
+    if isinstance(cache, PagedKVCache):
+        cache.check_fits(tokens)
+
+
+def admits(cache: RaggedKVCache, tokens: int) -> bool:
+    """Whether `cache` can take a request of up to `tokens` tokens now (a paged cache: its blocks are free, and
+    reserved)."""
+    return not isinstance(cache, PagedKVCache) or cache.try_reserve(tokens)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, fields
 
 TRACE_STEPS = 4096
 COUNTERS = ("target_forwards", "drafter_forwards", "generated_tokens", "drafted", "accepted", "steps",
-            "wall_time_s", "gamma_sum", "row_steps", "spec_row_steps", "drafter_nonfinite_rows")
+            "wall_time_s", "gamma_sum", "row_steps", "spec_row_steps", "drafter_nonfinite_rows", "tree_steps",
+            "tree_row_steps", "tree_nodes", "tree_accepted")
 
 
 @dataclass
@@ -83,6 +84,9 @@ class StatRates:
     gamma_sum: int
     row_steps: int
     spec_row_steps: int
+    tree_row_steps: int
+    tree_nodes: int
+    tree_accepted: int
 
     @property
     def acceptance_rate(self) -> float:
@@ -107,6 +111,16 @@ class StatRates:
     def mean_live_rows(self) -> float:
         return self.row_steps / self.steps if self.steps else 0.0
 
+    @property
+    def tree_nodes_per_row(self) -> float:
+        """Draft nodes the target verified per row per tree step (a chain step of γ: γ; 0 without tree steps)."""
+        return self.tree_nodes / self.tree_row_steps if self.tree_row_steps else 0.0
+
+    @property
+    def tree_accepted_len(self) -> float:
+        """Tokens emitted per row per tree step — per target call (kept path + the target's token; 1 without)."""
+        return 1.0 + self.tree_accepted / self.tree_row_steps if self.tree_row_steps else 1.0
+
 
 @dataclass(frozen=True)
 class BatchStats(StatRates):
@@ -123,6 +137,10 @@ class BatchStats(StatRates):
     row_steps: int = 0
     spec_row_steps: int = 0
     drafter_nonfinite_rows: int = 0
+    tree_steps: int = 0
+    tree_row_steps: int = 0
+    tree_nodes: int = 0
+    tree_accepted: int = 0
     by_drafter: dict[str, DrafterStats] = field(default_factory=dict)
 
     def __add__(self, other: BatchStats) -> BatchStats:
@@ -143,12 +161,17 @@ class EngineStats(StatRates):
     row_steps: int = 0  # live rows summed over steps
     spec_row_steps: int = 0  # live rows summed over speculative (γ > 0) steps
     drafter_nonfinite_rows: int = 0  # row-steps whose drafts were dropped: the drafter's q was non-finite
+    tree_steps: int = 0  # steps that verified a tree (`tree_step`)
+    tree_row_steps: int = 0  # live rows summed over tree steps
+    tree_nodes: int = 0  # draft nodes fed to the target in tree steps (rows × width × depth)
+    tree_accepted: int = 0  # drafts kept in tree steps
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     trace_steps: int = TRACE_STEPS  # how many of the latest steps the two traces below keep
     gamma_per_step: deque[int] = field(default_factory=deque)
     live_rows_per_step: deque[int] = field(default_factory=deque)
     context_per_step: deque[int] = field(default_factory=deque)  # the longest row after the step
+    tokens_per_step: deque[int] = field(default_factory=deque)  # tokens the step emitted, all rows
     by_drafter: dict[str, DrafterStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -157,6 +180,7 @@ class EngineStats(StatRates):
         self.gamma_per_step = deque(self.gamma_per_step, maxlen=self.trace_steps)
         self.live_rows_per_step = deque(self.live_rows_per_step, maxlen=self.trace_steps)
         self.context_per_step = deque(self.context_per_step, maxlen=self.trace_steps)
+        self.tokens_per_step = deque(self.tokens_per_step, maxlen=self.trace_steps)
 
     @property
     def acceptance_per_position(self) -> list[float]:
@@ -171,8 +195,15 @@ class EngineStats(StatRates):
         """The counters so far, as a `BatchStats` (the `before` of `since`)."""
         return BatchStats(**{name: getattr(self, name) for name in COUNTERS}, by_drafter=dict(self.by_drafter))
 
-    def record_step(self, gamma: int, live_rows: int, step: StepSummary, context: int = 0) -> None:
-        """Count one engine step of `live_rows` rows with up to γ drafts each (`step` says what it did)."""
+    def record_step(self, gamma: int, live_rows: int, step: StepSummary, context: int = 0, tree_nodes: int = 0
+                    ) -> None:
+        """Count one engine step of `live_rows` rows with up to γ drafts each (`step` says what it did); a tree
+        step of depth γ also says how many draft nodes it verified (`tree_nodes`)."""
+        if tree_nodes:
+            self.tree_steps += 1
+            self.tree_row_steps += live_rows
+            self.tree_nodes += tree_nodes
+            self.tree_accepted += sum(step.kept_per_position)
         self.steps += 1
         self.generated_tokens += step.emitted
         self.drafted += sum(step.drafted_per_position)
@@ -192,6 +223,7 @@ class EngineStats(StatRates):
         self.gamma_per_step.append(gamma)
         self.live_rows_per_step.append(live_rows)
         self.context_per_step.append(context)
+        self.tokens_per_step.append(step.emitted)
 
     def reset(self) -> None:
         fresh = EngineStats(trace_steps=self.trace_steps)
@@ -201,7 +233,7 @@ class EngineStats(StatRates):
         """Every field (traces as lists) and the derived rates: plain data, safe to keep or serialise."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("drafted_per_position", "accepted_per_position", "gamma_per_step", "live_rows_per_step",
-                     "context_per_step"):
+                     "context_per_step", "tokens_per_step"):
             out[name] = list(out[name])
         out["by_drafter"] = {name: share.to_dict() for name, share in self.by_drafter.items()}
         out.update(
@@ -211,5 +243,7 @@ class EngineStats(StatRates):
             mean_accepted_len=self.mean_accepted_len,
             mean_gamma=self.mean_gamma,
             mean_live_rows=self.mean_live_rows,
+            tree_nodes_per_row=self.tree_nodes_per_row,
+            tree_accepted_len=self.tree_accepted_len,
         )
         return out

@@ -3,7 +3,9 @@
 It keeps its cache one or two tokens behind the row (the last draft is never fed, and after a rejection
 the kept prefix is shorter than what it fed); more after steps it did not run in (plain steps, or rows
 another drafter served). Before drafting it catches up with one ragged forward, whose last logits give q
-for the first draft, then feeds each draft to get the next q.
+for the first draft, then feeds each draft to get the next q. A tree (`propose_tree`, `tree_draft.grow_tree`)
+feeds each level's nodes in one forward with a tree mask, past the row's cached tokens, and moves no length:
+after the step the cache is back at the row's old length, and the next catch-up feeds the kept tokens.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from transformers import PreTrainedModel
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.cache import STATE_HISTORY
-from ..models.rows import Rows, device_index, pick
+from ..models.rows import RowIds, Rows, device_index, pick
 from ..models.runner import ModelRunner
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, draft_noise, model_cost_key, time_forwards
+from ..models.tree_mask import TreeAttention
 from ..sampling.logits import process_logits
-from ..sampling.noise import gumbel_max
+from ..sampling.noise import StepNoise, gumbel_max
+from ..sampling.tree import tree_ancestors
 from .draft_vocab import DraftVocab, VocabDraws
 from .protocol import DraftDraw, Proposal
+from .tree_draft import grow_tree
 
 
 class ModelDrafter:
@@ -62,6 +67,41 @@ class ModelDrafter:
             if i < gamma - 1:
                 logits = self.runner.feed(live, drafts[:, i : i + 1], head=head)[:, 0]
         return Proposal(drafts, self.draws.proposal_q(q))
+
+    @property
+    def tree_ready(self) -> bool:
+        """A recurrent drafter LM cannot score a tree in one forward (`models.tree_mask`)."""
+        return not self.runner.cache.state_layers
+
+    def propose_tree(self, live: Rows, rows: RowBuffers, depth: int, width: int, params: SamplingParams,
+                     noise: StepNoise) -> Proposal:
+        """`depth` levels of `width` nodes per row by the drafter's confidence (greedy: q at T = 1 ranks the
+        children; the accept rule then only compares tokens). `live` may be some of the live rows (`RowIds`)."""
+        index = device_index(live)
+        head = self.draws.head(self.runner.model.get_output_embeddings())
+        lag = rows.seq_len[index] - self.runner.cache.lens[index]  # [n] ≥ 1
+        host_lag = [s - c for s, c in zip(pick(rows.host_seq_len, live), self.runner.host_lens(live))]
+        logits = self.runner.extend(live, rows.tokens[index], lag, head=head, host_count=host_lag)  # [n, K]
+        base, host_base = self.runner.cache.lens[index], self.runner.host_lens(live)  # [n]: the row's length
+
+        def confidence(logits: torch.Tensor) -> torch.Tensor:
+            logits = self._to_target_vocab(logits.float())
+            return logits.softmax(-1) if params.greedy else process_logits(logits, params)
+
+        def expand(tokens: torch.Tensor, parents: torch.Tensor, level: int) -> torch.Tensor:
+            seen = tree_ancestors(parents, width)[:, 1:, 1:]  # [n, d·w, d·w] among the drafted nodes
+            depths = torch.arange(parents.shape[1], device=tokens.device) // width  # [d·w] depth − 1
+            offset = (level - 1) * width
+            tree = TreeAttention(base, seen[:, offset:], (base + level - 1)[:, None].expand(-1, width),
+                                 base[:, None] + depths)
+            out = self.runner.forward(live, tokens, base + offset, head=head, tree=tree,
+                                      host_start=[b + offset for b in host_base])  # [n, w, K]
+            return confidence(out)
+
+        rows_of = live.index if isinstance(live, RowIds) else None
+        grown = grow_tree(confidence(logits), depth, width, expand, noise, self.draws.ids, rows_of)
+        q = self.draws.proposal_q(grown.probs)
+        return Proposal(grown.drafts, q, tree=grown.tree)
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:

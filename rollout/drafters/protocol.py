@@ -10,6 +10,11 @@ choice between them), and the drafters that read the target (`layer_skip.LayerSk
 `eagle.EagleDrafter`, `medusa.MedusaDrafter`; the last two ask for its hidden states: `wants_hidden`,
 `hidden`). `factory.make_drafter` builds what `EngineConfig.drafters` lists.
 
+A drafter may also propose a *tree* of candidates (`TreeDrafter.propose_tree`: several children per node, by
+its own confidence; `sampling.tree.DraftTree` is the shape). Chains stay the common case: the engine asks for a
+tree only where the γ policy's tree shape says one pays (`gamma.tree`), and only of a drafter that implements
+`TreeDrafter` (`model.ModelDrafter`, `suffix_or_model.SuffixOrModelDrafter`); `propose` is untouched.
+
 A drafter owns no randomness: it draws each draft with the `draw(q_i, i)` the engine hands it —
 Gumbel-max with the token noise of that row and position (`sampling.noise.StepNoise.draw_draft`), the noise
 the target's own draw there uses. That shared noise is what makes the invariant rule's output
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -28,6 +33,8 @@ from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.timing import ForwardTimes
 from ..sampling.draft_q import DraftQ
+from ..sampling.noise import StepNoise
+from ..sampling.tree import DraftTree
 from .draft_vocab import DraftVocab
 
 # draw(q_i [n, K], i, ids=None, rows=None) → draft i [n] (target ids), with the token noise of each row's position
@@ -50,6 +57,25 @@ class Proposal:
     # Host, [γ+1]: the drafts expected kept, all rows together, if only the first w columns are verified
     # (w = 0..γ). Given, an adaptive γ policy may verify fewer columns (`GammaPolicy.narrow`).
     expected_kept: list[float] | None = None
+    # A tree proposal: `drafts` [n, M] and q [n, M, K] are its drafted nodes, level by level (`DraftTree`); the
+    # engine verifies it with one tree forward (`tree_step`). None: a chain.
+    tree: DraftTree | None = None
+
+    def narrow(self, width: int) -> Proposal:
+        """The chain proposal's first `width` columns (itself if it is no wider)."""
+        if width >= self.drafts.shape[1]:
+            return self
+        lengths = None if self.lengths is None else self.lengths.clamp_max(width)
+        return Proposal(self.drafts[:, :width], self.q.narrow(width), lengths, self.source)
+
+    def usable(self, gamma: int) -> torch.Tensor:
+        """[n, γ] bool: the drafts verification may keep — each row's proposed ones, none of a row whose
+        q is non-finite anywhere (it takes a plain step)."""
+        n, device = self.drafts.shape[0], self.drafts.device
+        usable = self.q.finite_rows(n, device)[:, None].expand(n, gamma)  # [n, γ]
+        if self.lengths is not None:
+            usable = usable & (torch.arange(gamma, device=device) < self.lengths[:, None])
+        return usable
 
 
 class Drafter(Protocol):
@@ -107,4 +133,17 @@ class Drafter(Protocol):
     def time_drafts(self, batch_sizes: list[int], deadline: float) -> ForwardTimes:
         """Seconds of one draft per batch size at query lengths [1, 2] (a draft after a catch-up of up
         to two tokens costs the second column, each further draft the first)."""
+        ...
+
+
+@runtime_checkable
+class TreeDrafter(Drafter, Protocol):
+    """A `Drafter` that can also propose a tree (module docstring); the engine checks for it once, at construction."""
+
+    tree_ready: bool  # False: it cannot draft a tree now (e.g. a recurrent drafter LM): the engine refuses trees
+
+    def propose_tree(self, live: slice, rows: RowBuffers, depth: int, width: int, params: SamplingParams,
+                     noise: StepNoise) -> Proposal:
+        """A tree of `depth` levels of `width` nodes for each live row (`Proposal.tree`), each node drawn with the
+        token noise of its depth (`StepNoise.draw_top`: Gumbel-top-k, the chain's draft first)."""
         ...

@@ -9,6 +9,10 @@ so its cost follows its share. Rows it skipped fall behind in its cache and catc
 forward. All rows are still verified in one target forward of γ + 1 tokens: a suffix proposal
 shorter than γ is padding past its `lengths` (verified, never kept — the price of one forward).
 
+A tree step (`propose_tree`) takes both drafters' proposals at once instead of choosing: at every level the
+suffix continuation's node first, then the model's tree of one node less per level (`TreeDrafter`); the tree
+rule tries the suffix's draft, then the model's draws, as separate draws (`sampling.tree_accept`).
+
 `factory.make_drafter` builds it when `EngineConfig.drafters` lists "suffix" and one model-like kind.
 """
 
@@ -24,8 +28,11 @@ from ..core.batch import RowBuffers
 from ..core.rates import PRIOR_ACCEPTANCE, DecayedRates
 from ..models.rows import RowIds
 from ..models.timing import ForwardTimes
+from ..sampling.draft_q import DraftQ
+from ..sampling.noise import StepNoise
+from ..sampling.tree import DraftTree
 from .draft_vocab import DraftVocab
-from .protocol import DraftDraw, Drafter, Proposal
+from .protocol import DraftDraw, Drafter, Proposal, TreeDrafter
 from .suffix import Lookup, SuffixDrafter
 
 PRIOR_DRAFTS = 4  # the model's α_j starts at PRIOR_ACCEPTANCE, worth this many drafts
@@ -94,6 +101,41 @@ class SuffixOrModelDrafter:
         suffix = self.suffix.expected_by_width(found, gamma, [not m for m in use_model])
         expected = [s + len(served) * m for s, m in zip(suffix, model)]
         return Proposal(drafts, q, lengths, source, expected)
+
+    @property
+    def tree_ready(self) -> bool:
+        return isinstance(self.model, TreeDrafter) and self.model.tree_ready
+
+    def propose_tree(self, live: slice, rows: RowBuffers, depth: int, width: int, params: SamplingParams,
+                     noise: StepNoise) -> Proposal:
+        """One tree of `width` nodes per level: node 0 of each level the suffix continuation's (a chain under the
+        root, a point mass; padding past its match), the rest the model's tree of `width - 1` (module docstring)."""
+        n, device = live.stop, rows.tokens.device
+        found = self.suffix.lookup(n, depth)
+        part = self.model.propose_tree(live, rows, depth, width - 1, params, noise)
+        host = [t for d in found.drafts for t in d + [0] * (depth - len(d))] + [len(d) for d in found.drafts]
+        packed = torch.tensor(host, dtype=torch.long, device=device)  # [n·D + n]: one host→device copy
+        suffix, lengths = packed[: n * depth].view(n, depth), packed[n * depth :]  # [n, D], [n]
+        merged = depth * width
+        levels = torch.arange(merged, device=device) // width  # [M'] depth − 1 of each merged node
+        is_suffix = torch.arange(merged, device=device) % width == 0  # [M']
+        model_cols = (~is_suffix).nonzero()[:, 0]  # [M] where the model's nodes go, in its order
+        remap = torch.cat([model_cols.new_zeros(1), model_cols + 1])  # model node id → merged node id
+        parents = torch.zeros(n, merged, dtype=torch.long, device=device)
+        parents[:, is_suffix] = torch.where(levels[is_suffix] > 0, levels[is_suffix] * width - width + 1, 0)
+        parents[:, model_cols] = remap[part.tree.parents]
+        drafts = torch.zeros_like(parents)
+        drafts[:, is_suffix], drafts[:, model_cols] = suffix, part.drafts
+        valid = torch.zeros_like(parents, dtype=torch.bool)
+        valid[:, is_suffix] = torch.arange(depth, device=device)[None, :] < lengths[:, None]
+        valid[:, model_cols] = part.tree.valid
+        fresh = is_suffix[None, :].expand(n, -1).clone()
+        fresh[:, model_cols] = part.tree.fresh
+        probs = part.q.probs.new_zeros(n, merged, part.q.probs.shape[-1])
+        probs[:, model_cols] = part.q.probs
+        q = DraftQ(probs, part.q.ids, is_suffix[None, :].expand(n, -1), self.vocab_size)
+        source = (~is_suffix).long()[None, :].expand(n, -1)  # 0: "suffix", 1: the model (`names`)
+        return Proposal(drafts, q, tree=DraftTree(parents, fresh, valid, width, depth, source))
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:

@@ -204,20 +204,22 @@ def _grid(max_batch: int) -> list[int]:
 
 
 def calibrate(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: int, budget_s: float,
-              cache_dir: str | None = None) -> CostModel:
+              cache_dir: str | None = None, max_query: int | None = None) -> CostModel:
     """Measure (or load from the on-disk cache) target and drafter forward times.
 
     The target is timed at two cached-context lengths, `CALIBRATION_CONTEXT` and up to
     `LONG_CONTEXT` (as far as the cache allows): attention over a long ragged batch reads every
     row's K/V up to the longest row, which at rollout lengths costs as much as the matrix products.
-    The drafter times its own drafts (`Drafter.time_drafts`).
+    The drafter times its own drafts (`Drafter.time_drafts`). `max_query`: time the target up to that many
+    tokens per row (a tree's 1 + γ·w, `tree`; None: a chain's γ + 1).
     """
-    key = _cache_key(target, drafter, max_batch, max_gamma)
+    top = max(max_query or 0, max_gamma + 1)
+    key = _cache_key(target, drafter, max_batch, max_gamma) + ("" if top == max_gamma + 1 else f"-q{top}")
     path = Path(cache_dir or _default_cache_dir()) / f"{key}.json"
     if path.exists():
         return _load(path)
     batch_sizes = _grid(max_batch)
-    query_lens = _query_grid(max_gamma)
+    query_lens = _query_grid(top - 1)
     coarse = [q for q in query_lens if q <= 3 or (q - 1) & (q - 2) == 0 or q == query_lens[-1]]  # 1, 2, 3, 5, 9, …
     long_context = min(LONG_CONTEXT, target.cache.length - max_gamma - 2)
     two = long_context >= 2 * CALIBRATION_CONTEXT

@@ -23,6 +23,16 @@ class StepShape:
     context: int = CALIBRATION_CONTEXT  # KV length the step's attention reads (the longest row)
     room: list[int] | None = None  # room[m]: rows whose length budget can use at most m drafts (m ≤ max_gamma)
 
+    @classmethod
+    def of_rows(cls, lens: list[int], limits: list[int], max_gamma: int) -> StepShape:
+        """The shape of live rows of lengths `lens` and length limits `limits` (host lists)."""
+        # Attention reads every row up to the longest one: that is the step's KV length. A row with
+        # r tokens left can use r - 1 drafts.
+        room = [0] * (max_gamma + 1)
+        for length, limit in zip(lens, limits):
+            room[min(max(limit - length - 1, 0), max_gamma)] += 1
+        return cls(len(lens), max(lens), room)
+
 
 @dataclass
 class StepOutcome:

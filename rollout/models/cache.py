@@ -34,121 +34,25 @@ which is why HF assisted generation refuses batch size > 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
-from transformers import PreTrainedModel
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .hf_compat import cache_kwargs
+from .plan import PlannedLayer, PlanSlot, WritePlan
 from .recurrent.linear_state import RaggedStateLayer, StateShape
 from .rows import Rows, device_index, host_ids
+from .shapes import HybridShape, LayerShape, probe_layer_shapes
+
+__all__ = ["STATE_HISTORY", "HybridShape", "LayerShape", "PlanSlot", "RaggedKVCache", "RaggedLayer", "StateShape",
+           "WritePlan", "probe_layer_shapes"]
 
 # Lengths of each row whose linear-attention state is kept (how far a row can be rolled back): the
 # engine needs max_gamma + 1, and EngineConfig's default max_gamma is 8.
 STATE_HISTORY = 16
 
 
-@dataclass(frozen=True)
-class LayerShape:
-    """What one attention layer writes per token: K/V heads, and the head dims of K and of V."""
-
-    num_heads: int
-    key_dim: int
-    value_dim: int
-
-
-@dataclass(frozen=True)
-class HybridShape:
-    """A layer that writes attention K/V and keeps a recurrent state (Falcon-H1's parallel mixers)."""
-
-    attention: LayerShape
-    state: StateShape
-
-
-@torch.inference_mode()
-def probe_layer_shapes(model: PreTrainedModel) -> list[LayerShape | StateShape | HybridShape | None]:
-    """Each cache layer's `LayerShape` (`StateShape` for a linear-attention layer, `HybridShape` for
-    one with both, None where the layer writes nothing), from one 1-token forward.
-
-    Raises `ValueError` for a recurrent layer whose state is not one conv window and one recurrent
-    matrix (e.g. a conv-only layer, or several states per layer).
-    """
-    probe = DynamicCache(config=model.config)
-    ids = torch.zeros(1, 1, dtype=torch.long, device=model.get_input_embeddings().weight.device)
-    model(input_ids=ids, position_ids=torch.zeros_like(ids), use_cache=True, **cache_kwargs(model, probe))
-    return [_layer_shape(model, index, layer) for index, layer in enumerate(probe.layers)]
-
-
-def _layer_shape(model: PreTrainedModel, index: int, layer: CacheLayerMixin
-                 ) -> LayerShape | StateShape | HybridShape | None:
-    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-    attention = None if keys is None or keys.numel() == 0 else LayerShape(keys.shape[1], keys.shape[3],
-                                                                            values.shape[3])
-    if not isinstance(layer, LinearAttentionCacheLayerMixin):
-        return attention
-    conv, state = layer.conv_states.get(0), layer.recurrent_states.get(0)
-    if layer.number_of_states != 1 or conv is None or state is None:
-        raise ValueError(
-            f"{model.config.model_type!r} layer {index} keeps a recurrent/conv state ({type(layer).__name__}) "
-            "the ragged cache cannot hold: it holds attention K/V, and one conv window and one recurrent state"
-        )
-    state_shape = StateShape(conv.shape[1], conv.shape[2], tuple(state.shape[1:]), state.dtype)
-    return state_shape if attention is None else HybridShape(attention, state_shape)
-
-
-@dataclass
-class WritePlan:
-    """Where the next forward writes: row ids (a prefix `slice` or an index tensor) and positions."""
-
-    rows: slice | torch.Tensor
-    row_ids: torch.Tensor  # [n] the rows as indices
-    start: torch.Tensor  # [n] int64 first slot each row writes
-    count: torch.Tensor  # [n] int64 real tokens per row (the rest of the Q are right padding)
-    positions: torch.Tensor  # [n, Q] int64 slot of each new token
-    kv_len: int  # slots the attention reads: max(start) + Q
-    same_start: int | None = None  # every row writes at this slot (then a slice copy replaces the scatter)
-    first_snapshot: int = 0  # linear-attention layers snapshot their state from this query index on
-    write_slots: torch.Tensor | None = None  # [n, Q] pool slots of the writes (paged cache only)
-    read_slots: torch.Tensor | None = None  # [n, K] pool slots attention reads (paged cache only)
-    _index: dict[torch.Size, torch.Tensor] = field(default_factory=dict)
-    _ring: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
-
-    def scatter_index(self, shape: torch.Size) -> torch.Tensor:
-        """`positions` broadcast to [n, H, Q, D], built once per forward and shape (K and V may differ)."""
-        index = self._index.get(shape)
-        if index is None:
-            index = self._index[shape] = self.positions[:, None, :, None].expand(shape)
-        return index
-
-    def ring_slots(self, size: int, offset: int = 0) -> torch.Tensor:
-        """[n, Q]: slot `(start + q + offset) mod size` of a ring of `size`, for each row's last `size`
-        real tokens; `size` (the ring's spare slot) for padding and older tokens."""
-        slots = self._ring.get((size, offset))
-        if slots is None:
-            q = torch.arange(self.positions.shape[1], device=self.start.device)[None, :]  # [1, Q]
-            count = self.count[:, None]  # [n, 1]
-            kept = (q < count) & (q >= count - size)
-            slots = self._ring[(size, offset)] = torch.where(kept, (self.start[:, None] + q + offset) % size, size)
-        return slots
-
-
-class PlanSlot:
-    """The write plan of the forward in flight, shared by a cache and its layers, and the cache's length.
-
-    Layers hold this, not their cache: no reference cycle between them, so a dropped cache (and engine)
-    frees its buffers at once instead of when the cyclic garbage collector next runs."""
-
-    def __init__(self, length: int):
-        self.plan: WritePlan | None = None
-        self.length = length
-
-
-class RaggedLayer(CacheLayerMixin):
+class RaggedLayer(PlannedLayer):
     """One attention layer's K/V buffers (`shape` None: a layer that writes none); `update` follows the plan
     its parent cache set. `release` frees the buffers, `allocate` makes them again (zeroed)."""
-
-    is_compileable = False
 
     def __init__(self, slot: PlanSlot, shape: LayerShape | None, batch: int, dtype: torch.dtype,
                  device: torch.device):
@@ -179,9 +83,6 @@ class RaggedLayer(CacheLayerMixin):
         per_slot = (self.shape.key_dim + self.shape.value_dim) * self.shape.num_heads
         return self.batch * self.slot.length * per_slot * self.dtype.itemsize
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        raise RuntimeError("RaggedLayer buffers are preallocated")
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         plan = self.slot.plan
         if plan is None:
@@ -203,15 +104,6 @@ class RaggedLayer(CacheLayerMixin):
             self.keys[rows[:, None], :, plan.positions] = key_states.transpose(1, 2).to(self.keys.dtype)
             self.values[rows[:, None], :, plan.positions] = value_states.transpose(1, 2).to(self.values.dtype)
         return self.keys[rows, :, : plan.kv_len], self.values[rows, :, : plan.kv_len]
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.slot.plan.kv_len, 0
-
-    def get_seq_length(self) -> int:
-        return self.slot.plan.kv_len if self.slot.plan is not None else 0
-
-    def get_max_length(self) -> int:
-        return self.slot.length
 
 
 class RaggedKVCache(Cache):
@@ -341,6 +233,17 @@ class RaggedKVCache(Cache):
 
     def _finish_plan(self, plan: WritePlan) -> None:
         """After a forward's plan is made (a paged cache adds its pool slots here)."""
+
+    def compact(self, rows: slice, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move each row's K/V at slots `src` [n, k] to slots `dst` [n, k] (a verified tree's kept path into the
+        slots a chain would have written: `tree_step`). Every `src` slot was written by the forward just run, and
+        `dst` ≤ `src` slot by slot, so the moved slots stay below `written`. Recurrent state has no tree forward
+        (`tree_mask.check_tree`): only attention K/V move."""
+        for layer in self.buffered_layers:
+            for buf in (layer.keys, layer.values):
+                view = buf[rows]  # [n, H, L, D], a view of the live prefix
+                index = src[:, None, :, None].expand(-1, view.shape[1], -1, view.shape[3])  # [n, H, k, D]
+                view.scatter_(2, dst[:, None, :, None].expand_as(index), view.gather(2, index))
 
     def release_rows(self, rows: list[int]) -> None:
         """Finished rows: their slots' memory is the dense buffers', nothing to give back (a paged cache's is)."""

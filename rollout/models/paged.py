@@ -31,9 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import CacheLayerMixin
 
-from .cache import STATE_HISTORY, HybridShape, LayerShape, PlanSlot, RaggedKVCache, StateShape, WritePlan
+from .cache import STATE_HISTORY, HybridShape, LayerShape, RaggedKVCache, StateShape
+from .plan import PlannedLayer, PlanSlot, WritePlan
 from .rows import Rows, device_index, host_ids
 
 NULL_BLOCK, PAD_BLOCK = 0, 1  # all zeros, never written; the sink of padding writes, never read
@@ -48,10 +48,8 @@ class PagedLayout:
     block_size: int
 
 
-class PagedLayer(CacheLayerMixin):
+class PagedLayer(PlannedLayer):
     """One attention layer's K and V pools `[H_kv, num_blocks · block_size, D]`; `update` follows the plan."""
-
-    is_compileable = False
 
     def __init__(self, slot: PlanSlot, shape: LayerShape, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device):
@@ -86,9 +84,6 @@ class PagedLayer(CacheLayerMixin):
         return self.num_blocks * self.block_size * self.shape.num_heads * (
             self.shape.key_dim + self.shape.value_dim) * self.dtype.itemsize
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        raise RuntimeError("PagedLayer pools are preallocated")
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         plan = self.slot.plan
         if plan is None or plan.write_slots is None:
@@ -102,15 +97,6 @@ class PagedLayer(CacheLayerMixin):
         read = plan.read_slots.reshape(-1)
         return tuple(pool.index_select(1, read).view(heads, n, width, pool.shape[-1]).transpose(0, 1)
                      for pool in (self.keys, self.values))
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.slot.plan.kv_len, 0
-
-    def get_seq_length(self) -> int:
-        return self.slot.plan.kv_len if self.slot.plan is not None else 0
-
-    def get_max_length(self) -> int:
-        return self.slot.length
 
 
 class PagedKVCache(RaggedKVCache):
@@ -237,6 +223,17 @@ class PagedKVCache(RaggedKVCache):
         self.shared[dst], self.shared[src] = self.shared[src], 0
         self.block_table[dst] = self.block_table[src]
         self.block_table[src] = NULL_BLOCK
+
+    def compact(self, rows: slice, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """`RaggedKVCache.compact` in the pools: positions → pool slots through the block table (the tree's slots
+        lie in blocks the row took for this step's forward, past any shared prefix)."""
+        super().compact(rows, src, dst)
+        table = self.block_table[rows]  # [n, max_blocks]
+        size = self.block_size
+        src_slots, dst_slots = ((table.gather(1, pos // size) * size + pos % size).reshape(-1) for pos in (src, dst))
+        for layer in self.paged_layers:
+            for pool in (layer.keys, layer.values):  # [H, slots, D]
+                pool.index_copy_(1, dst_slots, pool.index_select(1, src_slots))
 
     # ------------------------------------------------------------------ a forward
 

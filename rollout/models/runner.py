@@ -28,6 +28,7 @@ from .lean import lean_decoder, unsupported_reason
 from .mixers import install_ragged_mixers
 from .paged import PagedKVCache, PagedLayout
 from .rows import Rows, device_index, pick
+from .tree_mask import TreeAttention, check_tree
 from .weights import cast_module
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -107,13 +108,12 @@ class ModelRunner:
         self.additive_mask = model.config._attn_implementation == "eager"
         self.mask_dtype = dtype
         self.num_forwards = 0
-
         self.capture_layers: tuple[int, ...] | None = None  # `capture_hidden`
+
     @property
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
 
-    @torch.inference_mode()
     def capture_hidden(self, layers: tuple[int, ...] | None) -> None:
         """What a forward's `hidden` receives: None (the default) the final-normed last hidden state; else, for an
         EAGLE-3 drafter (`drafters.eagle3`), the residual stream entering each of these decoder layers (sorted
@@ -130,11 +130,12 @@ class ModelRunner:
         width = self.model.config.get_text_config().hidden_size
         return width if self.capture_layers is None else width * len(self.capture_layers)
 
+    @torch.inference_mode()
     def forward(self, rows: Rows, input_ids: torch.Tensor, start: torch.Tensor,
                 logits_at: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
                 num_layers: int | None = None, count: torch.Tensor | None = None,
                 head: Callable[[torch.Tensor], torch.Tensor] | None = None, host_start: list[int] | None = None,
-                host_count: list[int] | None = None) -> torch.Tensor:
+                host_count: list[int] | None = None, tree: TreeAttention | None = None) -> torch.Tensor:
         """Feed `input_ids` [n, Q] to `rows` at slots `start` [n] onward; returns logits [n, Q, V].
 
         With `logits_at` [n] only each row's logits at that query index are returned, [n, V] (the
@@ -148,12 +149,17 @@ class ModelRunner:
         `drafters.draft_vocab`): the logits are then [..., N]. `host_start` / `host_count`: `start` and
         `count` as host lists (`RaggedKVCache.plan_write`; None: copied from the device).
 
+        `tree`: the queries are nodes of a token tree (`tree_mask.TreeAttention`): each sees the row's context and
+        its ancestors, at its own sequence position; K/V still land at slots `start + q`.
+
         Does not move `cache.lens`: the caller keeps what it keeps (`rollback`, or `feed`/`extend`).
         """
+        if tree is not None:
+            check_tree(self.model.config.model_type, bool(self.cache.state_layers), "this")
         query_len = input_ids.shape[1]
         position_ids = self.cache.plan_write(rows, start, query_len, count, host_start, host_count)  # [n, Q]
         kv_len = self.cache.plan.kv_len
-        masks = {kind: self._mask(position_ids, kv_len, window) for kind, window in self.windows.items()}
+        masks = {kind: self._mask(position_ids, kv_len, window, tree) for kind, window in self.windows.items()}
         if masks:
             masks |= dict.fromkeys(self.unmasked)
         # One kind: its tensor; none (state layers only, e.g. Mamba-2): no mask, which those layers ignore.
@@ -161,6 +167,7 @@ class ModelRunner:
         input_ids = input_ids.clamp_max(self.max_input_id)
         hidden_out = None if hidden is None else _writer(hidden, device_index(rows),
                                                          position_ids.clamp_max(hidden.shape[1] - 1))
+        position_ids = position_ids if tree is None else tree.positions  # rotary positions (slots stay the writes')
         try:
             if self.lean is not None:
                 return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out, head,
@@ -186,13 +193,18 @@ class ModelRunner:
             self.cache.plan = None
             self.num_forwards += 1
 
-    def _mask(self, position_ids: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:
-        """[n, 1, Q, K]: query q of row b sees slots <= its position (and > position - window)."""
+    def _mask(self, position_ids: torch.Tensor, kv_len: int, window: int | None,
+              tree: TreeAttention | None = None) -> torch.Tensor:
+        """[n, 1, Q, K]: query q of row b sees slots <= its position (and > position - window); a tree's
+        queries see what `tree` says."""
         slots = torch.arange(kv_len, device=self.device)[None, None, :]  # [1, 1, K]
         positions = position_ids[:, :, None]  # [n, Q, 1]
-        visible = slots <= positions
-        if window is not None:
-            visible &= slots > positions - window
+        if tree is not None:
+            visible = tree.visible(kv_len, window)
+        else:
+            visible = slots <= positions
+            if window is not None:
+                visible &= slots > positions - window
         mask = visible[:, None]
         if self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=self.mask_dtype, device=self.device).masked_fill_(

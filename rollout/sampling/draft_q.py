@@ -8,7 +8,8 @@ V = 151,936, n = 64, γ = 4 is 156 MB of fp32 per step. So q is kept in one of t
 - a draft vocabulary: `probs` [n, γ, N] over the target ids `ids` [N] (sorted, shared by all rows), q = 0
   elsewhere (`drafters.draft_vocab`);
 - point masses: rows flagged in `point` [n] have q = onehot(draft) at every position (the suffix drafter); their
-  `probs` rows are ignored. `probs` is None when every row is a point mass.
+  `probs` rows are ignored. `probs` is None when every row is a point mass. A tree mixing drafters flags single
+  positions instead: `point` [n, γ] (a suffix continuation's nodes beside a model's, `drafters.suffix_or_model`).
 
 Rows of different forms mix (the per-row choice between the suffix and a model drafter): point rows beside
 dense or draft-vocabulary rows. NaN in a non-point row's probs means the drafter had no distribution there:
@@ -26,7 +27,7 @@ import torch
 class DraftQ:
     probs: torch.Tensor | None  # [n, γ, K] fp32: K = V (ids None) or K = N over `ids`; None: all point masses
     ids: torch.Tensor | None  # [N] int64, sorted target ids of a draft vocabulary; None: probs span the vocabulary
-    point: torch.Tensor | None  # [n] bool: rows whose q is a point mass at their drafts; None: no such row
+    point: torch.Tensor | None  # [n] (or [n, γ]) bool: rows (positions) whose q is a point mass at their drafts
     vocab_size: int
 
     @classmethod
@@ -53,7 +54,10 @@ class DraftQ:
         """[n] bool: rows whose q is a distribution at every position (point masses always are)."""
         if self.probs is None:
             return torch.ones(rows, dtype=torch.bool, device=device)
-        ok = self.probs.sum(-1).isfinite().all(1)  # [n]
+        finite = self.probs.sum(-1).isfinite()  # [n, γ]
+        if self.point is not None and self.point.dim() == 2:
+            return (finite | self.point).all(1)
+        ok = finite.all(1)  # [n]
         return ok if self.point is None else ok | self.point
 
     def of(self, drafts: torch.Tensor) -> torch.Tensor:
@@ -67,7 +71,11 @@ class DraftQ:
             pos = torch.searchsorted(self.ids, drafts).clamp_max(self.ids.shape[0] - 1)  # [n, γ]
             value = self.probs.gather(-1, pos.unsqueeze(-1)).squeeze(-1)
             value = torch.where(self.ids[pos] == drafts, value, 0.0)
-        return value if self.point is None else torch.where(self.point[:, None], 1.0, value)
+        return value if self.point is None else torch.where(self._point_at(drafts), 1.0, value)
+
+    def _point_at(self, drafts: torch.Tensor) -> torch.Tensor:
+        """[n, γ] bool: the point-mass positions (`point` broadcast over positions when it flags rows)."""
+        return self.point[:, None].expand(drafts.shape) if self.point.dim() == 1 else self.point
 
     def row(self, drafts: torch.Tensor, col: torch.Tensor, use: torch.Tensor) -> torch.Tensor:
         """Dense q [n, V] of each row at draft position `col` [n] (clamped to γ − 1), zero where `use` [n] is False
@@ -76,17 +84,18 @@ class DraftQ:
         rows = torch.arange(n, device=drafts.device)
         col = col.clamp_max(max(drafts.shape[1] - 1, 0))
         out = torch.zeros(n, self.vocab_size, device=drafts.device)
+        point = None if self.point is None else self.point if self.point.dim() == 1 else self.point[rows, col]  # [n]
         if self.probs is not None:
             at = self.probs[rows, col]  # [n, K]
             at = torch.where(use[:, None], at, 0.0)
-            if self.point is not None:
-                at = torch.where(self.point[:, None], 0.0, at)
+            if point is not None:
+                at = torch.where(point[:, None], 0.0, at)
             if self.ids is None:
                 out = at.clone()
             else:
                 out[:, self.ids] = at
-        if self.point is not None:
-            hot = (self.point & use).float()  # [n]
+        if point is not None:
+            hot = (point & use).float()  # [n]
             out.scatter_add_(1, drafts[rows, col][:, None], hot[:, None])
         return out
 

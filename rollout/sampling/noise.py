@@ -14,6 +14,8 @@ import torch
 
 from .randomness import Purpose, gumbel, uniform
 
+MAX_SIBLINGS = 64  # siblings per position with their own accept uniform (`EngineConfig.max_tree_width` is below)
+
 
 def gumbel_max(probs: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
     """Gumbel-max: one token per distribution, argmax(log probs + noise), `probs` [..., V] → ids [...].
@@ -86,6 +88,25 @@ class StepNoise:
         keys, start = (self.keys, self.start) if rows is None else (self.keys[rows], self.start[rows])
         noise = gumbel(keys, (start + i)[:, None], Purpose.TOKEN, self.vocab_size, ids)[:, 0]  # [n, N]
         return ids[gumbel_max(q, noise)]
+
+    def draw_top(self, q: torch.Tensor, i: int, k: int, ids: torch.Tensor | None = None,
+                 rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Gumbel-top-k at draft position i: the k largest of log q + g for q [n, a, K] (a distributions per row,
+        over `ids` [K] or the vocabulary) → [n, a, k] indices into K, best first. A draw of k without replacement
+        (Vieira's Gumbel-top-k trick); the first is `draw_draft`'s draw. Greedy: the top k of q itself.
+        `rows` [n]: q is for those live rows only."""
+        k = min(k, q.shape[-1])
+        if self.greedy:
+            return q.topk(k, dim=-1).indices
+        noise = self.token_row(i)
+        noise = noise if rows is None else noise[rows]
+        noise = noise if ids is None else noise[:, ids]  # [n, K]
+        return (q.log() + noise[:, None, :]).topk(k, dim=-1).indices
+
+    def sibling_uniform(self, offset: int, count: int) -> torch.Tensor:
+        """[n, count]: the tree rule's u for the first `count` siblings tried at position start + offset."""
+        position = (self.start + offset)[:, None] * MAX_SIBLINGS + torch.arange(count, device=self.start.device)
+        return uniform(self.keys, position, Purpose.SIBLING_ACCEPT)
 
     def residual(self, offset: torch.Tensor) -> torch.Tensor | None:
         """Residual noise [n, V] at each row's position start + offset [n] (`Purpose.RESIDUAL`)."""

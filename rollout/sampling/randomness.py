@@ -36,6 +36,7 @@ class Purpose(enum.IntEnum):
     TOKEN = 1  # the position's Gumbel noise: the draft from q and the target's draw from p
     ACCEPT = 2  # the rejection sampler's u in "accept iff u · q(d) < p(d)"
     RESIDUAL = 3  # the rejection sampler's draw from norm(max(p − q, 0)) after a rejection
+    SIBLING_ACCEPT = 4  # the tree rule's u of the r-th sibling tried at a position (`tree_accept`)
 
 
 def _signed(value: int) -> int:

@@ -1,0 +1,107 @@
+"""The tree shape of a step: how many nodes per level (`width`) and how many levels (`depth`) to verify.
+
+`FixedWidth` (`EngineConfig.tree_width` = w ≥ 2): every speculative step is a tree of γ levels of w nodes.
+
+`AutoWidth` (`tree_width="auto"`, with `gamma="auto"`): after `auto.AutoGamma` has chosen the chain's γ, every
+(depth d, width w ≥ 2) is weighed against that chain by expected tokens per second:
+
+    E[tokens of a row | d, w] = 1 + Σ_{k=1..d} Π_{j<k} a_j(w)
+    time(d, w, n) = the chain step's predicted time at γ = d  (cost model, corrected online)
+                    + target forward(n, 1 + d·w) − target forward(n, 1 + d)     (the wider verification)
+                    + d · drafter's slow-down · (draft(n, w) − draft(n, 1))   (each level feeds w nodes)
+                    + a per-width offset learnt from the tree steps run
+
+with a_j(w) the chance that some child is kept at depth j + 1 of the path given the path so far, counted from the
+tree steps run at width w (decayed like the chains' counts) and pulled toward 1 − (1 − α_j)^√w (α_j the chain's
+per-position acceptance: siblings drawn without replacement are not independent tries, hence √w tries) by
+`PRIOR_DRAFTS` pseudo-drafts. A tree wins when its rate beats the chain's by `TREE_MARGIN`. Where a forward
+of more tokens per row costs more — a full batch — the wider verification does not pay and the step stays a
+chain; where the batch has drained it costs about the same, and the tree's longer kept path wins.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..core.rates import DecayedRates
+from .auto import AutoGamma
+from .policy import StepShape
+
+PRIOR_DRAFTS = 4.0  # weight of a_j(w)'s prior, in drafts
+TREE_MARGIN = 0.03  # a tree must be predicted this much faster than the chain
+OFFSET_EMA = 0.8
+
+
+class FixedWidth:
+    """Always a tree of `width` nodes per level, γ levels deep (the γ policy's γ)."""
+
+    def __init__(self, width: int):
+        self.width = width
+
+    def choose(self, shape: StepShape, gamma: int, greedy: bool) -> tuple[int, int]:
+        """(depth, width) of the step; width 1 is the chain of γ."""
+        return gamma, self.width if gamma else 1
+
+    def observe(self, shape: StepShape, depth: int, width: int, accepted_len: list[int], tried_len: list[int],
+                seconds: float, greedy: bool) -> None:
+        return None
+
+
+class AutoWidth:
+    """The tree shape chosen by the cost model (module docstring), beside `auto`'s γ."""
+
+    def __init__(self, auto: AutoGamma, max_width: int, decay: float):
+        self.auto, self.max_width, self.decay = auto, max_width, decay
+        self.rates = {greedy: {w: DecayedRates(auto.max_gamma) for w in range(2, max_width + 1)}
+                      for greedy in (True, False)}
+        self.offsets: dict[tuple[int, int], float] = {}  # (live rows, width) → measured − predicted seconds
+
+    def expected_tokens(self, depth: int, width: int, greedy: bool) -> float:
+        """E[tokens of a row] of a tree of `depth` levels of `width` nodes."""
+        alpha, rates = self.auto.estimates[greedy].alpha, self.rates[greedy][width]
+        total, survive = 1.0, 1.0
+        for j in range(depth):
+            prior = 1.0 - (1.0 - alpha[min(j, len(alpha) - 1)]) ** math.sqrt(width)
+            survive *= rates.rate(j, prior, PRIOR_DRAFTS)
+            total += survive
+        return total
+
+    def step_time(self, shape: StepShape, depth: int, width: int) -> float:
+        """Predicted seconds of a tree step (module docstring)."""
+        cost, rows = self.auto.cost, shape.rows
+        chain = self.auto.step_times(rows, shape.context)[depth]
+        verify = cost.target_time(rows, 1 + depth * width, shape.context) - cost.target_time(rows, 1 + depth,
+                                                                                               shape.context)
+        draft = (cost.draft_scale or 1.0) * depth * (cost.drafter(rows, width) - cost.drafter(rows, 1))
+        return max(chain + verify + draft + self.offsets.get((rows, width), 0.0), 1e-7)
+
+    def choose(self, shape: StepShape, gamma: int, greedy: bool) -> tuple[int, int]:
+        if not gamma:
+            return 0, 1
+        rows, top = shape.rows, self.auto.max_gamma
+        chain = rows * self.auto.estimates[greedy].expected_tokens(gamma) / self.auto.step_times(rows, shape.context)[
+            gamma]
+        best, shape_best = chain * (1 + TREE_MARGIN), (gamma, 1)
+        for width in range(2, self.max_width + 1):
+            for depth in range(1, top + 1):
+                rate = rows * self.expected_tokens(depth, width, greedy) / self.step_time(shape, depth, width)
+                if rate > best:
+                    best, shape_best = rate, (depth, width)
+        return shape_best
+
+    def observe(self, shape: StepShape, depth: int, width: int, accepted_len: list[int], tried_len: list[int],
+                seconds: float, greedy: bool) -> None:
+        """Fold one tree step in: per row, depth j was reached if its path kept j children and a candidate was
+        tried there, kept if it kept j + 1; and the step's time against its prediction."""
+        if width < 2:
+            return
+        rates = self.rates[greedy][width]
+        rates.decay(self.decay)
+        for kept, tried in zip(accepted_len, tried_len):
+            for j in range(tried):
+                rates.add(j, j < kept, 1)
+        key = (shape.rows, width)
+        predicted = self.step_time(shape, depth, width) - self.offsets.get(key, 0.0)
+        old = self.offsets.get(key)
+        extra = seconds - predicted
+        self.offsets[key] = extra if old is None else OFFSET_EMA * old + (1 - OFFSET_EMA) * extra
