@@ -70,7 +70,7 @@ def heavy_imports_of(call: str, cwd) -> list[str]:
     return [line for line in done.stdout.splitlines() if line.startswith("HEAVY")]
 
 
-@pytest.mark.parametrize("command", ["train", "bench", "build-demo-models"])
+@pytest.mark.parametrize("command", ["train", "bench", "build-demo-models", "distill"])
 def test_help_answers_before_anything_heavy_is_imported(command, tmp_path):
     assert heavy_imports_of(f"from specroll.cli import main; main([{command!r}, '--help'])", tmp_path) == ["HEAVY []"]
 

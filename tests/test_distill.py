@@ -1,0 +1,162 @@
+"""`specroll distill` on a user-shaped folder (a Qwen2 model and its tokenizer saved here): it samples, trains through
+the online learner, writes what `models:` reads and a report, resumes from its folder, and refuses bad input in
+one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny_models import build_lm
+from trl_tiny import tiny_tokenizer
+
+from specroll.cli import main
+from specroll.integrations.model_source import ModelPaths, load_drafter
+from specroll.rollout import EngineConfig
+from specroll.rollout.drafters.heads import EagleHead
+
+FAST = ["--num-prompts", "8", "--samples", "2", "--max-new-tokens", "8", "--minutes", "0.06", "--round-minutes",
+        "0.02", "--cost-model-s", "0.3", "--batch-size", "4", "--batch-rows", "8", "--threads", "1"]
+
+
+@pytest.fixture
+def user_folder(tmp_path):
+    """A Qwen2 policy with a character tokenizer and chat template, saved as a user's `save_pretrained` folder,
+    and a prompts file of conversations."""
+    tokenizer = tiny_tokenizer()
+    policy = build_lm("qwen2", "sdpa", vocab=len(tokenizer), hidden=32, layers=2, seed=0, logit_scale=1.0,
+                      max_position_embeddings=64, eos_token_id=tokenizer.eos_token_id)
+    policy.save_pretrained(tmp_path / "policy")
+    tokenizer.save_pretrained(tmp_path / "policy")
+    rows = [{"prompt": [{"role": "user", "content": f"{a}+{a * 3}="}]} for a in range(8)]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return tmp_path
+
+
+def distill(folder, out, *extra):
+    return main(["distill", "--policy", str(folder / "policy"), "--prompts", str(folder / "prompts.jsonl"),
+                 "--out", str(out), *FAST, *extra])
+
+
+def test_eagle_head_end_to_end_is_what_models_reads(user_folder, capsys):
+    out = user_folder / "eagle"
+    assert distill(user_folder, out, "--kind", "eagle", "--eagle-intermediate-size", "32") == 0
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert len(rounds) == 3 and {r["phase"] for r in rounds} == {0, 1}  # 2 of 1e-3, 1 of 2e-4
+    assert all(r["gated"] for r in rounds) and 0 < rounds[-1]["served"] <= 1
+    report = (out / "report.md").read_text()
+    assert "| 64 |" in report and "predicted speed-up" in report and f"{rounds[-1]['served']:.4f}" in report
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(user_folder / "policy")
+    head = load_drafter(ModelPaths(str(user_folder / "policy"), head=str(out / "eagle.pt")),
+                        EngineConfig(drafters=("eagle",)), target)
+    assert isinstance(head, EagleHead)
+    saved = torch.load(out / "eagle.pt", weights_only=True)
+    assert all(torch.equal(t, saved[name]) for name, t in head.state_dict().items())
+    assert "held-out expected acceptance" in capsys.readouterr().out
+
+
+def test_a_stopped_run_resumes_from_its_folder(user_folder, capsys):
+    out = user_folder / "resume"
+    assert distill(user_folder, out, "--kind", "medusa", "--final-lr", "1e-3") == 0  # one phase
+    chunks = {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()}
+    first = json.loads((out / "rounds.json").read_text())
+    capsys.readouterr()
+    assert distill(user_folder, out, "--kind", "medusa", "--final-lr", "1e-3", "--minutes", "0.12") == 0
+    assert "resuming the run" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()} == chunks  # nothing sampled again
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert len(first) == 3 and len(rounds) == 6
+    assert [r["num_steps"] for r in rounds[:3]] == [r["num_steps"] for r in first]  # the rounds run before are kept
+    assert main(["distill", "--policy", str(user_folder / "policy"), "--prompts", str(user_folder / "prompts.jsonl"),
+                 "--out", str(out), *FAST, "--kind", "medusa", "--seed", "5"]) == 2
+    assert "holds a run with other final_lr, seed" in capsys.readouterr().err
+
+
+def test_model_kind_cut_from_the_policys_first_layers(user_folder):
+    out = user_folder / "lm"
+    assert distill(user_folder, out, "--kind", "model", "--layers", "1") == 0
+    from transformers import AutoModelForCausalLM
+
+    drafter = AutoModelForCausalLM.from_pretrained(out / "drafter")
+    assert drafter.config.num_hidden_layers == 1 and drafter.config.model_type == "qwen2"
+    assert (out / "drafter" / "tokenizer_config.json").is_file()
+
+
+def one_line_error(capsys) -> str:
+    """The job's error: one line on stderr (beside the loaders' progress bars), no traceback."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "specroll distill: error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err
+    return lines[0]
+
+
+def test_no_tokenizer_is_one_line(user_folder, capsys):
+    bare = user_folder / "bare"
+    build_lm("qwen2", "sdpa", vocab=48, seed=0).save_pretrained(bare)
+    assert main(["distill", "--policy", str(bare), "--prompts", str(user_folder / "prompts.jsonl"),
+                 "--out", str(user_folder / "x"), *FAST]) == 2
+    assert "no tokenizer found there" in one_line_error(capsys)
+
+
+def test_a_prompt_longer_than_the_context_is_one_line(user_folder, capsys):
+    assert distill(user_folder, user_folder / "x", "--max-seq-len", "12") == 2
+    assert "prompt 0 has" in one_line_error(capsys)
+
+
+def test_a_drafter_of_another_vocabulary_is_one_line(user_folder, capsys):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0, "x": 1}, "<unk>")),
+                                    unk_token="<unk>")
+    drafter = user_folder / "other"
+    build_lm("qwen2", "sdpa", vocab=len(tiny_tokenizer()), layers=1, seed=2).save_pretrained(drafter)
+    other.save_pretrained(drafter)
+    assert distill(user_folder, user_folder / "x", "--kind", "model", "--drafter", str(drafter)) == 2
+    assert "--drafter=" in (err := one_line_error(capsys)) and "cannot be mapped onto the target's" in err
+
+
+TASK = '''
+def prompts(count, seed):
+    return [[{"role": "user", "content": f"{(seed + i) % 50}+{i % 7}="}] for i in range(count)]
+
+def reward(prompts, completions, **kwargs):
+    return [float(len(c[0]["content"])) for c in completions]
+'''
+SERVE = """
+models: {{source: pretrained, target: {root}/policy, head: {root}/eagle/eagle.pt}}
+task: {{dataset: "distill_task:prompts", reward: "distill_task:reward"}}
+grpo: {{steps: 2, prompts_per_step: 2, num_generations: 2, max_completion_length: 8, num_train_prompts: 8}}
+backend: {{kind: local}}
+engine: {{max_batch_size: 4, max_seq_len: 48, gamma: 2, drafters: [eagle]}}
+learner: {{max_steps: 2, batch_size: 4}}
+probe: {{prompts: 0}}
+report: {{out_dir: {root}/report, speed_prompts: 2, speed_repeats: 1}}
+torch_threads: 1
+"""
+
+
+def test_specroll_train_serves_the_distilled_head(user_folder, monkeypatch):
+    pytest.importorskip("trl")
+    import argparse
+    import sys
+
+    from specroll.jobs import train
+
+    assert distill(user_folder, user_folder / "eagle", "--kind", "eagle", "--eagle-intermediate-size", "32") == 0
+    (user_folder / "distill_task.py").write_text(TASK)
+    monkeypatch.syspath_prepend(str(user_folder))
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(user_folder / "report" / "tensorboard"))
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    config = user_folder / "serve.yaml"
+    config.write_text(SERVE.format(root=user_folder))
+    try:
+        assert train.run(argparse.Namespace(config=str(config), out_dir=None)) == 0
+    finally:
+        sys.modules.pop("distill_task", None)
+    steps = [json.loads(line) for line in (user_folder / "report" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["rollout/gamma"] for e in steps if "rollout/gamma" in e] == [2.0, 2.0]  # the head drafted every step
+    assert all(e["rollout/eagle/proposals"] > 0 for e in steps if "rollout/gamma" in e)
