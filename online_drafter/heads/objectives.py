@@ -126,9 +126,6 @@ class MedusaObjective:
         return HeadOutput(log_q, log_q.new_zeros(()))
 
 
-OUTSIDE_LOGIT = -1e9  # an own LM head's logit for a target id outside its draft ids: q = 0 there, still finite
-
-
 class Eagle3Objective:
     """EAGLE-3's training-time test. Step 1: pair i is (fc(target states at i), x_{i+1}) at position i, attending
     causally over the real pairs, and its output o¹_i gives q for token i + 2 (the engine's first draft). Step s:
@@ -137,7 +134,8 @@ class Eagle3Objective:
     of each later step only its own element: vllm-project/speculators' diagonal mask), and gives q for token
     i + s + 1: what the engine's s-th draft sees when the drafts before it were kept. Trained at the first
     `LearnerConfig.train_depths` steps (None: all `ttt_steps`). No feature-regression term (EAGLE-3 dropped it).
-    With an own LM head q is over its draft ids (`OUTSIDE_LOGIT` elsewhere: q = 0 there, as in the engine)."""
+    With an own LM head q is over its draft ids (log q = -inf elsewhere, as in the engine and as `divergence`
+    reads a draft vocabulary: the target's mass there is in no bucket of the loss)."""
 
     def __init__(self, embed: nn.Module, lm_head: nn.Module, steps: int):
         self.embed, self.lm_head, self.depths = embed, lm_head, steps
@@ -173,7 +171,7 @@ class Eagle3Objective:
         if head.lm_head is None:
             return _frozen_logits(self.lm_head, x)
         own = head.lm_head(x)  # [B, N, K]
-        full = own.new_full((*own.shape[:-1], self.lm_head.weight.shape[0]), OUTSIDE_LOGIT)
+        full = own.new_full((*own.shape[:-1], self.lm_head.weight.shape[0]), float("-inf"))
         return full.index_copy(-1, head.draft_ids.to(own.device), own)
 
 
