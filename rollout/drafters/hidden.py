@@ -4,7 +4,9 @@ The target's verification forward already computes its last hidden state at ever
 drafter with `wants_hidden` gets them written into `RowBuffers.hidden` [B, L, H] (final-normed: what
 the LM head reads, so `lm_head(hidden[b, t])` is the target's logits for token t + 1). The prefill
 writes the prompt's positions, every step the γ + 1 it feeds (`ModelRunner.forward(hidden=...)`), plain
-steps included. An engine whose drafter does not ask allocates nothing and writes nothing.
+steps included. An engine whose drafter does not ask allocates nothing and writes nothing. An EAGLE-3 drafter
+asks for other states: the residual stream entering its chosen target layers, concatenated ([B, L, k·H],
+`ModelRunner.capture_hidden`); everything below holds for them alike.
 
 Consistency with the kept tokens needs no bookkeeping: the target cache always holds every token of a
 row but the last, so position t < seq_len - 1 holds the hidden state of a fed *kept* token. A rejected
