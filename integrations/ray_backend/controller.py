@@ -129,7 +129,7 @@ class RolloutController:
             raise ValueError(f"n={n!r} is invalid: an int >= 1")
         if self.learners is not None and self.learner_version != self.drafter_version:
             self._publish(self.learner_version, "drafter publish (again: the last sync was refused)")
-        started, resends = time.perf_counter(), self.num_resends
+        started = time.perf_counter()
         chunks = split_groups(len(prompts), len(self.workers))
         results = run_chunks(self.workers, chunks, prompts, params, n, self.config.topology.max_resends,
                              self._count_resend)
@@ -148,7 +148,7 @@ class RolloutController:
         total = sum((batch.stats for batch in batches), BatchStats())
         self.last_batch = dataclasses.replace(total, wall_time_s=time.perf_counter() - started)
         if self.learners is not None and not self.learners.running:
-            self._check_batches(batches, restarted=self.num_resends > resends)
+            self._check_batches(batches)
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
         return rollouts
 
@@ -315,10 +315,10 @@ class RolloutController:
         self.guard.published(version, digest)
         self.guard.verify(f"{event} of version {version}", self.workers)
 
-    def _check_batches(self, batches: list[Any], restarted: bool) -> None:
-        """The drafter checks after a generate call: the first batch after an event judged for a collapse (alarm,
-        event, the learner's revert), and the served digests checked when a worker restarted during it."""
-        if restarted:
+    def _check_batches(self, batches: list[Any]) -> None:
+        """The drafter checks after a generate call: the served digests checked when a worker restarted since its
+        last batch, and the first batch after a drafter event judged for a collapse (alarm, event, revert)."""
+        if self.guard.restarted(batches):
             self.guard.verify("worker restart", self.workers)
         collapsed, stats = self.guard.judge(batches)
         if not collapsed:

@@ -3,15 +3,17 @@
     guard = DrafterGuard(DrafterWatch(), board, wire_dtype=torch.float32, timeout_s=60)
     guard.published(version=3, digest=ray.get(learner.published_digest.remote(torch.float32)))
     guard.verify("drafter publish", workers)        # after a publish, a policy sync, a restart, a resume
-    collapsed = guard.judge(batches)                # the first batch after: engines that collapsed (names)
+    collapsed, stats = guard.judge(batches)         # the first batch after: workers that collapsed (names)
 
-`verify` asks every live worker for the digest of the drafter its engine serves (`RolloutWorker.drafter_digest`,
-computed in the worker over the weights as the engine holds them) and compares it with the learner's (computed
-on the learner when it published; `published`). A worker that serves anything else is loaded again from the
-weight board's payload (its digest checked on arrival); one still wrong after that is restarted, and reloads
-both roles from the board; one still wrong after that raises WeightSyncError. `judge` is the watch's collapse
-check on the workers' batches (`drafter_watch`); the controller confirms it with the learner's estimate and
-reverts. The rules and the events are `integrations.drafter_watch`'s, the same on every backend.
+`restarted` tells from a generate call's batches whether Ray restarted a worker since its last batch (each
+batch names the worker process that made it). `verify` asks every live worker for the digest of the drafter
+its engine serves (`RolloutWorker.drafter_digest`, computed in the worker over the weights as the engine holds
+them) and compares it with the learner's (computed on the learner when it published; `published`). A worker
+that serves anything else is loaded again from the weight board's payload (its digest checked on arrival); one
+still wrong after that is restarted, and reloads both roles from the board; one still wrong after that raises
+WeightSyncError. `judge` is the watch's collapse check on the workers' batches (`drafter_watch`); the
+controller confirms it with the learner's estimate and reverts. The rules and the events are
+`integrations.drafter_watch`'s; the local backend has no such checks (one engine, weights copied in place).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class DrafterGuard:
         self.timeout_s = timeout_s
         self.version: int | None = None  # the learner's published version and its digest, as the learner hashed it
         self.digest: str | None = None
+        self.incarnations: dict[int, str] = {}  # worker index → the process its last batch came from
 
     def published(self, version: int, digest: str) -> None:
         self.version, self.digest = version, digest
@@ -63,6 +66,14 @@ class DrafterGuard:
         if wrong:
             raise WeightSyncError(f"after {event}: {', '.join(wrong)} still serve other drafter weights than the "
                                   f"published version {self.version} after a reload and a restart")
+
+    def restarted(self, batches: Sequence[WorkerBatch]) -> bool:
+        """Whether a batch came from a worker process other than the one its index last answered from (Ray
+        restarted it: during this call, or idle since the last one)."""
+        seen = {batch.worker_index: batch.incarnation for batch in batches}
+        changed = any(self.incarnations.get(index, known) != known for index, known in seen.items())
+        self.incarnations.update(seen)
+        return changed
 
     def judge(self, batches: Sequence[WorkerBatch]) -> tuple[list[str], dict[str, Any]]:
         """The collapse check on one generate call's batches: (collapsed worker names, each worker's summed stats)."""

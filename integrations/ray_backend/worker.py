@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import ray
@@ -61,11 +62,12 @@ EXPORT_BUCKET_BYTES = 64 << 20  # a restarted peer's copy goes through the objec
 @dataclass(frozen=True)
 class WorkerBatch:
     """What `RolloutWorker.generate` returns: the rollouts, in order, the engine's counters over the call, and
-    which worker made them."""
+    which worker made them: its index and its `incarnation` (new at every restart)."""
 
     rollouts: list[Rollout]
     stats: BatchStats
     worker_index: int
+    incarnation: str
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class RolloutWorker:
     def __init__(self, worker_index: int, models: ModelPaths, engine_config: EngineConfig,
                  board: ray.actor.ActorHandle | None = None, reload_timeout_s: float = 60.0, threads: int = 1):
         self.worker_index = worker_index
+        self.incarnation = uuid.uuid4().hex  # Ray re-runs __init__ on a restart: a batch says which process made it
         set_torch_threads(threads, self._process_name())  # before any torch work: the inter-op pool is sized once
         dtype = engine_config.dtype
         target = AutoModelForCausalLM.from_pretrained(models.target, dtype=dtype)
@@ -108,7 +111,7 @@ class RolloutWorker:
         rollouts = self.engine.generate(prompts, params, n, prompt_indices=prompt_indices)
         stats = self.engine.stats.since(before)
         self.metrics.record_batch(stats)
-        return WorkerBatch(rollouts, stats, self.worker_index)
+        return WorkerBatch(rollouts, stats, self.worker_index, self.incarnation)
 
     def draft_vocab(self) -> list[int] | None:
         """The token ids the engine's drafter drafts over now (None: the whole vocabulary)."""
