@@ -50,7 +50,6 @@ from specroll.integrations.backend import LearnerRound, ProbeRequest, name_promp
 from specroll.integrations.drafter_watch import DrafterWatch
 from specroll.integrations.model_source import trained_drafter_kind
 from specroll.integrations.threads import ThreadSetting
-from specroll.integrations.weights_digest import weights_digest
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.core.stats import BatchStats
 
@@ -301,9 +300,6 @@ class RolloutController:
         self.learner_version = version
         state = ray.get(self.learner.published_state_dict.remote(), timeout=timeout)
         digest = ray.get(self.learner.published_digest.remote(self.config.engine.dtype), timeout=timeout)
-        if digest != weights_digest(state, self.config.engine.dtype):
-            raise WeightSyncError(f"the learner's published drafter version {version} changed on its way to the "
-                                  "controller (its digest differs from the learner's)")
         try:
             self.sync_drafter(state, version, digest)
         except WeightSyncError as err:
