@@ -28,7 +28,8 @@ from specroll.rollout.drafters.heads import EagleHead
 
 # The bar: 2 for all. A paged cache adds one host→device copy of new block-table entries on a step where
 # a row enters a new block.
-MAX_SYNCS_PER_STEP = {"plain": 1, "model": 1, "eagle": 1, "suffix+model": 2, "plain-paged": 2, "model-paged": 2}
+MAX_SYNCS_PER_STEP = {"plain": 1, "model": 1, "eagle": 1, "eagle3": 1, "suffix+model": 2,
+                      "plain-paged": 2, "model-paged": 2}
 WARM_STEPS, COUNTED_STEPS = 2, 5  # counted steps emit ≤ 5 · (max_gamma + 1) = 35 tokens: no row ends
 PROMPTS = make_prompts(4, 3, 9)
 COPYING_METHODS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
@@ -94,11 +95,14 @@ def build(kind: str, gamma) -> SpecEngine:
         return SpecEngine(target, tiny_lm("llama", "sdpa", hidden=16, layers=1, seed=7), EngineConfig(**config))
     if kind == "eagle":
         return SpecEngine(target, EagleHead.for_target(target.config, seed=3), EngineConfig(**config))
+    if kind == "eagle3":
+        return SpecEngine(target, None, EngineConfig(**config, drafters=("eagle3",)))
     return SpecEngine(target, tiny_lm("llama", "sdpa", hidden=16, layers=1, seed=7),
                       EngineConfig(**config, drafters=("suffix", "model")))
 
 
-CASES = [("plain", 0), ("model", 3), ("model", "auto"), ("eagle", 3), ("eagle", "auto"),
+CASES = [("plain", 0), ("model", 3), ("model", "auto"), ("eagle", 3), ("eagle", "auto"), ("eagle3", 3),
+         ("eagle3", "auto"),
          ("suffix+model", 3), ("suffix+model", "auto"), ("plain-paged", 0), ("model-paged", 3)]
 
 
