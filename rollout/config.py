@@ -314,7 +314,7 @@ class EngineConfig:
     @property
     def max_step_drafts(self) -> int:
         """The most draft tokens one step feeds per row: γ, or γ levels of a tree's nodes."""
-        return self.max_gamma * (1 if self.tree_width == 1 else self.max_tree_width)
+        return self.max_gamma * (self.max_tree_width if self.tree_width == "auto" else self.tree_width)
 
     @property
     def cache_len(self) -> int:

@@ -14,7 +14,9 @@
 with a_j(w) the chance that some child is kept at depth j + 1 of the path given the path so far, counted from the
 tree steps run at width w (decayed like the chains' counts) and pulled toward 1 − (1 − α_j)^√w (α_j the chain's
 per-position acceptance: siblings drawn without replacement are not independent tries, hence √w tries) by
-`PRIOR_DRAFTS` pseudo-drafts. A tree wins when its rate beats the chain's by `TREE_MARGIN`. Where a forward
+`PRIOR_DRAFTS` pseudo-drafts. A tree wins when its rate beats the chain's by `TREE_MARGIN`; and since a width's
+acceptance is only measured while it runs, every `EXPLORE_EVERY` chain steps the best tree runs anyway if it is
+predicted within `EXPLORE_WITHIN` of the chain (as auto-γ probes drafting from plain decoding). Where a forward
 of more tokens per row costs more — a full batch — the wider verification does not pay and the step stays a
 chain; where the batch has drained it costs about the same, and the tree's longer kept path wins.
 """
@@ -30,6 +32,8 @@ from .policy import StepShape
 PRIOR_DRAFTS = 4.0  # weight of a_j(w)'s prior, in drafts
 TREE_MARGIN = 0.03  # a tree must be predicted this much faster than the chain
 OFFSET_EMA = 0.8
+EXPLORE_EVERY = 32  # chain steps between probes of the best tree
+EXPLORE_WITHIN = 0.8  # ... probed only if predicted to reach this fraction of the chain's rate
 
 
 class FixedWidth:
@@ -55,6 +59,7 @@ class AutoWidth:
         self.rates = {greedy: {w: DecayedRates(auto.max_gamma) for w in range(2, max_width + 1)}
                       for greedy in (True, False)}
         self.offsets: dict[tuple[int, int], float] = {}  # (live rows, width) → measured − predicted seconds
+        self.chain_steps = 0
 
     def expected_tokens(self, depth: int, width: int, greedy: bool) -> float:
         """E[tokens of a row] of a tree of `depth` levels of `width` nodes."""
@@ -81,13 +86,18 @@ class AutoWidth:
         rows, top = shape.rows, self.auto.max_gamma
         chain = rows * self.auto.estimates[greedy].expected_tokens(gamma) / self.auto.step_times(rows, shape.context)[
             gamma]
-        best, shape_best = chain * (1 + TREE_MARGIN), (gamma, 1)
+        best, tree = 0.0, (gamma, 1)
         for width in range(2, self.max_width + 1):
             for depth in range(1, top + 1):
                 rate = rows * self.expected_tokens(depth, width, greedy) / self.step_time(shape, depth, width)
                 if rate > best:
-                    best, shape_best = rate, (depth, width)
-        return shape_best
+                    best, tree = rate, (depth, width)
+        if best > chain * (1 + TREE_MARGIN):
+            return tree
+        self.chain_steps += 1
+        if self.chain_steps % EXPLORE_EVERY == 0 and best >= EXPLORE_WITHIN * chain:
+            return tree
+        return gamma, 1
 
     def observe(self, shape: StepShape, depth: int, width: int, accepted_len: list[int], tried_len: list[int],
                 seconds: float, greedy: bool) -> None:

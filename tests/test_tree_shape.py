@@ -1,0 +1,59 @@
+"""The tree shape per step (`gamma.tree`): chains where a wider verification costs more than it keeps (a full
+batch), trees where it is nearly free (the drained tail), a fixed width for benchmarks, and what a tree step teaches."""
+
+from __future__ import annotations
+
+from gamma_helpers import with_acceptance
+
+from specroll.rollout.gamma.auto import AutoGamma
+from specroll.rollout.gamma.cost_model import CostModel
+from specroll.rollout.gamma.policy import StepShape
+from specroll.rollout.gamma.tree import EXPLORE_EVERY, AutoWidth, FixedWidth
+from specroll.rollout.models.timing import ForwardTimes
+
+BATCHES, QUERIES = [1, 4, 16], [1, 2, 3, 5, 9, 17, 33]
+
+
+def cost_model() -> CostModel:
+    """A target whose forward costs 10 ms at every query length for 1 row (the tail) and grows 2 ms per token per
+    row at 16 rows (a full batch); drafts 1 ms per row-token."""
+    def target(b, q):
+        return 0.010 + (0.002 * (q - 1) * b / 16 if b > 4 else 0.0)
+
+    targets = ForwardTimes(BATCHES, QUERIES, [[target(b, q) for q in QUERIES] for b in BATCHES])
+    drafts = ForwardTimes(BATCHES, [1, 2], [[0.001 + 0.0001 * (b * q - 1) for q in (1, 2)] for b in BATCHES])
+    return CostModel(target=targets, drafter=drafts)
+
+
+def policy(alpha: float) -> AutoWidth:
+    auto = with_acceptance(AutoGamma(cost_model(), max_gamma=4, decay=0.9), alpha)
+    return AutoWidth(auto, max_width=4, decay=0.9)
+
+
+def test_trees_in_the_tail_chains_at_full_batch():
+    shapes = policy(0.6)
+    depth, width = shapes.choose(StepShape(1), 4, greedy=False)
+    assert width > 1 and depth >= 1
+    assert shapes.choose(StepShape(16), 2, greedy=False) == (2, 1)
+
+
+def test_no_tree_without_a_chain_to_grow():
+    assert policy(0.6).choose(StepShape(1), 0, greedy=False) == (0, 1)
+    assert FixedWidth(3).choose(StepShape(1), 0, greedy=True) == (0, 1)
+    assert FixedWidth(3).choose(StepShape(16), 4, greedy=True) == (4, 3)
+
+
+def test_measured_tree_acceptance_moves_the_choice():
+    shapes = policy(0.6)
+    assert shapes.choose(StepShape(1), 4, greedy=False)[1] > 1
+    for _ in range(200):  # width-w trees never keep anything: evidence against every width
+        for width in range(2, 5):
+            shapes.observe(StepShape(1), 4, width, [0], [1], 0.012, greedy=False)
+    chosen = [shapes.choose(StepShape(1), 4, greedy=False) for _ in range(EXPLORE_EVERY - 1)]
+    assert all(width == 1 for _, width in chosen)
+
+
+def test_expected_tokens_grow_with_width_before_any_tree_ran():
+    shapes = policy(0.5)
+    tokens = [shapes.expected_tokens(4, w, greedy=True) for w in (2, 3, 4)]
+    assert tokens == sorted(tokens) and tokens[0] > shapes.auto.estimates[True].expected_tokens(4) - 1e-9
