@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import ray
 import torch
-from ray_helpers import make_config, prompts_for
+from ray_helpers import make_config, prompts_for, versions_once_alive
 from tiny_models import build_lm
 
 from specroll.integrations.drafter_watch import COLLAPSE_ACCEPTANCE
@@ -151,6 +151,34 @@ def test_a_drafter_payload_corrupted_in_flight_is_refused_and_the_version_kept(c
     assert abs(after - before) <= 0.05
 
 
+def scramble_drafter(controller, index: int, token: int) -> None:
+    """What users see after a refit gone wrong: the drafter's weights replaced in place on worker `index`, its
+    version unchanged. The drafter then proposes `token` whatever the context."""
+
+    def lose_weights(worker):
+        model = worker.models["drafter"]
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.zero_()
+                if "norm" in name or name.endswith("embed_tokens.weight"):
+                    param.fill_(1.0)
+            model.lm_head.weight[token] = 1.0
+
+    ray.get(controller.workers[index].__ray_call__.remote(lose_weights))
+
+
+def test_a_worker_restarted_while_idle_is_checked_at_the_next_generate(controller):
+    acceptance(controller)  # every worker's process is known from its batch
+    ray.kill(controller.workers[0], no_restart=False)
+    versions_once_alive(controller.workers[0])
+    scramble_drafter(controller, 0, token=0)  # the restarted worker serves something else than it reloaded
+    mismatches = controller.metrics()["drafter/digest_mismatches"]
+    controller.generate(PROMPTS, SAMPLED, n=2)
+    assert controller.metrics()["drafter/digest_mismatches"] == mismatches + 1
+    assert any(e.startswith("after worker restart: worker 0") for e in controller.watch.events), controller.watch.events
+    assert_one_published_drafter(controller)
+
+
 def test_a_drafter_that_collapses_under_a_worker_raises_the_alarm_and_is_reverted(controller):
     sync_same_policy(controller)  # a drafter event: its first batch is judged
     before = acceptance(controller)  # judged, fine: the check disarms
@@ -161,18 +189,7 @@ def test_a_drafter_that_collapses_under_a_worker_raises_the_alarm_and_is_reverte
     assert unused, "every token was sampled: no token the target gives ~0 probability"
     token = unused[0]
 
-    def lose_weights(worker):
-        """What users see after a refit gone wrong: weights replaced in place, the version unchanged. The drafter
-        then proposes `token`, which the target hardly ever samples."""
-        model = worker.models["drafter"]
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                param.zero_()
-                if "norm" in name or name.endswith("embed_tokens.weight"):
-                    param.fill_(1.0)
-            model.lm_head.weight[token] = 1.0
-
-    ray.get(controller.workers[0].__ray_call__.remote(lose_weights))
+    scramble_drafter(controller, 0, token)
     alarms, version = controller.metrics()["drafter/collapse_alarms"], controller.drafter_version
     controller.generate(PROMPTS, SAMPLED, n=2)  # the first batch after the sync: worker 0 collapsed
     assert controller.metrics()["drafter/collapse_alarms"] == alarms + 1
