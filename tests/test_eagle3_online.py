@@ -5,6 +5,7 @@ for a fresh EAGLE-3 head through the target's LM head, and for one with its own 
 (`d2t`); two GRPO-shaped steps (G = 4 samples of 12 prompts, a learner round with a probe, a moved policy
 synced after each) publish versions that reach the engine and score above the frozen shadow on the probe.
 The head on the target's LM head runs under the slow marker (trained online, it is also tests/test_eagle3.py's).
+And `specroll train` on the tiny demo with `models.head` a speculators checkpoint folder serves and trains it.
 """
 
 from __future__ import annotations
@@ -77,3 +78,47 @@ def test_local_backend_trains_the_eagle3_head_online(own_head):
             assert not torch.equal(served["lm_head.weight"], initial["lm_head.weight"])
     finally:
         backend.shutdown()
+
+
+TRAIN = """
+models: {{source: demo, recipe: tiny, head: {head}}}
+grpo: {{steps: 2, prompts_per_step: 2, num_generations: 2, max_completion_length: 16, learning_rate: 1.0e-3,
+        num_train_prompts: 8}}
+backend: {{kind: local}}
+engine: {{max_batch_size: 4, max_seq_len: 96, gamma: 3, drafters: [eagle3], cost_model_budget_s: 0.3}}
+learner: {{max_steps: 4, batch_size: 4, warmup_steps: 0}}
+probe: {{prompts: 0}}
+report: {{out_dir: {root}/report, speed_prompts: 2, speed_repeats: 1}}
+torch_threads: 1
+"""
+
+
+def test_specroll_train_serves_a_speculators_checkpoint(tiny_demo_cache, tmp_path, monkeypatch):
+    """`models.head` a public checkpoint folder: the run loads it (checked against the demo target), drafts with it
+    and trains it online."""
+    pytest.importorskip("trl")
+    import argparse
+    import json
+
+    from eagle3_layouts import write_speculators
+
+    from specroll.demo.model_cache import load_or_build_demo_models
+    from specroll.demo.recipe import DemoRecipe
+    from specroll.jobs import train
+
+    demo_target = load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tiny_demo_cache, progress=False).target
+    vocab = demo_target.get_output_embeddings().weight.shape[0]
+    ids = torch.arange(0, vocab, 2)
+    head = Eagle3Head.for_target(demo_target.config, seed=4, draft_ids=ids)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(demo_target.get_output_embeddings().weight[ids])
+    folder = write_speculators(head, demo_target, tmp_path / "eagle3-ckpt")
+    monkeypatch.setenv("SPECROLL_CACHE", str(tiny_demo_cache))
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "report" / "tensorboard"))
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    config = tmp_path / "eagle3.yaml"
+    config.write_text(TRAIN.format(root=tmp_path, head=folder))
+    assert train.run(argparse.Namespace(config=str(config), out_dir=None)) == 0
+    steps = [json.loads(line) for line in (tmp_path / "report" / "metrics.jsonl").read_text().splitlines()]
+    drafted = [e for e in steps if "rollout/eagle3/acceptance_rate" in e]
+    assert len(drafted) == 2 and all(e["rollout/eagle3/proposals"] > 0 for e in drafted)  # the checkpoint drafted
