@@ -117,6 +117,29 @@ def test_trained_online_it_drafts_better_and_stays_exact():
     assert speculative(target, trained) == plain(target)
 
 
+def test_paged_cache_and_chunked_prefill_stay_exact():
+    """The captured states follow the target's prefill chunks and its paged K/V like the last state does."""
+    target = tiny_lm("llama", "sdpa", layers=4)
+    assert speculative(target, kv_cache="paged", kv_block_size=4, prefill_chunk_tokens=8) == plain(target)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "attn", "layers"), [("llama", "sdpa", 4), ("llama", "eager", 4),
+                                                      ("qwen2", "sdpa", 6), ("qwen3", "sdpa", 5)])
+def test_trained_head_is_exact_on_each_architecture(arch, attn, layers):
+    target = tiny_lm(arch, attn, layers=layers)
+    head = Eagle3Head.for_target(target.config, seed=0, ttt_steps=2)
+    config = EngineConfig(max_batch_size=8, max_seq_len=48, gamma=3, drafters=("eagle3",), record_signals=True)
+    learner = HeadLearner(head, target.get_input_embeddings(), target.get_output_embeddings(),
+                          LearnerConfig(lr=3e-3, max_steps=30, batch_size=8, warmup_steps=0, gate_z=0.0))
+    learner.add_rollouts(SpecEngine(target, head, config).generate(
+        make_prompts(32, 2, 8, seed=3), SamplingParams(max_new_tokens=24, temperature=1.0, seed=2), n=2))
+    assert learner.train_round().published
+    trained = Eagle3Head.for_target(target.config, seed=9, ttt_steps=2)
+    trained.load_state_dict(learner.published_state_dict())
+    assert speculative(target, trained) == plain(target)
+
+
 def test_own_lm_head_over_draft_ids_is_exact_and_drafts_only_those():
     target = tiny_lm("llama", "sdpa", layers=4)
     ids = torch.arange(0, 64, 2)  # half the vocabulary: the target emits ids the head cannot propose
