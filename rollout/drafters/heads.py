@@ -13,6 +13,9 @@ the heads' gradients touch their own weights only. One module each, used by its 
 - `EagleHead` (Li et al. 2024, arXiv 2401.15077): one decoder layer over fc([embed(x_{t+1}) ‖ h_t]),
   whose output, final-normed, is the predicted feature h_{t+1} (fed back for the next draft) and, through
   the LM head, the draft distribution for x_{t+2}. Plain RoPE, GQA attention, SwiGLU MLP.
+
+Their attention (`attend`: projections, RoPE, GQA, over the ragged cache or causally) is also the EAGLE-3 head's
+(`eagle3_head.Eagle3Head`, which reads several target layers and lives in its own module).
 """
 
 from __future__ import annotations
