@@ -127,6 +127,9 @@ def rollout_metrics(stats: BatchStats) -> dict[str, float]:
         "rollout/gamma": stats.mean_gamma,
         "rollout/live_rows": stats.mean_live_rows,
     }
+    if stats.tree_row_steps:  # trees ran (`EngineConfig.tree_width`)
+        metrics.update({"rollout/tree_nodes_per_row": stats.tree_nodes_per_row,
+                        "rollout/tree_accepted_len": stats.tree_accepted_len})
     for kind, share in sorted(stats.by_drafter.items()):
         metrics.update({
             f"rollout/{kind}/proposals": float(share.proposals),

@@ -78,7 +78,15 @@ class AutoWidth:
         verify = cost.target_time(rows, 1 + depth * width, shape.context) - cost.target_time(rows, 1 + depth,
                                                                                                shape.context)
         draft = (cost.draft_scale or 1.0) * depth * (cost.drafter(rows, width) - cost.drafter(rows, 1))
-        return max(chain + verify + draft + self.offsets.get((rows, width), 0.0), 1e-7)
+        return max(chain + verify + draft + self.offset(rows, width), 1e-7)
+
+    def offset(self, rows: int, width: int) -> float:
+        """The measured extra seconds of a tree step of `width` at `rows` live rows (the nearest batch size measured
+        at that width; 0 before any)."""
+        measured = [b for b, w in self.offsets if w == width]
+        if not measured:
+            return 0.0
+        return self.offsets[min(measured, key=lambda b: abs(b - rows)), width]
 
     def choose(self, shape: StepShape, gamma: int, greedy: bool) -> tuple[int, int]:
         if not gamma:
@@ -111,7 +119,7 @@ class AutoWidth:
             for j in range(tried):
                 rates.add(j, j < kept, 1)
         key = (shape.rows, width)
-        predicted = self.step_time(shape, depth, width) - self.offsets.get(key, 0.0)
+        predicted = self.step_time(shape, depth, width) - self.offset(shape.rows, width)
         old = self.offsets.get(key)
         extra = seconds - predicted
         self.offsets[key] = extra if old is None else OFFSET_EMA * old + (1 - OFFSET_EMA) * extra

@@ -15,7 +15,8 @@ Contents of `out_dir`:
   per-drafted-token rate measured in rollouts (`rollout/acceptance_rate`, in the JSONL) also falls
   when auto-γ drafts further, so it is no measure of drift;
 - `reward.png` (per step and a rolling mean), `tokens_per_s.png`, `probe.png`, `acceptance.png`,
-  `gamma_live_batch.png`;
+  `gamma_live_batch.png`, `accepted_live_batch.png` (tokens per row per target call — the accepted length — by
+  the live batch the step ran at: where trees or longer chains pay, docs/metrics.md);
 - `metrics.jsonl` — one JSON object per logged trainer step (TRL's own keys plus `rollout/*`,
   `drafter/*`, `weights/sync_s`); it and `probes.jsonl` are written at every checkpoint too (`write_data`);
 - `config.yaml` — the resolved config (every default filled in); `summary.json` — the headline numbers.
@@ -31,7 +32,7 @@ import html
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ PLOTS = {
     "probe": "Drift on the probe set: online drafter vs frozen shadow",
     "acceptance": "Held-out acceptance per learner round (secondary)",
     "gamma_live_batch": "γ and live batch over one rollout",
+    "accepted_live_batch": "Accepted length (tokens per row per target call) against live batch",
 }
 ROLLING = 5  # steps in the reward's rolling mean
 Z95 = 1.96
@@ -57,7 +59,8 @@ Z95 = 1.96
 class SpeedMeasurement:
     """Speculative vs plain decoding on the same prompts with the final policy and drafter.
 
-    `gamma_per_step` / `live_rows_per_step` trace one speculative rollout batch, step by step.
+    `gamma_per_step` / `live_rows_per_step` / `tokens_per_step` trace one speculative rollout batch, step by step
+    (`tokens_per_step` empty: not traced).
     """
 
     spec_tokens_per_s: float
@@ -66,6 +69,7 @@ class SpeedMeasurement:
     mean_accepted_len: float
     gamma_per_step: list[int]
     live_rows_per_step: list[int]
+    tokens_per_step: list[int] = field(default_factory=list)
 
     @property
     def speedup(self) -> float:
@@ -144,6 +148,7 @@ def write_report(out_dir: str | Path, history: list[dict[str, Any]], speed: Spee
             "drafter/acceptance_frozen_shadow": "frozen shadow (expected, same positions)",
         }, ylabel="expected acceptance Σ min(p, q)"),
         "gamma_live_batch": _plot_trace(out / "gamma_live_batch.png", speed),
+        "accepted_live_batch": _plot_accepted(out / "accepted_live_batch.png", speed),
     }
     html_path = out / "report.html"
     html_path.write_text(_html(summary, plots, events or []))
@@ -247,6 +252,20 @@ def _plot_trace(path: Path, speed: SpeedMeasurement) -> Path:
     live_ax.set_ylabel("live rows")
     handles = ax.get_legend_handles_labels()[0] + live_ax.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=8, loc="upper right")
+    return _save(fig, path)
+
+
+def _plot_accepted(path: Path, speed: SpeedMeasurement) -> Path:
+    """Mean tokens per row per step (one target call each) at each live batch size of the traced batch."""
+    by_live: dict[int, list[float]] = {}
+    for rows, tokens in zip(speed.live_rows_per_step, speed.tokens_per_step):
+        by_live.setdefault(rows, []).append(tokens / rows)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    sizes = sorted(by_live)
+    ax.plot(sizes, [sum(by_live[b]) / len(by_live[b]) for b in sizes], marker="o", color="tab:green")
+    ax.set(title=PLOTS["accepted_live_batch"], xlabel="live rows", ylabel="tokens per row per target call")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
     return _save(fig, path)
 
 

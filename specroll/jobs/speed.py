@@ -57,9 +57,10 @@ def _measure_speed(config: TrainConfig, sources: ModelSources, task: Task, train
         for engine in (spec, plain):
             engine.generate(prompt_ids, params, n=config.grpo.num_generations)
         if trace is None:
-            trace = (list(spec.stats.gamma_per_step), list(spec.stats.live_rows_per_step))
+            trace = (list(spec.stats.gamma_per_step), list(spec.stats.live_rows_per_step),
+                     list(spec.stats.tokens_per_step))
     return SpeedMeasurement(
         spec_tokens_per_s=spec.stats.tokens_per_s, plain_tokens_per_s=plain.stats.tokens_per_s,
         acceptance_rate=spec.stats.acceptance_rate, mean_accepted_len=spec.stats.mean_accepted_len,
-        gamma_per_step=trace[0], live_rows_per_step=trace[1],
+        gamma_per_step=trace[0], live_rows_per_step=trace[1], tokens_per_step=trace[2],
     )

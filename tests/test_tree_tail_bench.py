@@ -1,0 +1,34 @@
+"""`benchmarks/tree_tail.py` runs end to end on tiny models (a smoke run of the code, not a measurement), and the
+report plots accepted length against live batch."""
+
+from __future__ import annotations
+
+import json
+
+from specroll.benchmarks import tree_tail
+from specroll.jobs.report import PLOTS, SpeedMeasurement, _plot_accepted
+
+
+def test_tree_tail_writes_paired_ratios_for_both_workloads(tmp_path, capsys):
+    out = tmp_path / "tree_tail.json"
+    assert tree_tail.main(["--models", "tiny", "--repeats", "2", "--rows", "3", "--full-rows", "3", "--new-tokens",
+                           "8", "--quick", "--calibration-s", "0.3", "--calibration-cache", str(tmp_path / "cal"),
+                           "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    tree = data["tail"]["tree_3x2"]
+    assert tree["vs_best_chain"] == "chain_gamma_2" and tree["tree_share"] == 1.0
+    assert tree["tokens_per_call_x"]["repeats"] == 2 and tree["tokens_per_s_x"]["mean"] > 0
+    assert data["full"]["auto_trees"]["vs_best_chain"] == "auto_chains"
+    printed = capsys.readouterr().out
+    assert "tail (live batch <= 4)" in printed and "full batch (3 rows)" in printed
+
+
+def test_lognormal_budgets_drain_the_batch():
+    budgets = tree_tail.budgets(16, 100, 400)
+    assert len(budgets) == 16 and max(budgets) > 2 * min(budgets) and max(budgets) <= 400
+
+
+def test_report_plots_accepted_length_by_live_batch(tmp_path):
+    speed = SpeedMeasurement(100.0, 50.0, 0.5, 2.0, [3, 3, 3], [4, 4, 1], [8, 12, 3])
+    path = _plot_accepted(tmp_path / "accepted_live_batch.png", speed)
+    assert path.is_file() and path.stat().st_size > 0 and "accepted_live_batch" in PLOTS
