@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from specroll.rollout.drafters.draft_vocab import STATE_KEY
+from specroll.rollout.engine import ACCEPTANCE_STATE_KEY
 from specroll.rollout.models.weights import FP32_BUFFER_SUFFIXES
 
 DIGEST_BYTES = 16
@@ -30,7 +31,8 @@ def weights_digest(named_tensors: Mapping[str, torch.Tensor], wire_dtype: torch.
     if not named_tensors:
         raise ValueError("named_tensors is empty: a digest of no weights checks nothing")
     digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    for name in sorted(named_tensors):
+    # a version's held-out acceptance (a cold start's tag, `engine.ACCEPTANCE_STATE_KEY`) is a measurement, not a weight
+    for name in sorted(n for n in named_tensors if n != ACCEPTANCE_STATE_KEY):
         tensor = _as_delivered(name, named_tensors[name].detach(), wire_dtype)
         digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
         digest.update(tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())

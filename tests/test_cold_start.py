@@ -105,7 +105,8 @@ grpo: {{steps: 3, prompts_per_step: 2, num_generations: 2, max_completion_length
 backend: {{kind: local}}
 engine: {{max_batch_size: 4, max_seq_len: 96, gamma: auto, max_gamma: 3, drafters: [eagle], speculation: when_learned,
           cost_model_budget_s: 0.3, calibration_cache: {root}/calibration}}
-learner: {{max_steps: 4, batch_size: 4, warmup_steps: 0}}
+learner: {{max_steps: 4, batch_size: 4, warmup_steps: 0, lr: 3.0e-3}}
+learner_schedule: {{rollout_share: 1.0, update_share: 1.0}}
 probe: {{prompts: 0}}
 report: {{out_dir: {root}/report, speed_prompts: 2, speed_repeats: 1}}
 torch_threads: 1
@@ -131,3 +132,22 @@ def test_train_from_a_fresh_head_starts_with_speculation_off(tiny_demo_cache, tm
     assert first["rollout/gamma"] == 0.0
     for entry in logged:  # off means off: a step that did not speculate made no draft forward
         assert entry["drafter/speculating"] == 1.0 or entry["drafter/draft_forwards"] == 0.0
+    assert max(e["drafter/version"] for e in logged) >= 1  # the learner published tagged versions meanwhile
+
+
+def test_cold_start_on_ray_carries_the_acceptance_to_the_workers(tiny_demo_cache, tmp_path):
+    """The Ray workers take a tagged version (the tag is no weight: their fit check leaves it out) and stay off."""
+    from train_runs import run_train
+
+    config = tmp_path / "cold_ray.yaml"
+    config.write_text(COLD_TRAIN.format(root=tmp_path).replace(
+        "backend: {kind: local}",
+        "backend: {kind: ray, topology: {num_workers: 1, worker: {num_cpus: 1}, learner: {num_cpus: 1}}}"))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "report").mkdir()
+    done = run_train(config, tmp_path / "report", tiny_demo_cache, tmp_path / "logs")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "report" / "metrics.jsonl").read_text().splitlines()]
+    logged = [e for e in steps if "drafter/speculating" in e]
+    assert len(logged) == 3 and logged[0]["drafter/draft_forwards"] == 0.0
+    assert max(e["drafter/version"] for e in logged) >= 1  # a tagged version reached the workers

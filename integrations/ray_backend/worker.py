@@ -40,6 +40,7 @@ from specroll.integrations.weights_digest import served_drafter_tensors, weights
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
 from specroll.rollout.drafters.draft_vocab import STATE_KEY, DraftVocab, split_state
+from specroll.rollout.engine import ACCEPTANCE_STATE_KEY
 from specroll.rollout.engine_state import engine_state, load_engine_state
 from specroll.rollout.models.weights import check_fits
 
@@ -142,9 +143,10 @@ class RolloutWorker:
                                   f"{weights_digest(named)[:12]}, not the sender's {payload.digest[:12]}: corrupted in "
                                   "flight, refused (the version served is kept)")
         try:
-            # A drafter version may carry its draft vocabulary (`draft_vocab.STATE_KEY`): checked as one, not a weight.
+            # A drafter version may carry its draft vocabulary (`draft_vocab.STATE_KEY`): checked as one, not a weight;
+            # and its held-out acceptance (`engine.ACCEPTANCE_STATE_KEY`, a cold start's), which the engine reads.
             weights, vocab_ids = split_state(named) if role == "drafter" else (named, None)
-            check_fits(model, weights, role)
+            check_fits(model, {k: v for k, v in weights.items() if k != ACCEPTANCE_STATE_KEY}, role)
             if vocab_ids is not None:
                 DraftVocab(vocab_ids, self.engine.vocab_size)
         except ValueError as err:

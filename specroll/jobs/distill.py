@@ -176,6 +176,8 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
         extra = f", medusa_heads: {args.medusa_heads}" if args.kind == "medusa" else ""
         models_yaml = (f"models: {{source: pretrained, target: {args.policy}, head: {output}}}\n"
                        f"engine: {{drafters: [{args.kind}]{extra}}}\n")
+    print(f"specroll distill: calibrating the engine's cost model (~{args.cost_model_s:g}s) to predict the speed",
+          flush=True)
     predictions = predict_speed(policy, drafter, args.kind, final, max_gamma=6, device=args.device,
                                 budget_s=args.cost_model_s, cache=str(out / "calibration"))
     settings = {**{name: getattr(args, name) for name in SETTINGS}, "minutes": args.minutes,
