@@ -8,10 +8,9 @@ publishes carries the served version's held-out acceptance under `engine.ACCEPTA
 with `EngineConfig(speculation="when_learned")` drafts only while that number reaches its break-even.
 
 `make_online_learner` wraps a learner in it when `LearnerConfig.publish_acceptance` is set. The served version's
-acceptance comes from the round's own report where it is exact (the published drafter's score when the version
-did not move, the candidate's when the gate published it); after a watchdog revert (the round's `event`) or a
-revert by a probe, the new served version is scored once on the held-out set. It keeps no checkpoint state of
-its own (`learner_state` refuses it: a run with this wrapper does not resume).
+acceptance is the learner's own `served_estimate()` after every gated round and every call that moved the version
+(a probe's or a collapse check's revert): the held-out scores the gate computed, cached, so it costs nothing. It
+keeps no checkpoint state of its own (`learner_state` refuses it: a run with this wrapper does not resume).
 """
 
 from __future__ import annotations
@@ -50,22 +49,16 @@ class ServedAcceptance:
         self.learner.add_rollouts(rollouts)
 
     def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
-        before = self.learner.version
         report = self.learner.train_round(budget_s, break_even)
-        if report.version == before:
-            if report.gated and self._scored_version in (None, before):
-                self._set(report.acceptance_before, before)
-        elif report.event is None:  # the gate published the candidate it just scored
-            self._set(report.acceptance_after, report.version)
-        else:  # a watchdog revert: which drafter it chose is the learner's; score what it serves now
-            self._rescore()
+        if report.gated or report.version != self._scored_version:
+            self._note()
         return report
 
     def probe(self, rollouts: list[Rollout]) -> ProbeReport:
         before = self.learner.version
         report = self.learner.probe(rollouts)
-        if self.learner.version != before and self.learner.holdout:  # the probe's watchdog reverted
-            self._rescore()
+        if self.learner.version != before:  # the probe's watchdog reverted
+            self._note()
         return report
 
     def served_estimate(self) -> float:
@@ -73,7 +66,7 @@ class ServedAcceptance:
 
     def revert_served(self, reason: str) -> str:
         event = self.learner.revert_served(reason)
-        self._rescore()
+        self._note()
         return event
 
     def published_state_dict(self) -> dict[str, torch.Tensor]:
@@ -84,10 +77,8 @@ class ServedAcceptance:
             return state
         return {**state, ACCEPTANCE_STATE_KEY: torch.tensor([round(self.acceptance * 1e6)], dtype=torch.int64)}
 
-    def _set(self, acceptance: float, version: int) -> None:
+    def _note(self) -> None:
+        """Take the served version's held-out acceptance (none while nothing is held out)."""
+        acceptance = self.learner.served_estimate()
         if not math.isnan(acceptance):
-            self.acceptance, self._scored_version = float(acceptance), version
-
-    def _rescore(self) -> None:
-        learner = self.learner
-        self._set(learner.score(learner.published, learner.draft_vocab("published")), learner.version)
+            self.acceptance, self._scored_version = float(acceptance), self.learner.version
