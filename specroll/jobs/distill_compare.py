@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
@@ -28,6 +28,9 @@ def main() -> None:
     parser.add_argument("--recipe", default="full", help="the demo recipe whose target both heads serve")
     parser.add_argument("--points", type=float, default=3.0, help="the bar: within this many acceptance points")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--num-prompts", type=int, default=None, help="fewer prompts than head_training's (a smoke "
+                        "run: its samples are then kept in memory, never in head_training's cache)")
+    parser.add_argument("--samples", type=int, default=None, help="samples per prompt (as --num-prompts)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from specroll.benchmarks.head_training import (
@@ -47,15 +50,18 @@ def main() -> None:
     demo = load_or_build_demo_models(DemoRecipe.named(args.recipe))
     target = demo.target
     settings = HeadTrainingSettings(eagle_budget_s=args.minutes * 60)
+    cached = args.num_prompts in (None, settings.prompts) and args.samples in (None, settings.samples)
+    settings = replace(settings, prompts=args.num_prompts or settings.prompts, samples=args.samples or settings.samples)
     path = heads_dir(demo.path) / "samples.pt"
-    if path.is_file():
+    if cached and path.is_file():
         sequences = [FeatureSequence(**fields) for fields in torch.load(path, weights_only=True)]
     else:
         prompts = training_prompts(demo.tokenizer, settings.prompts)
         sequences = sample_features(target, prompts, settings.samples, settings.max_new_tokens,
                                     (demo.tokenizer.eos_token_id,))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save([asdict(s) for s in sequences], path)
+        if cached:  # head_training's own samples: kept where it keeps them
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save([asdict(s) for s in sequences], path)
     started = time.perf_counter()
     benchmark = EagleHead.for_target(target.config, intermediate_size=settings.eagle_intermediate_size)
     train_head(benchmark, target, sequences, settings, settings.eagle_budget_s)
@@ -70,7 +76,7 @@ def main() -> None:
     ours, theirs = judge.score(distilled), judge.score(benchmark)
     gap = 100 * (theirs - ours)
     print(f"held-out expected acceptance ({sum(e.num_positions for e in judge.holdout.entries)} positions): "
-          f"specroll distill {ours:.4f}, benchmarks.head_training {theirs:.4f}; distill is {gap:+.2f} points "
+          f"specroll distill {ours:.4f}, benchmarks.head_training {theirs:.4f}; distill is {abs(gap):.2f} points "
           f"{'below' if gap > 0 else 'above'} it: {'PASS' if gap <= args.points else 'FAIL'} (bar: within "
           f"{args.points:g} points)")
 

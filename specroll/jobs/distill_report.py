@@ -48,16 +48,19 @@ def predict_speed(policy: Any, drafter: Any, kind: str, acceptance: float, max_g
 def write_report(path: Path, settings: dict[str, Any], rounds: list[dict[str, Any]],
                  predictions: list[SpeedPrediction], output: str, models_yaml: str) -> Path:
     """The markdown page (`report.md` in the out folder)."""
-    lines = [f"# specroll distill: a {settings['kind']} drafter for {settings['policy']}", "",
+    article = "an" if settings["kind"][0] in "aeiou" else "a"
+    lines = [f"# specroll distill: {article} {settings['kind']} drafter for {settings['policy']}", "",
              f"{settings['num_sequences']} samples of {settings['num_prompts']} prompts "
              f"({settings['num_positions']} completion positions; T = {settings['temperature']}), "
-             f"{settings['minutes']:g} minutes of training; every 4th prompt group held out.", "",
+             f"{settings['minutes']:g} minutes of training in two phases (each a learner from the drafter the last one "
+             "published: its start is the phase's frozen shadow); every 4th prompt group held out.", "",
              "## Held-out expected acceptance per round", "",
-             "| round | lr | steps | loss | candidate | published before | frozen (the start) | version |",
+             "| round | lr | steps | loss | candidate | served before | phase start | published |",
              "|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rounds, 1):
         lines.append(f"| {i} | {r['lr']:g} | {r['num_steps']} | {r['loss']:.4f} | {r['acceptance_after']:.4f} | "
-                     f"{r['acceptance_before']:.4f} | {r['acceptance_frozen_shadow']:.4f} | {r['version']} |")
+                     f"{r['acceptance_before']:.4f} | {r['acceptance_frozen_shadow']:.4f} | "
+                     f"{'yes' if r['published'] else 'no'} |")
     final = rounds[-1]["served"] if rounds else float("nan")
     lines += ["", f"Final (published) held-out expected acceptance: **{final:.4f}**.", "",
               "## Predicted speed against plain decoding (calibrated cost model)", "",
