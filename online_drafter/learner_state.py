@@ -31,7 +31,7 @@ CHECKPOINT_KEYS = ("config", "version", "published", "frozen", "candidate", "ave
 
 
 def state_of(learner: Learner) -> dict[str, Any]:
-    _require_learner(learner)
+    learner = _require_learner(learner)
     return {
         "config": asdict(learner.config),
         "version": learner.version,
@@ -56,7 +56,7 @@ def state_of(learner: Learner) -> dict[str, Any]:
 
 
 def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
-    _require_learner(learner)
+    learner = _require_learner(learner)
     candidate = learner.candidate
     for model, key in ((learner.frozen, "frozen"), (candidate.model, "candidate"), (candidate.averaged, "averaged"),
                        (learner.published, "published")):
@@ -83,13 +83,19 @@ def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
     _load_alarms(learner.alarms, state["alarms"])
 
 
-def _require_learner(learner: Any) -> None:
-    """Only a `Learner` has this state: a `recording.RecordingLearner` records one run from its start."""
+def _require_learner(learner: Any) -> Learner:
+    """The `Learner` whose state this is: `learner`, or the one a `served_acceptance.ServedAcceptance` wraps (it keeps
+    nothing of its own: the served version's acceptance is the learner's `served_estimate`). A
+    `recording.RecordingLearner` has none: it records one run from its start."""
     from .learner import Learner
+    from .served_acceptance import ServedAcceptance
 
+    if isinstance(learner, ServedAcceptance):
+        learner = learner.learner
     if not isinstance(learner, Learner):
         raise ValueError(f"a {type(learner).__name__} keeps no checkpoint state: only a learner.Learner does (a "
                          "recording, learner.record_dir, is one run from its start: unset it to resume a run)")
+    return learner
 
 
 def _alarms_state(alarms: LearnerAlarms) -> dict[str, Any]:

@@ -10,7 +10,8 @@ with `EngineConfig(speculation="when_learned")` drafts only while that number re
 `make_online_learner` wraps a learner in it when `LearnerConfig.publish_acceptance` is set. The served version's
 acceptance is the learner's own `served_estimate()` after every gated round and every call that moved the version
 (a probe's or a collapse check's revert): the held-out scores the gate computed, cached, so it costs nothing. It
-keeps no checkpoint state of its own (`learner_state` refuses it: a run with this wrapper does not resume).
+keeps no state of its own: `learner_state` saves and restores the learner it wraps, and a restored version's
+acceptance is taken when it is first published.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class ServedAcceptance:
         """The learner's published weights with the served version's held-out acceptance (parts per million),
         when it is known for this version."""
         state = self.learner.published_state_dict()
+        if self._scored_version != self.learner.version and self.learner.holdout:  # a restored learner's version
+            self._note()
         if self.acceptance is None or self._scored_version != self.learner.version:
             return state
         return {**state, ACCEPTANCE_STATE_KEY: torch.tensor([round(self.acceptance * 1e6)], dtype=torch.int64)}

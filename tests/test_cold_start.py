@@ -89,6 +89,25 @@ def test_published_versions_carry_the_learners_own_held_out_score():
     assert backend.engine.drafter_version == learner.version
 
 
+def test_a_resumed_cold_start_serves_its_version_with_its_acceptance():
+    target = tiny_lm("llama", "sdpa")
+    config = LearnerConfig(publish_acceptance=True, lr=3e-3, warmup_steps=0, ema_decay=0.0, gate_z=0.0, max_steps=30,
+                           batch_size=4, holdout_fraction=0.34)
+
+    def backend():
+        return LocalBackend.from_models(target, EagleHead.for_target(target.config, seed=0), COLD, config)
+
+    first = backend()
+    for seed in range(2):
+        first.generate(make_prompts(6, 2, 6, seed=seed), SamplingParams(max_new_tokens=12, seed=seed), n=2)
+        learner_round(first)
+    assert first.learner.version > 0
+    resumed = backend()
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.engine.drafter_version == first.engine.drafter_version
+    assert resumed.engine.drafter_acceptance == pytest.approx(first.engine.drafter_acceptance, abs=2e-6)
+
+
 def test_record_dir_and_publish_acceptance_are_exclusive(tmp_path):
     from specroll.online_drafter import make_online_learner
 

@@ -242,8 +242,6 @@ class TrainConfig:
                     f"{accumulation}: grpo.num_iterations x steps_per_generation)")
             require(self.learner.record_dir is None, "learner.record_dir", self.learner.record_dir,
                     "null with checkpoint.every > 0 (a recording is one run from its start: it cannot resume)")
-            require(self.engine.speculation == "always", "engine.speculation", self.engine.speculation,
-                    "'always' with checkpoint.every > 0 (a cold start's learner keeps no checkpoint state yet)")
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
