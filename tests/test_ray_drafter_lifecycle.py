@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 
 import pytest
 import ray
 import torch
-from ray_helpers import make_config, prompts_for, versions_once_alive
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray_helpers import make_config, prompts_for
 from tiny_models import build_lm
 
 from specroll.integrations.drafter_watch import COLLAPSE_ACCEPTANCE
@@ -168,15 +170,25 @@ def scramble_drafter(controller, index: int, token: int) -> None:
 
 
 def test_a_worker_restarted_while_idle_is_checked_at_the_next_generate(controller):
-    acceptance(controller)  # every worker's process is known from its batch
-    ray.kill(controller.workers[0], no_restart=False)
-    versions_once_alive(controller.workers[0])
+    before = acceptance(controller)  # and every worker's process is known from its batch
+    victim = controller.workers[0]
+    pid = ray.get(victim.__ray_call__.remote(lambda _: __import__("os").getpid()))
+    ray.kill(victim, no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:  # until Ray restarted it: another process answers
+        try:
+            if ray.get(victim.__ray_call__.remote(lambda _: __import__("os").getpid())) != pid:
+                break
+        except (ActorUnavailableError, RayActorError):
+            assert time.monotonic() < deadline, "the killed worker was not restarted within 60 s"
+        time.sleep(0.2)
     scramble_drafter(controller, 0, token=0)  # the restarted worker serves something else than it reloaded
     mismatches = controller.metrics()["drafter/digest_mismatches"]
     controller.generate(PROMPTS, SAMPLED, n=2)
     assert controller.metrics()["drafter/digest_mismatches"] == mismatches + 1
     assert any(e.startswith("after worker restart: worker 0") for e in controller.watch.events), controller.watch.events
     assert_one_published_drafter(controller)
+    assert abs(acceptance(controller) - before) <= 0.05
 
 
 def test_a_drafter_that_collapses_under_a_worker_raises_the_alarm_and_is_reverted(controller):

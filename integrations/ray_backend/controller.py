@@ -14,11 +14,10 @@ to the restarted worker or to another idle one — and its result is kept exactl
 prompt gets exactly n completions in input order. Restarted workers reload the current weights from
 the `WeightBoard` before serving; every rollout is checked to carry the current policy version.
 
-With a learner, the workers' engines record verification signals (forced here: the learner trains
-on them; for an EAGLE / Medusa head they carry the target's hidden states too). A head's learner reads
-the policy's embedding and LM head: every policy sync sends it those tensors (`LearnerActor.policy_names`).
-A sync waits for workers Ray is restarting, then stages, posts on the board and commits (see
-`sync.protocol`): after it, or after a sync that failed, every worker serves one version.
+With a learner, the workers' engines record verification signals (forced: the learner trains on them; a head's
+carry the target's hidden states), and every policy sync sends a head's learner the policy's embedding and LM
+head (`LearnerActor.policy_names`). A sync waits for workers Ray is restarting, stages, posts on the board and
+commits (`sync.protocol`): after it, or after a sync that failed, every worker serves one version.
 
 One service for several trainer ranks (`shared_service`): built with a `namespace`, the controller
 names its workers, board and learner there, and `RolloutController.attach` gives another process (rank
@@ -26,13 +25,12 @@ names its workers, board and learner there, and `RolloutController.attach` gives
 the shared workers and feeds the shared learner, but never syncs weights, runs learner rounds or kills
 the actors: the creating rank does, once per step, and the others `await_policy` the version it synced.
 
-The actors are started by `actors`, the learner's rounds driven by `learner_driver` (which also brings a learner
-that died back from its state after the last round), and every drafter event — a publish, a policy sync, a
-worker restart, a resume — checked by `drafter_guard`: each worker's served drafter digest against the
-learner's, and the first batch after it for a collapse (alarm, event, the watchdog's revert). A resumed run
-(`state_dict` / `load_state_dict`) moves the learner's state (`LearnerActor.state_dict`), the drafter
-checks' counts and each worker's engine state (`rollout.engine_state`: the suffix history, the γ statistics),
-and syncs the learner's published drafter to the workers as any new version.
+`actors` starts the actors, `learner_driver` drives the rounds (and brings a learner that died back from its
+state after its last round), `drafter_guard` checks every drafter event — publish, policy sync, worker or
+learner restart, resume: each worker's drafter digest against the learner's, the first batch after it for a
+collapse (alarm, event, the watchdog's revert). `state_dict` / `load_state_dict` (a resumed run) move the
+learner's state, the checks' counts and each worker's engine state (`rollout.engine_state`), and sync the
+learner's published drafter to the workers as any new version.
 """
 
 from __future__ import annotations
@@ -75,9 +73,13 @@ class RolloutController:
         self.actors = start_actors(config, with_learner, namespace, placement_timeout_s)
         self._init_state()
         if self.learner is not None:
-            self.learners = LearnerDriver(self.learner, max(placement_timeout_s, config.sync.timeout_s))
-            self.guard.published(0, ray.get(self.learner.published_digest.remote(config.engine.dtype)))
-            self.guard.verify("start", self.workers)
+            try:
+                self.learner_driver = LearnerDriver(self.learner, max(placement_timeout_s, config.sync.timeout_s))
+                self.guard.published(0, ray.get(self.learner.published_digest.remote(config.engine.dtype)))
+                self.guard.verify("start", self.workers)
+            except BaseException:  # a half-built service must not hold its actors after it (re-raised)
+                self.shutdown()
+                raise
 
     @classmethod
     def attach(cls, config: ControllerConfig, namespace: str, timeout_s: float = 120.0) -> RolloutController:
@@ -97,7 +99,7 @@ class RolloutController:
     def _init_state(self) -> None:
         self.policy_version = 0
         self.drafter_version = 0
-        self.learners: LearnerDriver | None = None  # the owner's driver of the learner actor
+        self.learner_driver: LearnerDriver | None = None  # the owner's driver of the learner actor
         self.learner_version = 0  # the version the learner publishes (ahead of `drafter_version` after a failed sync)
         self.watch = DrafterWatch()
         self.guard = DrafterGuard(self.watch, self.board, self.config.engine.dtype, self.config.sync.timeout_s)
@@ -126,7 +128,7 @@ class RolloutController:
         Raises `RolloutError` (carrying every rollout) when any rollout ended with an error."""
         if n < 1:
             raise ValueError(f"n={n!r} is invalid: an int >= 1")
-        if self.learners is not None and self.learner_version != self.drafter_version:
+        if self.learner_driver is not None and self.learner_version != self.drafter_version:
             self._publish(self.learner_version, "drafter publish (again: the last sync was refused)")
         started = time.perf_counter()
         chunks = split_groups(len(prompts), len(self.workers))
@@ -140,13 +142,13 @@ class RolloutController:
         if self.learner is not None:
             refs = [results[chunk_id][0] for chunk_id in range(len(chunks))]
             if self.owns_actors:  # awaited with the round this controller queues after them
-                self.learners.add(refs)
+                self.learner_driver.add(refs)
             else:  # in the shared buffer once this returns: the creating rank's next round sees them
                 ray.get(self.learner.add_rollouts.remote(refs))
         self.total_rollouts += len(rollouts)
         total = sum((batch.stats for batch in batches), BatchStats())
         self.last_batch = dataclasses.replace(total, wall_time_s=time.perf_counter() - started)
-        if self.learners is not None and not self.learners.running:
+        if self.learner_driver is not None and not self.learner_driver.running:
             self._check_batches(batches)
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
         return rollouts
@@ -164,7 +166,7 @@ class RolloutController:
         self._require_owner("sync_policy")
         seconds = self._sync("policy", named_tensors, version)
         self.policy_version = version
-        names = self.learners.policy_names if self.learners is not None else []
+        names = self.learner_driver.policy_names if self.learner_driver is not None else []
         read = {name: named_tensors[name] for name in names if name in named_tensors}
         if read:  # the learner is idle: its round was collected before this sync
             ray.get(self.learner.load_policy.remote(read), timeout=self.config.sync.timeout_s)
@@ -202,20 +204,20 @@ class RolloutController:
             probe_refs = [self.workers[i].generate.remote([probe.prompts[j] for j in chunk], probe.params, probe.n,
                                                           list(chunk)) for i, chunk in enumerate(chunks)]
         break_even = self.workers[0].break_even_acceptance.remote()  # resolved by Ray before the round runs
-        self.learners.start(budget_s, probe_refs, break_even)
+        self.learner_driver.start(budget_s, probe_refs, break_even)
 
     def finish_learner_round(self) -> LearnerRound | None:
         """Wait for the queued round; sync its drafter to the workers if the version moved. A learner that died
         meanwhile is brought back from its last state (the round is lost: `LearnerRound.report` None)."""
-        if self.learners is None:
+        if self.learner_driver is None:
             return None
         started = time.perf_counter()
-        done = self.learners.finish(self.workers[0])
+        done = self.learner_driver.finish(self.workers[0])
         if done is None:
             return None
         if done.lost is not None:
             self.watch.events.append(done.lost)
-            self.guard.verify("learner restart", self.workers)  # the restored learner publishes what is served
+            self._after_learner_restart()
         elif done.report.version != self.drafter_version:
             self._publish(done.report.version, "drafter publish")
         return LearnerRound(done.report, done.probe, time.perf_counter() - started, self.watch.take_events())
@@ -232,7 +234,7 @@ class RolloutController:
         """The learner actor's state (after the rollouts added before this call), the drafter checks' counts,
         each worker's engine state and the rollout count."""
         self._require_owner("state_dict")
-        if self.learners is not None and self.learners.running:
+        if self.learner_driver is not None and self.learner_driver.running:
             raise RuntimeError("state_dict while a learner round runs: finish_learner_round collects it first")
         timeout = self.config.sync.timeout_s
         learner = None
@@ -255,7 +257,7 @@ class RolloutController:
         ray.get([w.load_engine_state.remote(engine) for w, engine in zip(self.workers, state.get("engines", []))],
                 timeout=timeout)
         if learner is not None:
-            self.learners.load(learner)
+            self.learner_driver.load(learner)
             self._publish(int(learner["version"]), "resume")
         if "drafter_watch" in state:
             self.watch.load_state_dict(state["drafter_watch"])
@@ -310,6 +312,17 @@ class RolloutController:
             return
         self.guard.published(version, digest)
         self.guard.verify(f"{event} of version {version}", self.workers)
+
+    def _after_learner_restart(self) -> None:
+        """The restored learner publishes what it published at its last state: what the workers serve (checked), or
+        else synced to them as it is."""
+        timeout = self.config.sync.timeout_s
+        version = ray.get(self.learner.published_version.remote(), timeout=timeout)
+        digest = ray.get(self.learner.published_digest.remote(self.config.engine.dtype), timeout=timeout)
+        if (version, digest) != (self.drafter_version, self.guard.digest):
+            self._publish(version, "learner restart")
+        else:
+            self.guard.verify("learner restart", self.workers)
 
     def _check_batches(self, batches: list[Any]) -> None:
         """The drafter checks after a generate call: the served digests checked when a worker restarted since its

@@ -39,8 +39,9 @@ class TopologyConfig:
     """How many rollout workers, what each actor gets, and how actors are placed.
 
     `placement_strategy` is a Ray placement-group strategy over one bundle per worker plus one for
-    the learner; `None` places actors without a group. `max_restarts` is per worker: a restarted
-    worker reloads the current weights before it serves, and the controller re-sends its work.
+    the learner; `None` places actors without a group. `max_restarts` is per actor, each worker's and the
+    learner's: a restarted worker reloads the current weights before it serves, and the controller re-sends its
+    work; a restarted learner is loaded with its state after its last round and the rollouts since.
     """
 
     num_workers: int = 1
