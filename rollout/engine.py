@@ -14,7 +14,9 @@ with one target forward of γ + 1 tokens per row, and keeps a different number o
 to what was kept (`ModelRunner.rollback`, `Drafter.keep`). The target cache always holds every token of a
 row but the last. With no drafter or γ = 0 the same loop is plain batched decoding — the fair baseline.
 For a drafter that reads the target's features (`Drafter.wants_hidden`) the prefill and verification
-forwards also write their last hidden states into `RowBuffers.hidden` (`drafters.hidden`).
+forwards also write their last hidden states into `RowBuffers.hidden` (`drafters.hidden`). With
+`EngineConfig.tree_width` the tree policy (`gamma.tree`) may make a step a tree of γ levels of w candidates
+instead, verified in one forward (`tree_step.TreeStep`: one device→host copy, as a chain step).
 
 Memory: the target's attention K/V lives in dense per-slot buffers or, with `EngineConfig.kv_cache="paged"`,
 in blocks taken as rows grow (`models.paged`; requests wait for free blocks, siblings share their prompt's

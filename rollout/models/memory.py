@@ -4,9 +4,10 @@
 as they are), the target's KV cache (dense: `max_batch_size × cache_len` tokens; paged: the pool the budget
 leaves, at least one full row), the drafter's KV cache (dense), recurrent state rings (target and drafter),
 and a workspace estimate (the per-slot row buffers — tokens, log-probs, recorded signals, hidden states
-for a feature drafter — plus one step's logits, p and noise over `max_gamma + 1` positions). Shapes come
-from the same one-token probe the caches are built from (`cache.probe_layer_shapes`), so what is checked is
-what would be allocated. A drafter passed as a `Drafter` object is taken as it is (its memory not counted).
+for a feature drafter — plus one step's logits, p and noise over `max_step_drafts + 1` positions: a chain's γ + 1,
+a tree's 1 + γ·w). Shapes come from the same one-token probe the caches are built from
+(`cache.probe_layer_shapes`), so what is checked is what would be allocated. A drafter passed as a `Drafter`
+object is taken as it is (its memory not counted).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def plan_memory(config, target: nn.Module, drafter_shapes: list | None, drafter_
         rows += slots * length * (config.signal_top_k * (8 + 4) + 8 + 1)
     if hidden_size:
         rows += slots * length * hidden_size * dtype.itemsize
-    step = slots * (config.max_gamma + 1) * vocab * (dtype.itemsize + 4 * STEP_FLOAT_TENSORS)
+    step = slots * (config.max_step_drafts + 1) * vocab * (dtype.itemsize + 4 * STEP_FLOAT_TENSORS)
     weights = module_bytes(target, dtype) + drafter_weights
     dense = MemoryPlan(weights, slots * length * per_token, drafter_kv, state, rows + step)
     budget = config.memory_budget
