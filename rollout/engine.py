@@ -231,11 +231,14 @@ class SpecEngine(EngineMemory, EngineWeights):
     @property
     def speculating(self) -> bool:
         """Whether a generate call starting now drafts: always with `speculation` "always" (and a drafter); with
-        "when_learned" once the served drafter version's held-out acceptance reaches the break-even acceptance."""
+        "when_learned" once the served drafter version's held-out acceptance reaches the break-even acceptance (under
+        the invariant sampler its lower bound: Σ min(p, q) = 1 − TV, and the rule keeps ≥ (1 − TV) / (1 + TV))."""
         if self.drafter is None or self.config.speculation == "always":
             return self.drafter is not None
-        break_even = self.break_even_acceptance()
-        return self.drafter_acceptance is not None and break_even is not None and self.drafter_acceptance >= break_even
+        accept, break_even = self.drafter_acceptance, self.break_even_acceptance()
+        if accept is not None and self.config.sampler == "invariant":
+            accept = accept / (2 - accept)
+        return accept is not None and break_even is not None and accept >= break_even
 
     # ------------------------------------------------------------------ the step
 

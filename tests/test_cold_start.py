@@ -9,6 +9,7 @@ learner itself gives it; `specroll train` from a fresh EAGLE head on the tiny de
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -54,6 +55,24 @@ def test_when_learned_drafts_nothing_until_a_version_reaches_break_even():
     forwards = engine.stats.drafter_forwards
     engine.generate(PROMPTS, PARAMS)
     assert not engine.speculating and engine.stats.drafter_forwards == forwards
+
+
+def test_under_the_invariant_sampler_the_acceptance_is_its_lower_bound():
+    target = tiny_lm("llama", "sdpa")
+    head = EagleHead.for_target(target.config, seed=0)
+    engines = {sampler: SpecEngine(target, head, dataclasses.replace(COLD, sampler=sampler))
+               for sampler in ("rejection", "invariant")}
+    break_even = engines["rejection"].break_even_acceptance()
+    assert break_even == engines["invariant"].break_even_acceptance()
+    if break_even >= 1:  # timed on this machine: drafting never pays here, so no acceptance can turn it on
+        pytest.skip(f"break-even acceptance {break_even} on this machine: nothing to tell the two rules apart by")
+    # at a = the break-even, the invariant rule keeps at least a / (2 - a) < a: not enough
+    for engine in engines.values():
+        engine.update_drafter(tagged(head, min(1.0, break_even + 1e-6)), version=1)
+    assert engines["rejection"].speculating and not engines["invariant"].speculating
+    for engine in engines.values():
+        engine.update_drafter(tagged(head, 1.0), version=2)
+    assert engines["invariant"].speculating
 
 
 def test_a_version_without_acceptance_keeps_speculation_off():
