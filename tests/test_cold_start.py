@@ -189,3 +189,18 @@ def test_cold_start_on_ray_carries_the_acceptance_to_the_workers(tiny_demo_cache
     logged = [e for e in steps if "drafter/speculating" in e]
     assert len(logged) == 3 and logged[0]["drafter/draft_forwards"] == 0.0
     assert max(e["drafter/version"] for e in logged) >= 1  # a tagged version reached the workers
+
+
+def test_each_turn_of_speculation_is_an_event_of_a_cold_start():
+    from specroll.integrations.learner_schedule import LearnerSchedule
+    from specroll.rollout.core.stats import BatchStats
+
+    off, on = BatchStats(steps=5), BatchStats(steps=5, spec_row_steps=12, drafter_forwards=9)
+    cold, always = LearnerSchedule(speculation_events=True), LearnerSchedule()
+    for schedule in (cold, always):
+        seen = [schedule.speculation_seen(step, stats, 1.0) for step, stats in enumerate((off, off, on, on, off))]
+        assert [m["drafter/speculating"] for m in seen] == [0.0, 0.0, 1.0, 1.0, 0.0]
+        assert [m["drafter/draft_forwards"] for m in seen] == [0.0, 0.0, 9.0, 9.0, 0.0]
+    assert cold.events == ["step 2: speculation turned on with drafter version 1",
+                           "step 4: speculation turned off with drafter version 1"]
+    assert always.events == []  # auto-γ choosing plain steps is no event

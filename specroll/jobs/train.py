@@ -265,7 +265,7 @@ def progress_bar() -> Any:
                 return
             logs = logs or {}
             shown = {"reward": "reward", "rollout/tokens_per_s": "tok/s", "rollout/acceptance_rate": "accept",
-                     "drafter/version": "drafter"}
+                     "drafter/version": "drafter", "drafter/speculating": "spec"}
             self.bar.set_postfix({label: f"{logs[k]:.3g}" for k, label in shown.items() if logs.get(k) is not None})
             self.bar.n = state.global_step
             self.bar.refresh()
