@@ -2,6 +2,7 @@
 
 Everything else builds the cache on first use; this command does it explicitly, e.g. before a
 demo run or in a CI cache step, and prints where the models went and how long each stage took.
+`--generic` also builds the demo's generic drafter (`demo.generic`), a separate artifact beside them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", default=None, help="cache folder (default: $SPECROLL_CACHE or ~/.cache/specroll)"
     )
+    parser.add_argument("--generic", action="store_true", help="also the generic drafter (trained on the corpus "
+                        "alone, never on the target's samples: demo.generic; configs/demo_generic.yaml serves it)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
         "--threads", type=int, default=None,
@@ -48,4 +51,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"demo models ({name} recipe {recipe.hash}) at {models.path}")
     print(f"  target {count(models.target) / 1e6:.2f}M params, drafter {count(models.drafter) / 1e6:.2f}M params")
     print(f"  build log: {json.dumps(models.build_log)}")
+    if args.generic:
+        import shutil
+
+        from .generic import generic_dir, load_or_build_generic_drafter
+
+        if args.force:
+            shutil.rmtree(generic_dir(models), ignore_errors=True)
+        print(f"  generic drafter at {load_or_build_generic_drafter(models, progress=not args.no_progress)}")
     return 0

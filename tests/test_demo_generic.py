@@ -68,3 +68,15 @@ def test_demo_generic_preset_runs_at_the_tiny_recipe(tiny_demo_cache, tmp_path, 
     assert resolved["models"]["drafter"] == "generic"
     probes = [json.loads(line) for line in (tmp_path / "report" / "probes.jsonl").read_text().splitlines()]
     assert probes and all("drafter/probe_frozen" in p for p in probes)
+
+
+def test_build_demo_models_builds_the_generic_drafter_on_request(tiny_demo_cache, capsys):
+    from specroll.cli import main
+
+    argv = ["build-demo-models", "--tiny", "--cache-dir", str(tiny_demo_cache), "--no-progress", "--threads", "1"]
+    assert main(argv) == 0
+    assert "generic drafter" not in capsys.readouterr().out
+    assert main([*argv, "--generic"]) == 0
+    demo = load_or_build_demo_models(DemoRecipe.tiny(), cache_dir=tiny_demo_cache, progress=False)
+    assert f"generic drafter at {generic_dir(demo)}" in capsys.readouterr().out
+    assert (generic_dir(demo) / MANIFEST).is_file()
