@@ -93,3 +93,15 @@ def test_model_free_drafts_are_not_judged():
     watch.checked("drafter publish", {"worker 0": "aa"}, "aa", version=1)
     suffix_only = batch(4 * MIN_DRAFTED, 0, kind="suffix")
     assert watch.judge({"worker 0": suffix_only}) == [] and watch.pending == "drafter publish"
+
+
+def test_the_backend_events_of_a_round_reach_the_run_events_and_alarms(capsys):
+    from specroll.integrations.backend import LearnerRound
+    from specroll.integrations.learner_schedule import LearnerSchedule
+
+    schedule = LearnerSchedule()
+    schedule.round_started()
+    schedule.round_collected(LearnerRound(None, None, 0.0, ["learner actor lost", "ALARM drafter collapse after x"]))
+    assert schedule.events == ["learner actor lost", "ALARM drafter collapse after x"]
+    assert schedule.alarms == ["drafter collapse after x"]
+    assert "drafter collapse after x" in capsys.readouterr().err
