@@ -131,8 +131,6 @@ def load_eagle3_checkpoint(path: str | Path, target: PreTrainedModel, tokenizer=
                       float(_rope_theta(layer)), layer.rms_norm_eps, draft_ids, spec.ttt_steps or ttt_steps,
                       qk_norm=layer.model_type == "qwen3", attention_bias=bool(getattr(layer, "attention_bias", False)),
                       norm_before_residual=spec.norm_before_residual)
-    if draft_ids is not None:
-        state["draft_ids"] = draft_ids
     for name, tensor in state.items():
         expected = head.state_dict().get(name)
         if expected is not None and expected.shape != tensor.shape:

@@ -24,7 +24,7 @@ pytest_plugins = ["ray_fixtures"]  # one session Ray cluster shared by every Ray
 # one work unit, so one worker starts that cluster and its shared controller (seconds of CPU each on 2
 # cores) instead of every worker; every other module is a unit of its own (`--dist loadfile`).
 SESSION_RAY_MODULES = frozenset({
-    "test_backend_metrics", "test_head_online", "test_online_schedule", "test_ray_controller",
+    "test_backend_metrics", "test_eagle3_online", "test_head_online", "test_online_schedule", "test_ray_controller",
     "test_ray_drafter_lifecycle", "test_ray_metrics", "test_ray_seeded", "test_ray_shared_service",
     "test_ray_sync_restart", "test_ray_weight_sync", "test_trl_multirank", "test_trl_ray",
 })

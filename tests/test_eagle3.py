@@ -148,7 +148,8 @@ def test_own_lm_head_over_draft_ids_is_exact_and_drafts_only_those():
         head.lm_head.weight.copy_(target.lm_head.weight[ids])
     assert speculative(target, head) == plain(target)
     engine = SpecEngine(target, head, EngineConfig(max_batch_size=5, max_seq_len=40, gamma=3, draft_vocab=40))
-    assert torch.equal(engine.draft_vocab(), ids[torch.isin(ids, torch.arange(40))])  # both share: even ids < 40
+    first = engine.draft_vocab()  # the subset set (the first 40 ids and EOS); the head drafts the ids both share
+    assert first.numel() == 40 and torch.equal(engine.drafter.draws.vocab.ids, ids[torch.isin(ids, first)])
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == plain(target)
     with pytest.raises(ValueError, match="shares none with the drafter's own LM head"):
         engine.set_draft_vocab([1, 3, 5])

@@ -74,7 +74,7 @@ def test_local_backend_trains_the_eagle3_head_online(own_head):
         served = backend.engine.drafter.head.state_dict()
         assert not torch.equal(served["fc.weight"], initial["fc.weight"])  # the fusion of the layers trained
         if own_head:  # its own LM head trained too, over the same ids
-            assert torch.equal(served["draft_ids"], ids)
+            assert torch.equal(backend.engine.drafter.head.draft_ids, ids) and backend.engine.draft_vocab() is None
             assert not torch.equal(served["lm_head.weight"], initial["lm_head.weight"])
     finally:
         backend.shutdown()
@@ -122,3 +122,48 @@ def test_specroll_train_serves_a_speculators_checkpoint(tiny_demo_cache, tmp_pat
     steps = [json.loads(line) for line in (tmp_path / "report" / "metrics.jsonl").read_text().splitlines()]
     drafted = [e for e in steps if "rollout/eagle3/acceptance_rate" in e]
     assert len(drafted) == 2 and all(e["rollout/eagle3/proposals"] > 0 for e in drafted)  # the checkpoint drafted
+
+
+@pytest.mark.slow
+def test_ray_workers_serve_a_checkpoint_the_learner_actor_trains(ray_cluster, tiny_model_paths, tmp_path):
+    """On Ray: the worker and the learner actor both load `models.head` (a SpecForge-layout folder); the actor
+    trains it (finite losses, gated rounds), and the worker serves what the learner holds — the controller's
+    digest guard compares the two after every sync and raises if they differ."""
+    import ray
+    from eagle3_layouts import write_specforge
+    from transformers import AutoModelForCausalLM
+
+    from specroll.integrations.model_source import ModelPaths
+    from specroll.integrations.ray_backend.controller import RolloutController
+    from specroll.integrations.ray_backend.settings import ActorResources, ControllerConfig, SyncConfig, TopologyConfig
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_paths["target"])
+    vocab = policy.get_output_embeddings().weight.shape[0]
+    ids = torch.arange(0, vocab, 2)
+    head = Eagle3Head.for_target(policy.config, (1,), seed=2, draft_ids=ids)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(policy.get_output_embeddings().weight[ids])
+    folder = write_specforge(head, policy, tmp_path / "specforge-ckpt")
+    config = ControllerConfig(
+        models=ModelPaths(tiny_model_paths["target"], head=str(folder)), engine=ENGINE,
+        topology=TopologyConfig(num_workers=1, worker=ActorResources(num_cpus=1), learner=ActorResources(num_cpus=1)),
+        sync=SyncConfig(timeout_s=30.0), learner=LEARNER)
+    controller = RolloutController(config)
+    try:
+        schedule = LearnerSchedule(ProbeSet(PROBE_PROMPTS, every=1, samples=2))
+        reports = []
+        for step in range(2):
+            batch = controller.generate(PROMPTS, params(step), n=4)
+            assert len(batch) == 48 and sum(r.num_drafted for r in batch) > 0  # the worker drafted with the head
+            probe = schedule.probe_request(step, PROBE_PROMPTS, params(50 + step), last_step=1)
+            schedule.round_started()
+            controller.start_learner_round(None, probe)
+            schedule.round_collected(done := controller.finish_learner_round())
+            reports.append(done.report)
+            controller.sync_policy(moved(policy, step), version=step + 1)
+        assert all(r.gated and r.num_steps > 0 and math.isfinite(r.loss) for r in reports)
+        versions = ray.get(controller.workers[0].versions.remote())
+        assert versions == {"policy": 2, "drafter": reports[-1].version}
+        assert ray.get(controller.workers[0].draft_vocab.remote()) is None  # no subset set: the head's own ids
+    finally:
+        controller.shutdown()

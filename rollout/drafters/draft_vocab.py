@@ -122,13 +122,16 @@ class VocabDraws:
 
     `head_ids` [N] (sorted target ids): the LM head is the drafter's own, one row per draft id (EAGLE-3's, whose
     `d2t` maps row i to target id i + d2t[i]); it drafts over those ids, or over those also in a `set` vocabulary
-    (its rows of the head). None: the head's row r is target id r."""
+    (its rows of the head). None: the head's row r is target id r. Its `ids` are the vocabulary set on it (None:
+    none), as a drafter LM with fewer head rows reports what was set: the own head's ids are its weights', fixed,
+    and what travels with a drafter version (`STATE_KEY`) and is compared across workers is the set one."""
 
     def __init__(self, vocab_size: int, head_ids: torch.Tensor | None = None):
         self.vocab_size = vocab_size  # the target's: what drafts are ids of
         self.vocab: DraftVocab | None = None
         self.head_ids = head_ids
         self._rows: DraftVocab | None = None  # with `head_ids`: the head's rows drafted over (None: all of them)
+        self._given: DraftVocab | None = None  # with `head_ids`: the vocabulary `set` (None: none)
         if head_ids is not None:
             self.set(None, head_ids.device)
 
@@ -144,6 +147,7 @@ class VocabDraws:
                                  f"({head_ids.numel()} ids): give a vocabulary that overlaps them")
             self.vocab = DraftVocab(head_ids[keep], self.vocab_size)
             self._rows = None if bool(keep.all()) else DraftVocab(keep.nonzero()[:, 0], head_ids.numel())
+            self._given = None if vocab is None else DraftVocab(vocab.ids.to(device), self.vocab_size)
             return
         if vocab is not None:
             ids = vocab.ids.to(device)
@@ -160,8 +164,9 @@ class VocabDraws:
 
     @property
     def ids(self) -> torch.Tensor | None:
-        """The ids drafted over now (None: the whole vocabulary)."""
-        return None if self.vocab is None else self.vocab.ids
+        """The ids drafted over now (None: the whole vocabulary); with `head_ids`, the vocabulary set (None: none)."""
+        vocab = self._given if self.head_ids is not None else self.vocab
+        return None if vocab is None else vocab.ids
 
     @property
     def width(self) -> int:

@@ -72,7 +72,9 @@ class Eagle3Head(nn.Module):
             if draft_ids.dim() != 1 or not bool((draft_ids[1:] > draft_ids[:-1]).all()):
                 raise ValueError("eagle3 draft_ids must be a 1-D tensor of increasing target ids")
         self.lm_head = None if draft_ids is None else nn.Linear(hidden_size, draft_ids.numel(), bias=False)
-        self.register_buffer("draft_ids", draft_ids)  # int64 [N] or None (not in the state dict then)
+        # int64 [N] or None. Not in the state dict: a drafter version is its parameters (+ a draft vocabulary), as
+        # every weight sync and digest counts it; the ids come with the head's construction (its checkpoint).
+        self.register_buffer("draft_ids", draft_ids, persistent=False)
         inv_freq = 1.0 / rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
