@@ -75,6 +75,32 @@ def test_a_stopped_run_resumes_from_its_folder(user_folder, capsys):
     assert "holds a run with other final_lr, seed" in capsys.readouterr().err
 
 
+def test_a_killed_run_resumes_where_it_stopped(user_folder):
+    import subprocess
+    import sys
+    import time
+
+    out = user_folder / "killed"
+    argv = ["--policy", str(user_folder / "policy"), "--prompts", str(user_folder / "prompts.jsonl"), "--out", str(out),
+            *FAST, "--minutes", "0.3"]  # 15 rounds of 1.2 s: killed during the first ones
+    job = subprocess.Popen([sys.executable, "-m", "specroll.cli", "distill", *argv], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (out / "learner.pt").is_file() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.kill()
+    job.wait()
+    assert (out / "learner.pt").is_file() and not (out / "report.md").is_file()  # stopped mid-training
+    before = torch.load(out / "learner.pt", weights_only=False)["rounds"]
+    assert main(["distill", *argv]) == 0
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert len(rounds) == 15 and [r["phase"] for r in rounds] == [0] * 10 + [1] * 5
+    assert [r["num_steps"] for r in rounds[: len(before)]] == [r["num_steps"] for r in before]
+    argv[-1] = "0.36"  # more minutes once the last phase ran: that phase goes on, the first is not taken up again
+    assert main(["distill", *argv]) == 0
+    assert [r["phase"] for r in json.loads((out / "rounds.json").read_text())] == [0] * 10 + [1] * 6
+
+
 def test_model_kind_cut_from_the_policys_first_layers(user_folder):
     out = user_folder / "lm"
     assert distill(user_folder, out, "--kind", "model", "--layers", "1") == 0

@@ -127,6 +127,8 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
                desc=f"training the {args.kind} drafter", unit="round")
     learner = None
     for phase, (lr, share) in enumerate(phases):
+        if saved is not None and saved["phase"] > phase:  # done: the saved later phase started from its drafter
+            continue
         count = max(1, round(budget_s * share / round_s))
         config = LearnerConfig(lr=lr, batch_size=args.batch_size, max_steps=10**9, gate_z=0.0, ema_decay=0.0,
                                warmup_steps=0, holdout_fraction=0.25, temperature=args.temperature,
