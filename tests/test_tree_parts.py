@@ -184,3 +184,18 @@ def test_greedy_rejection_walks_the_tree_as_the_invariant_rule():
     b = TreeInvariant().verify(drafts, q, p, greedy, tree, tree.valid)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.accepted_len, b.accepted_len)
     assert torch.equal(a.tokens[:, 0], p[:, 0].argmax(-1))
+
+
+def test_suffix_index_gives_several_continuations_where_siblings_disagree():
+    from specroll.rollout.config import SuffixConfig
+    from specroll.rollout.drafters.suffix_index import CompletionIndex
+
+    index = CompletionIndex(3, SuffixConfig())
+    prompt = [1, 2, 3]
+    for slot, completion in enumerate([[4, 5, 6, 7], [4, 5, 9, 9], [4, 5]]):  # two siblings disagree after 4 5
+        index.start(slot, prompt)
+        index.extend(slot, completion)
+    found = index.lookup_several(2, 3, 4)
+    assert sorted(tokens for tokens, _ in found) == [[6, 7], [9, 9]]
+    assert all(match >= 2 for _, match in found)
+    assert index.lookup_several(2, 3, 1) == found[:1]

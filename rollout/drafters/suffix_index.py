@@ -105,6 +105,25 @@ class CompletionIndex:
                 return other[pos : pos + gamma], best_len
         return [], 0
 
+    def lookup_several(self, slot: int, gamma: int, count: int) -> list[tuple[list[int], int]]:
+        """Up to `count` continuations (≤ γ tokens each) with distinct first tokens and their match lengths, best
+        match first, from every key length (a token tree's suffix branches: siblings and history disagree)."""
+        row = self.rows[slot]
+        seq, group, cfg = row.group.seqs[row.seq_id], row.group, self.config
+        best: dict[int, tuple[int, int, list[int]]] = {}  # first token → (match, continuation length, tokens)
+        for key_len in KEY_LENS:
+            if key_len > len(seq) or key_len < cfg.min_match:
+                continue
+            for seq_id, pos in group.table.get(tuple(seq[-key_len:]), ()):
+                other = group.seqs.get(seq_id)
+                if other is None or pos >= len(other):
+                    continue
+                found = (_match_len(seq, other, pos, cfg.max_match), min(len(other) - pos, gamma))
+                if found > best.get(other[pos], (0, 0))[:2]:
+                    best[other[pos]] = (*found, other[pos : pos + gamma])
+        ranked = sorted(best.values(), key=lambda hit: hit[:2], reverse=True)[:count]
+        return [(tokens, match) for match, _, tokens in ranked]
+
     def extend(self, slot: int, tokens: list[int]) -> None:
         """Append `tokens` to the completion slot `slot` is writing, indexing each."""
         row = self.rows[slot]

@@ -9,9 +9,10 @@ so its cost follows its share. Rows it skipped fall behind in its cache and catc
 forward. All rows are still verified in one target forward of γ + 1 tokens: a suffix proposal
 shorter than γ is padding past its `lengths` (verified, never kept — the price of one forward).
 
-A tree step (`propose_tree`) takes both drafters' proposals at once instead of choosing: at every level the
-suffix continuation's node first, then the model's tree of one node less per level (`TreeDrafter`); the tree
-rule tries the suffix's draft, then the model's draws, as separate draws (`sampling.tree_accept`).
+A tree step (`propose_tree`) takes both drafters' proposals at once instead of choosing: at every level first the
+nodes of up to `SUFFIX_BRANCHES` suffix continuations with distinct first tokens (siblings and history disagree:
+`suffix_index.CompletionIndex.lookup_several`), then the model's tree of the remaining width (`TreeDrafter`);
+the tree rule tries the suffix's drafts, then the model's draws, as separate draws (`sampling.tree_accept`).
 
 `factory.make_drafter` builds it when `EngineConfig.drafters` lists "suffix" and one model-like kind.
 """
@@ -37,6 +38,7 @@ from .suffix import Lookup, SuffixDrafter
 
 PRIOR_DRAFTS = 4  # the model's α_j starts at PRIOR_ACCEPTANCE, worth this many drafts
 DECAY = 0.98  # per step (memory ~50 steps)
+SUFFIX_BRANCHES = 2  # a tree's nodes per level that continue the suffix index's continuations (`propose_tree`)
 
 
 class SuffixOrModelDrafter:
@@ -108,26 +110,34 @@ class SuffixOrModelDrafter:
 
     def propose_tree(self, live: slice, rows: RowBuffers, depth: int, width: int, params: SamplingParams,
                      noise: StepNoise) -> Proposal:
-        """One tree of `width` nodes per level: node 0 of each level the suffix continuation's (a chain under the
-        root, a point mass; padding past its match), the rest the model's tree of `width - 1` (module docstring)."""
+        """One tree of `width` nodes per level: the first `SUFFIX_BRANCHES` (at most width − 1) nodes of each level
+        continue the suffix index's best continuations with distinct first tokens (chains under the root, point
+        masses; padding past a continuation's end), the rest are the model's tree (module docstring)."""
         n, device = live.stop, rows.tokens.device
-        found = self.suffix.lookup(n, depth)
-        part = self.model.propose_tree(live, rows, depth, width - 1, params, noise)
-        host = [t for d in found.drafts for t in d + [0] * (depth - len(d))] + [len(d) for d in found.drafts]
-        packed = torch.tensor(host, dtype=torch.long, device=device)  # [n·D + n]: one host→device copy
-        suffix, lengths = packed[: n * depth].view(n, depth), packed[n * depth :]  # [n, D], [n]
+        branches = min(SUFFIX_BRANCHES, width - 1)
+        found = self.suffix.lookup(n, depth)  # the best continuation, scored as the chain step's lookup is
+        chains = [[d] + [t for t, _ in self.suffix.index.lookup_several(b, depth, branches) if t[:1] != d[:1]]
+                  if d else [] for b, d in enumerate(found.drafts)]
+        chains = [(c + [[]] * branches)[:branches] for c in chains]  # [n][s] token lists
+        part = self.model.propose_tree(live, rows, depth, width - branches, params, noise)
+        host = [t for row in chains for c in row for t in c + [0] * (depth - len(c))]
+        host += [len(c) for row in chains for c in row]
+        packed = torch.tensor(host, dtype=torch.long, device=device)  # [n·s·D + n·s]: one host→device copy
+        cut = n * branches * depth
+        suffix, lengths = packed[:cut].view(n, branches, depth), packed[cut:].view(n, branches)
         merged = depth * width
-        levels = torch.arange(merged, device=device) // width  # [M'] depth − 1 of each merged node
-        is_suffix = torch.arange(merged, device=device) % width == 0  # [M']
+        col = torch.arange(merged, device=device)
+        level, slot = col // width, col % width  # [M']
+        is_suffix = slot < branches
         model_cols = (~is_suffix).nonzero()[:, 0]  # [M] where the model's nodes go, in its order
         remap = torch.cat([model_cols.new_zeros(1), model_cols + 1])  # model node id → merged node id
-        parents = torch.zeros(n, merged, dtype=torch.long, device=device)
-        parents[:, is_suffix] = torch.where(levels[is_suffix] > 0, levels[is_suffix] * width - width + 1, 0)
+        parents = torch.where(level > 0, (level - 1) * width + slot + 1, 0)[None].repeat(n, 1)  # a suffix chain's
         parents[:, model_cols] = remap[part.tree.parents]
         drafts = torch.zeros_like(parents)
-        drafts[:, is_suffix], drafts[:, model_cols] = suffix, part.drafts
+        drafts[:, is_suffix] = suffix.transpose(1, 2).reshape(n, -1)  # level-major, as the merged nodes
+        drafts[:, model_cols] = part.drafts
         valid = torch.zeros_like(parents, dtype=torch.bool)
-        valid[:, is_suffix] = torch.arange(depth, device=device)[None, :] < lengths[:, None]
+        valid[:, is_suffix] = (torch.arange(depth, device=device)[None, :, None] < lengths[:, None, :]).reshape(n, -1)
         valid[:, model_cols] = part.tree.valid
         fresh = is_suffix[None, :].expand(n, -1).clone()
         fresh[:, model_cols] = part.tree.fresh

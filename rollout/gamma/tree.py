@@ -5,20 +5,21 @@
 `AutoWidth` (`tree_width="auto"`, with `gamma="auto"`): after `auto.AutoGamma` has chosen the chain's γ, every
 (depth d, width w ≥ 2) is weighed against that chain by expected tokens per second:
 
-    E[tokens of a row | d, w] = 1 + Σ_{k=1..d} Π_{j<k} a_j(w)
+    E[tokens of a row | d, w] = 1 + Σ_{k=1..d} Π_{j<k} a_j(w) (1 - h)
     time(d, w, n) = the chain step's predicted time at γ = d  (cost model, corrected online)
                     + target forward(n, 1 + d·w) − target forward(n, 1 + d)     (the wider verification)
                     + d · drafter's slow-down · (draft(n, w) − draft(n, 1))   (each level feeds w nodes)
                     + a per-width offset learnt from the tree steps run
 
-with a_j(w) the chance that some child is kept at depth j + 1 of the path given the path so far, counted from the
-tree steps run at width w (decayed like the chains' counts) and pulled toward 1 − (1 − α_j)^√w (α_j the chain's
-per-position acceptance: siblings drawn without replacement are not independent tries, hence √w tries) by
-`PRIOR_DRAFTS` pseudo-drafts. A tree wins when its rate beats the chain's by `TREE_MARGIN`; and since a width's
-acceptance is only measured while it runs, every `EXPLORE_EVERY` chain steps the best tree runs anyway if it is
-predicted within `EXPLORE_WITHIN` of the chain (as auto-γ probes drafting from plain decoding). Where a forward
-of more tokens per row costs more — a full batch — the wider verification does not pay and the step stays a
-chain; where the batch has drained it costs about the same, and the tree's longer kept path wins.
+with h the measured share of tokens that end their row (auto-γ's), and a_j(w) the chance that some child is kept
+at depth j + 1 of the path given the path so far, counted from the tree steps run at width w (decayed like the
+chains' counts) and pulled toward 1 − (1 − α_j)^√w (α_j the chain's per-position acceptance: siblings drawn
+without replacement are not independent tries, hence √w tries) by `PRIOR_DRAFTS` pseudo-drafts. A tree wins when
+its rate beats the chain's by `TREE_MARGIN`; and since a width's acceptance is only measured while it runs, every
+`EXPLORE_EVERY` chain steps the best tree runs anyway if it is predicted within `EXPLORE_WITHIN` of the chain (as
+auto-γ probes drafting from plain decoding). Where a forward of more tokens per row costs more — a full batch —
+the wider verification does not pay and the step stays a chain; where the batch has drained it costs about the
+same, and the tree's longer kept path wins.
 """
 
 from __future__ import annotations
@@ -62,12 +63,14 @@ class AutoWidth:
         self.chain_steps = 0
 
     def expected_tokens(self, depth: int, width: int, greedy: bool) -> float:
-        """E[tokens of a row] of a tree of `depth` levels of `width` nodes."""
-        alpha, rates = self.auto.estimates[greedy].alpha, self.rates[greedy][width]
+        """E[tokens of a row] of a tree of `depth` levels of `width` nodes (a kept token ends its row with the
+        chains' measured stop rate h, as auto-γ counts it)."""
+        estimate = self.auto.estimates[greedy]
+        alpha, rates, keep = estimate.alpha, self.rates[greedy][width], 1.0 - estimate.stop_rate
         total, survive = 1.0, 1.0
         for j in range(depth):
             prior = 1.0 - (1.0 - alpha[min(j, len(alpha) - 1)]) ** math.sqrt(width)
-            survive *= rates.rate(j, prior, PRIOR_DRAFTS)
+            survive *= rates.rate(j, prior, PRIOR_DRAFTS) * keep
             total += survive
         return total
 
