@@ -163,6 +163,8 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
     """Write the drafter where `models:` reads it, predict its speed, write the report; print where they are."""
     import torch
 
+    from specroll.online_drafter.heads.data import FeatureSequence
+
     from .distill_data import num_positions
     from .distill_report import predict_speed, write_report
 
@@ -180,11 +182,15 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
                        f"engine: {{drafters: [{args.kind}]{extra}}}\n")
     print(f"specroll distill: calibrating the engine's cost model (~{args.cost_model_s:g}s) to predict the speed",
           flush=True)
+    spans = [(len(e.token_ids), e.num_positions) if isinstance(e, FeatureSequence)
+             else (len(e.prompt_ids) + len(e.completion_ids), len(e.completion_ids)) for e in entries]
+    halfway = round(sum(total - completion / 2 for total, completion in spans) / len(spans))  # a mean row's KV mid-way
     predictions = predict_speed(policy, drafter, args.kind, final, max_gamma=6, device=args.device,
-                                budget_s=args.cost_model_s, cache=str(out / "calibration"))
+                                budget_s=args.cost_model_s, cache=str(out / "calibration"),
+                                max_seq_len=max(total for total, _ in spans) + 8, context=halfway)
     settings = {**{name: getattr(args, name) for name in SETTINGS}, "minutes": args.minutes,
                 "num_prompts": num_prompts, "num_sequences": len(entries),
-                "num_positions": sum(map(num_positions, entries))}
+                "num_positions": sum(map(num_positions, entries)), "context": halfway}
     report = write_report(out / "report.md", settings, rounds, predictions, str(output), models_yaml)
     (out / "rounds.json").write_text(json.dumps(rounds, indent=1))
     speeds = ", ".join(f"{p.speedup:.2f}x at batch {p.batch}" for p in predictions)

@@ -29,16 +29,17 @@ class SpeedPrediction:
 
 
 def predict_speed(policy: Any, drafter: Any, kind: str, acceptance: float, max_gamma: int, device: str,
-                  budget_s: float, cache: str | None) -> list[SpeedPrediction]:
-    """Calibrate the cost model of `policy` with `drafter` (an engine of `kind` at batch up to 64) and predict."""
+                  budget_s: float, cache: str | None, max_seq_len: int, context: int) -> list[SpeedPrediction]:
+    """Calibrate the cost model of `policy` with `drafter` (an engine of `kind` at batch up to 64, rows of up to
+    `max_seq_len` tokens) and predict at `context` tokens of KV (a rollout's mean length half-way)."""
     from specroll.rollout.gamma.break_even import break_even_acceptance
 
-    config = EngineConfig(max_batch_size=max(BATCH_SIZES), max_seq_len=64, gamma="auto", max_gamma=max_gamma,
+    config = EngineConfig(max_batch_size=max(BATCH_SIZES), max_seq_len=max_seq_len, gamma="auto", max_gamma=max_gamma,
                           drafters=(kind,), device=device, cost_model_budget_s=budget_s, calibration_cache=cache)
     cost = SpecEngine(policy, drafter, config).gamma_policy.cost
     predictions = []
     for batch in BATCH_SIZES:
-        times = [cost.step_time(batch, gamma) for gamma in range(max_gamma + 1)]  # [γ + 1] seconds
+        times = [cost.step_time(batch, gamma, context) for gamma in range(max_gamma + 1)]  # [γ + 1] seconds
         rates = [sum(acceptance ** k for k in range(gamma + 1)) / t for gamma, t in enumerate(times)]
         best = max(range(len(rates)), key=rates.__getitem__)
         predictions.append(SpeedPrediction(batch, best, rates[best] / rates[0], break_even_acceptance(times)))
@@ -64,6 +65,7 @@ def write_report(path: Path, settings: dict[str, Any], rounds: list[dict[str, An
     final = rounds[-1]["served"] if rounds else float("nan")
     lines += ["", f"Final (published) held-out expected acceptance: **{final:.4f}**.", "",
               "## Predicted speed against plain decoding (calibrated cost model)", "",
+              f"At {settings['context']} tokens of KV per row (a mean sample half-way), γ up to 6.", "",
               "| live batch | best γ | predicted speed-up | break-even acceptance |", "|---|---|---|---|"]
     lines += [f"| {p.batch} | {p.gamma} | {p.speedup:.2f}x | {p.break_even:.3f} |" for p in predictions]
     lines += ["", "A prediction (every draft accepted at the held-out rate, forwards as calibrated on this machine), "
