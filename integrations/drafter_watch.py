@@ -7,9 +7,9 @@
     if collapsed and watch.collapse_confirmed(learner.served_estimate()): ...   # alarm, event, revert
 
 The failure users of speculative RL systems report most is a drafter lost after a weight refit or a restart:
-acceptance falls to 0 (mean accepted length to 1.0) and training goes on, slower, with no error. The Ray backend
-(`ray_backend.drafter_guard`) guards against it in two independent ways after every *drafter event* — a drafter
-publish, a policy sync, a worker or learner restart, a resume:
+acceptance falls to 0 (mean accepted length to 1.0) and training goes on, slower, with no error. Both backends
+(`ray_backend.drafter_guard` over the workers, `LocalBackend` on its engine) guard against it in two independent
+ways after every *drafter event* — a drafter publish, a policy sync, a worker or learner restart, a resume:
 
 - **Digest.** Every engine's drafter weights are hashed where they are (`weights_digest`) and compared with
   the learner's published digest; an engine that serves anything else is reloaded. `checked` records what

@@ -15,7 +15,9 @@ loads the learner's drafter into the engine only when the version moved, so a ro
 worse never changes what the engine drafts with. `sync_policy` and `generate` join a running round
 first: the probe generates on the same engine. `state_dict` / `load_state_dict` (a resumed run) carry the
 learner's state (`online_drafter.learner_state`), the engine's (`rollout.engine_state`: the suffix history and
-the γ statistics) and the rollout count.
+the γ statistics) and the rollout count. After every drafter publish, policy sync and resume the engine's drafter
+is hashed and compared with the learner's published digest, and the first batch after it judged for a collapse
+(`drafter_watch`: alarm, event, the watchdog's revert), as on Ray.
 
 A LocalBackend lives in one process and cannot be shared: under `accelerate launch` every rank
 builds its own (its own engine and learner), and every rank syncs its own with the gathered weights.
@@ -44,12 +46,17 @@ from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.engine_state import engine_state, load_engine_state
 
 from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
+from .drafter_watch import DrafterWatch
+from .weights_digest import served_drafter_tensors, weights_digest
 
 
 class LocalBackend:
     """Runs rollouts on an engine in this process; implements `RolloutBackend`."""
 
-    def __init__(self, engine: SpecEngine, learner: OnlineLearner | None = None):
+    def __init__(self, engine: SpecEngine, learner: OnlineLearner | None = None,
+                 drafter: torch.nn.Module | None = None):
+        """`drafter`: the module the engine drafts with (its weights, hashed for the drafter checks; None: no
+        digest check, the collapse check only)."""
         if learner is not None and not engine.config.record_signals:
             raise ValueError("a LocalBackend with a learner needs an engine with record_signals=True (the learner "
                              "trains on what verification records); LocalBackend.from_models sets it")
@@ -60,6 +67,9 @@ class LocalBackend:
         self.total_rollouts = 0  # returned by generate since the run began (a resumed run's from its checkpoint)
         self._round: threading.Thread | None = None
         self._round_result: dict[str, Any] | None = None  # the last round's, until finish_learner_round
+        self.drafter = drafter
+        self.watch = DrafterWatch()
+        self._published_digest: tuple[int | None, str] = (None, "")  # (learner version, its digest)
 
     @classmethod
     def from_models(
@@ -88,7 +98,7 @@ class LocalBackend:
         if learner is not None and engine_config.draft_vocab is not None:  # the engine's first subset, counted on
             learner.set_draft_vocab(initial_ids(engine_config.draft_vocab, engine.vocab_size, target.config),
                                     engine.vocab_size)
-        return cls(engine, learner)
+        return cls(engine, learner, drafter)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
         self._join_round()
@@ -99,6 +109,7 @@ class LocalBackend:
         self.total_rollouts += len(rollouts)
         if self.learner is not None:
             self.learner.add_rollouts(rollouts)
+            self._check_batch()
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
         return rollouts
 
@@ -110,6 +121,7 @@ class LocalBackend:
         started = time.perf_counter()
         self.engine.update_target(named_tensors, version)
         self.last_sync_s = time.perf_counter() - started
+        self._verify(f"policy sync to version {version}")
         return self.last_sync_s
 
     def serves_all_ranks(self) -> bool:
@@ -147,8 +159,9 @@ class LocalBackend:
         if "error" in result:
             raise result["error"]
         if self.learner.version != self.engine.drafter_version:
-            self.engine.update_drafter(self.learner.published_state_dict(), self.learner.version)
-        return LearnerRound(result.get("report"), result.get("probe"), time.perf_counter() - started)
+            self._serve_published("drafter publish")
+        return LearnerRound(result.get("report"), result.get("probe"), time.perf_counter() - started,
+                            self.watch.take_events())
 
     def published_drafter(self) -> dict[str, torch.Tensor] | None:
         return None if self.learner is None else self.learner.published_state_dict()
@@ -162,13 +175,14 @@ class LocalBackend:
         synced = {} if self.last_sync_s is None else {"sync/policy_s": self.last_sync_s}
         return {"rollout/policy_version": float(self.engine.policy_version),
                 "drafter/version": float(self.engine.drafter_version),
-                "rollout/total_rollouts": float(self.total_rollouts), **synced}
+                "rollout/total_rollouts": float(self.total_rollouts), **self.watch.metrics(), **synced}
 
     def state_dict(self) -> dict[str, Any]:
         if self._round_result is not None:
             raise RuntimeError("state_dict while a learner round runs: finish_learner_round collects it first")
         return {"learner": None if self.learner is None else state_of(self.learner),
-                "total_rollouts": self.total_rollouts, "engines": [engine_state(self.engine)]}
+                "total_rollouts": self.total_rollouts, "engines": [engine_state(self.engine)],
+                "drafter_watch": self.watch.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         learner = state["learner"]
@@ -182,8 +196,41 @@ class LocalBackend:
             load_engine_state(self.engine, engines[0])
         if learner is not None:
             restore(self.learner, learner, "the saved learner state")
-            self.engine.update_drafter(self.learner.published_state_dict(), self.learner.version)
+            self._serve_published("resume")
+        if "drafter_watch" in state:
+            self.watch.load_state_dict(state["drafter_watch"])
         self.total_rollouts = int(state["total_rollouts"])
+
+    def _serve_published(self, event: str) -> None:
+        """Load the learner's published drafter into the engine, then check what the engine serves."""
+        self.engine.update_drafter(self.learner.published_state_dict(), self.learner.version)
+        self._verify(f"{event} of version {self.learner.version}")
+
+    def _verify(self, event: str) -> None:
+        """The drafter checks after a drafter event (`drafter_watch`): the engine's drafter digest against the
+        learner's published one (loaded again if it differs), and the collapse check armed for the next batch."""
+        if self.learner is None:
+            return
+        dtype = self.engine.config.dtype
+        if self._published_digest[0] != self.learner.version:  # hashed once per version
+            self._published_digest = (self.learner.version, weights_digest(self.learner.published_state_dict(), dtype))
+        published = self._published_digest[1]
+        served = published if self.drafter is None else weights_digest(
+            served_drafter_tensors(self.drafter, self.engine.draft_vocab()), dtype)
+        if self.watch.checked(event, {"engine": served}, published, self.learner.version):
+            self.engine.update_drafter(self.learner.published_state_dict(), self.learner.version)
+
+    def _check_batch(self) -> None:
+        """The first batch after a drafter event judged for a collapse: the alarm, an event, the watchdog's revert."""
+        stats = {"engine": self.last_batch}
+        collapsed = self.watch.judge(stats)
+        if not collapsed or not self.watch.collapse_confirmed(collapsed, stats, self.learner.served_estimate(),
+                                                              self.engine.drafter_version):
+            return
+        self._verify("drafter collapse")
+        reason = f"rollouts: the engine kept almost no drafts of version {self.engine.drafter_version}"
+        self.watch.events.append(self.learner.revert_served(reason))
+        self._serve_published("watchdog revert")
 
     def process_threads(self) -> list[ThreadSetting]:
         """None besides the caller's: the engine and the learner run in this process."""

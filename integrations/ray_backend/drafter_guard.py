@@ -13,7 +13,7 @@ that serves anything else is loaded again from the weight board's payload (its d
 still wrong after that is restarted, and reloads both roles from the board; one still wrong after that raises
 WeightSyncError. `judge` is the watch's collapse check on the workers' batches (`drafter_watch`); the
 controller confirms it with the learner's estimate and reverts. The rules and the events are
-`integrations.drafter_watch`'s; the local backend has no such checks (one engine, weights copied in place).
+`integrations.drafter_watch`'s, as the local backend's (`LocalBackend._verify`, on its one engine).
 """
 
 from __future__ import annotations
