@@ -22,8 +22,10 @@ and commits):
 head may carry neither). A checkpoint that does not fit the target — hidden size, vocabulary size, layer ids
 past its layers, stop/start token ids or (given both) the tokenizer's vocabulary — is refused with a
 `ValueError` naming the field and both values; so is what this head cannot run (more than one draft layer,
-`rope_scaling`, `norm_before_fc`, `fc_norm`, `norm_output`, an MLP bias, a draft layer type other than llama /
-qwen3). The checkpoint's `embed_tokens` is checked for shape and dropped: the head reads the target's own.
+`rope_scaling`, an MLP bias, a draft layer type other than llama / qwen3, SpecForge's `norm_output: false`).
+speculators' `norm_before_fc`, `fc_norm`, `norm_output` and `norm_before_residual` (and SpecForge's `fc_norm`)
+are the head's options (`Eagle3Head`). The checkpoint's `embed_tokens` is checked for shape and dropped: the head
+reads the target's own.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ LAYER_NAMES = {
     "mlp.gate_proj": "gate_proj", "mlp.up_proj": "up_proj", "mlp.down_proj": "down_proj",
     "input_layernorm": "input_norm", "hidden_norm": "hidden_norm", "post_attention_layernorm": "mlp_norm",
 }
-TOP_NAMES = ("fc.weight", "norm.weight", "lm_head.weight")
+# The fusion's norms: speculators' `norm_before_fc` norm and both layouts' per-layer `fc_norm` (top level).
+FUSION_NAMES = {"input_norm": "fc_input_norm", "fc_norm": "fc_norms"}
 
 
 @dataclass
@@ -64,6 +67,8 @@ class Eagle3Spec:
     norm_before_residual: bool
     prefix: str  # the draft layer's tensor prefix
     fields: dict[str, str]  # our name → the checkpoint's field, for messages
+    fusion_norm: str | None  # `Eagle3Head.fusion_norm`: norm_before_fc "joint", fc_norm "per_layer"
+    norm_output: bool
 
 
 def read_spec(config: dict) -> Eagle3Spec:
@@ -81,8 +86,8 @@ def _speculators_spec(config: dict) -> Eagle3Spec:
     layer_dict = dict(config.get("transformer_layer_config") or {})
     model_type = layer_dict.get("model_type", "qwen3")  # speculators' default layer config is Qwen3's
     _refuse_unless(model_type in LAYER_TYPES, "transformer_layer_config.model_type", model_type, LAYER_TYPES)
-    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-        _refuse_unless(not config.get(flag, False), flag, config.get(flag), "false (this head does not implement it)")
+    _refuse_unless(not (config.get("norm_before_fc") and config.get("fc_norm")), "norm_before_fc and fc_norm",
+                   True, "at most one of them (speculators' own rule)")
     methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     layer = CONFIG_MAPPING[model_type](**layer_dict)
     ids = config.get("eagle_aux_hidden_state_layer_ids")
@@ -90,14 +95,14 @@ def _speculators_spec(config: dict) -> Eagle3Spec:
               "vocab_size": "transformer_layer_config.vocab_size",
               "layers": "eagle_aux_hidden_state_layer_ids", "target_hidden_size": "target_hidden_size",
               "layer": "transformer_layer_config"}
+    fusion = "joint" if config.get("norm_before_fc") else "per_layer" if config.get("fc_norm") else None
     return Eagle3Spec(SPECULATORS, layer, config.get("target_hidden_size") or layer.hidden_size,
                       None if ids is None else tuple(int(i) for i in ids), int(config.get("draft_vocab_size", 32000)),
                       methods[0].get("speculative_tokens"), bool(config.get("norm_before_residual", False)),
-                      "layers.0.", fields)
+                      "layers.0.", fields, fusion, bool(config.get("norm_output", False)))
 
 
 def _specforge_spec(config: dict) -> Eagle3Spec:
-    _refuse_unless(not config.get("fc_norm", False), "fc_norm", config.get("fc_norm"), "false (not implemented)")
     _refuse_unless(config.get("norm_output", True), "norm_output", config.get("norm_output"),
                    "true (the LM head reads the normed output)")
     layer = CONFIG_MAPPING["llama"](**{k: v for k, v in config.items() if k not in ("eagle_config", "architectures")})
@@ -107,7 +112,8 @@ def _specforge_spec(config: dict) -> Eagle3Spec:
               "target_hidden_size": "target_hidden_size", "layer": ""}
     return Eagle3Spec(SPECFORGE, layer, config.get("target_hidden_size") or layer.hidden_size,
                       None if ids is None else tuple(int(i) + 1 for i in ids), int(config["draft_vocab_size"]),
-                      None, bool(config.get("norm_before_residual", False)), "midlayer.", fields)
+                      None, bool(config.get("norm_before_residual", False)), "midlayer.", fields,
+                      "per_layer" if config.get("fc_norm") else None, False)
 
 
 def load_eagle3_checkpoint(path: str | Path, target: PreTrainedModel, tokenizer=None,
@@ -130,7 +136,8 @@ def load_eagle3_checkpoint(path: str | Path, target: PreTrainedModel, tokenizer=
                       getattr(layer, "head_dim", None) or layer.hidden_size // heads, layer.intermediate_size,
                       float(_rope_theta(layer)), layer.rms_norm_eps, draft_ids, spec.ttt_steps or ttt_steps,
                       qk_norm=layer.model_type == "qwen3", attention_bias=bool(getattr(layer, "attention_bias", False)),
-                      norm_before_residual=spec.norm_before_residual)
+                      norm_before_residual=spec.norm_before_residual, fusion_norm=spec.fusion_norm,
+                      norm_output=spec.norm_output)
     for name, tensor in state.items():
         expected = head.state_dict().get(name)
         if expected is not None and expected.shape != tensor.shape:
@@ -200,6 +207,9 @@ def _renamed(tensors: dict[str, torch.Tensor], spec: Eagle3Spec, target: PreTrai
         if name.startswith(spec.prefix):
             module, _, kind = name[len(spec.prefix) :].rpartition(".")
             local = f"{LAYER_NAMES.get(module, module)}.{kind}"
+        elif name.split(".")[0] in FUSION_NAMES:
+            first, _, rest = name.partition(".")
+            local = f"{FUSION_NAMES[first]}.{rest}"
         state[local] = tensor.float()
     return state
 

@@ -24,6 +24,8 @@ OURS_TO_PUBLIC = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v
                   "o_proj": "self_attn.o_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
                   "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
                   "input_norm": "input_layernorm", "hidden_norm": "hidden_norm", "mlp_norm": "post_attention_layernorm"}
+# speculators' `input_norm` (norm_before_fc, over the k·H states) and both layouts' `fc_norm.{i}` (one per layer)
+FUSION_TO_PUBLIC = {"fc_input_norm": "input_norm", "fc_norms": "fc_norm"}
 
 
 def layer_config(head: Eagle3Head, target, model_type: str = "llama", **overrides):
@@ -41,9 +43,12 @@ def _tensors(head: Eagle3Head, target, prefix: str) -> dict[str, torch.Tensor]:
     out = {"embed_tokens.weight": target.get_input_embeddings().weight.detach().clone()}
     for name, tensor in head.state_dict().items():
         module, _, kind = name.rpartition(".")
-        if name == "draft_ids":
-            continue
-        out[f"{prefix}{OURS_TO_PUBLIC[module]}.{kind}" if module in OURS_TO_PUBLIC else name] = tensor.detach().clone()
+        if module in OURS_TO_PUBLIC:
+            name = f"{prefix}{OURS_TO_PUBLIC[module]}.{kind}"
+        elif name.split(".")[0] in FUSION_TO_PUBLIC:  # the fusion's norms sit at the top level
+            first, _, rest = name.partition(".")
+            name = f"{FUSION_TO_PUBLIC[first]}.{rest}"
+        out[name] = tensor.detach().clone()
     ids = head.draft_ids
     vocab = target.get_output_embeddings().weight.shape[0]
     if ids is not None and ids.numel() < vocab:
@@ -67,7 +72,8 @@ def write_speculators(head: Eagle3Head, target, folder: Path, model_type: str = 
         "draft_vocab_size": vocab if head.draft_ids is None else head.draft_ids.numel(),
         "norm_before_residual": head.norm_before_residual, "target_hidden_size": None,
         "eagle_aux_hidden_state_layer_ids": list(head.target_layers if layer_ids is None else layer_ids),
-        "norm_before_fc": False, "fc_norm": False, "norm_output": False, "embed_requires_grad": False,
+        "norm_before_fc": head.fc_input_norm is not None, "fc_norm": head.fc_norms is not None,
+        "norm_output": head.norm_output, "embed_requires_grad": False,
         "speculators_config": {
             "algorithm": "eagle3", "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": head.ttt_steps,
@@ -92,6 +98,7 @@ def write_specforge(head: Eagle3Head, target, folder: Path, layer_ids=None, **co
               "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
               "draft_vocab_size": vocab if head.draft_ids is None else head.draft_ids.numel(),
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+              **({"fc_norm": True} if head.fc_norms is not None else {}),
               "torch_dtype": "float32"}
     (folder / "config.json").write_text(json.dumps({**config, **config_overrides}, indent=2))
     save_file(_tensors(head, target, "midlayer."), folder / "model.safetensors")

@@ -73,10 +73,15 @@ def test_an_engine_without_eagle3_captures_the_last_state_only():
     assert SpecEngine(target, None, EngineConfig(max_batch_size=2, max_seq_len=40, gamma=3)).rows.hidden is None
 
 
-def test_cached_drafts_have_the_q_of_the_training_time_test():
+@pytest.mark.parametrize("options", [{}, dict(norm_output=True, fusion_norm="per_layer"),
+                                     dict(norm_before_residual=True, fusion_norm="joint")],
+                         ids=["plain", "norm_output+fc_norm", "norm_before_residual+norm_before_fc"])
+def test_cached_drafts_have_the_q_of_the_training_time_test(options):
     target = tiny_lm("llama", "sdpa", layers=4)
-    engine = SpecEngine(target, Eagle3Head.for_target(target.config, seed=3),
-                        EngineConfig(max_batch_size=3, max_seq_len=40, gamma=4))
+    fresh = Eagle3Head.for_target(target.config, seed=3)
+    head = Eagle3Head(fresh.hidden_size, fresh.target_layers, fresh.num_heads, fresh.num_kv_heads, fresh.head_dim,
+                      fresh.gate_proj.weight.shape[0], **options)
+    engine = SpecEngine(target, head, EngineConfig(max_batch_size=3, max_seq_len=40, gamma=4))
     steps = engine.generate_steps([PROMPTS[1], PROMPTS[5], PROMPTS[7]],
                                   SamplingParams(max_new_tokens=15, temperature=1.0, seed=1))
     next(steps)

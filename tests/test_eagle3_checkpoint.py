@@ -33,13 +33,13 @@ def target():
     return tiny_lm("llama", "sdpa", layers=5)
 
 
-def reference_head(qk_norm: bool = False, full_vocab: bool = False) -> Eagle3Head:
+def reference_head(qk_norm: bool = False, full_vocab: bool = False, **options) -> Eagle3Head:
     config = target().config
     ids = None if full_vocab else torch.arange(0, 64, 2)
     with torch.random.fork_rng():
         torch.manual_seed(5)
         head = Eagle3Head(32, LAYERS, 4, 2, 8, 48, 10000.0, 1e-6, torch.arange(64) if full_vocab else ids,
-                          ttt_steps=2, qk_norm=qk_norm)
+                          ttt_steps=2, qk_norm=qk_norm, **options)
         for param in head.parameters():  # norms away from 1 too, so a misplaced tensor shows
             param.data.normal_(1.0 if param.dim() == 1 else 0.0, 0.3 if param.dim() == 1 else 0.15)
     assert config.hidden_size == 32
@@ -60,9 +60,16 @@ def plain():
     return [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)]
 
 
-@pytest.mark.parametrize(("layout", "qk_norm"), [("speculators", False), ("speculators", True), ("specforge", False)])
-def test_public_checkpoint_loads_and_drafts_exactly(tmp_path, layout, qk_norm):
-    head = reference_head(qk_norm)
+OPTIONS = {"plain": {}, "norm_before_fc": dict(fusion_norm="joint"), "fc_norm": dict(fusion_norm="per_layer"),
+           "norm_output": dict(norm_output=True), "norm_before_residual": dict(norm_before_residual=True)}
+CASES = [("speculators", False, "plain"), ("speculators", True, "plain"), ("specforge", False, "plain"),
+         ("specforge", False, "fc_norm"), *[("speculators", False, o) for o in OPTIONS if o != "plain"]]
+
+
+@pytest.mark.parametrize(("layout", "qk_norm", "option"), CASES, ids=[f"{a}-{'qwen3' if b else 'llama'}-{c}"
+                                                                      for a, b, c in CASES])
+def test_public_checkpoint_loads_and_drafts_exactly(tmp_path, layout, qk_norm, option):
+    head = reference_head(qk_norm, **OPTIONS[option])
     if layout == "speculators":
         folder = write_speculators(head, target(), tmp_path / "ckpt", "qwen3" if qk_norm else "llama")
     else:
@@ -102,10 +109,11 @@ MISFITS = [  # (how the target or the file differs, the message naming the field
                   r"checkpoint, 4 in the target"),
     ("t2d", r"t2d marks other target ids than d2t maps to"),
     ("two_layers", r"transformer_layer_config.num_hidden_layers=2 is not supported"),
-    ("norm_output", r"norm_output=True is not supported"),
+    ("norm_output", r"norm_output=False is not supported"),
     ("specforge_layers", r"eagle_config.eagle_aux_hidden_state_layer_ids \(SGLang numbering, \+ 1 here\) = "
                          r"\[1, 2, 4\] does not fit the target: it has 3 decoder layers"),
     ("layout", r"not an EAGLE-3 checkpoint this loader knows: speculators_model_type='mtp'"),
+    ("both_fusion_norms", r"norm_before_fc and fc_norm=True is not supported: at most one of them"),
 ]
 
 
@@ -117,9 +125,11 @@ def test_a_checkpoint_that_does_not_fit_is_refused_naming_the_field(tmp_path, mi
     against = build_lm("llama", "sdpa", **{"layers": 5, **other}) if other else target()
     if misfit == "specforge_layers":
         write_specforge(head, target(), folder)
+    elif misfit == "norm_output":  # SpecForge's LM head reads the output without the final norm
+        write_specforge(head, target(), folder, norm_output=False)
     else:
-        overrides = {"norm_output": dict(norm_output=True),
-                     "layout": dict(speculators_model_type="mtp")}.get(misfit, {})
+        overrides = {"layout": dict(speculators_model_type="mtp"),
+                     "both_fusion_norms": dict(norm_before_fc=True, fc_norm=True)}.get(misfit, {})
         write_speculators(head, target(), folder, **overrides)
     config = json.loads((folder / "config.json").read_text())
     if misfit == "two_layers":

@@ -26,6 +26,8 @@ from torch import nn
 
 from .heads import KVWrite, _normed, attend
 
+FUSION_NORMS = (None, "joint", "per_layer")  # `Eagle3Head.fusion_norm`
+
 
 def default_layers(num_layers: int) -> tuple[int, ...]:
     """Low / middle / high for a target of `num_layers` layers: (2, L // 2, L - 3), clamped into [0, L - 1] and
@@ -38,10 +40,14 @@ class Eagle3Head(nn.Module):
     def __init__(self, hidden_size: int, target_layers: Sequence[int], num_heads: int, num_kv_heads: int,
                  head_dim: int, intermediate_size: int, rope_theta: float = 10000.0, eps: float = 1e-6,
                  draft_ids: torch.Tensor | None = None, ttt_steps: int = 3, qk_norm: bool = False,
-                 attention_bias: bool = False, norm_before_residual: bool = False):
+                 attention_bias: bool = False, norm_before_residual: bool = False, fusion_norm: str | None = None,
+                 norm_output: bool = False):
         """`target_layers`: sorted distinct target layer ids whose input states are fused; `draft_ids` [N] sorted
         target ids of an own LM head's rows (None: drafts through the target's LM head); `ttt_steps`: the draft
-        depths the online learner trains and scores the head at (its training-time test)."""
+        depths the online learner trains and scores the head at (its training-time test). The public options:
+        `fusion_norm` "joint" (one RMSNorm over the k·H states before `fc`: speculators' `norm_before_fc`) or
+        "per_layer" (one per layer's H: `fc_norm`); `norm_output` (EAGLE 3.1: the next draft is fed the normed
+        output); `norm_before_residual` (the residual is the normed hidden input)."""
         super().__init__()
         layers = [int(i) for i in target_layers]
         if not layers or layers != sorted(set(layers)) or layers[0] < 0:
@@ -50,9 +56,14 @@ class Eagle3Head(nn.Module):
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         if not (isinstance(ttt_steps, int) and ttt_steps >= 1):
             raise ValueError(f"eagle3 ttt_steps={ttt_steps!r} is invalid: an int >= 1")
+        if fusion_norm not in FUSION_NORMS:
+            raise ValueError(f"eagle3 fusion_norm={fusion_norm!r} is invalid: one of {FUSION_NORMS}")
         self.target_layers = tuple(layers)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.ttt_steps, self.norm_before_residual = ttt_steps, norm_before_residual
+        self.ttt_steps, self.norm_before_residual, self.norm_output = ttt_steps, norm_before_residual, norm_output
+        self.fc_input_norm = nn.RMSNorm(len(layers) * hidden_size, eps=eps) if fusion_norm == "joint" else None
+        self.fc_norms = nn.ModuleList([nn.RMSNorm(hidden_size, eps=eps) for _ in layers]) \
+            if fusion_norm == "per_layer" else None
         self.fc = nn.Linear(len(layers) * hidden_size, hidden_size, bias=False)
         self.input_norm = nn.RMSNorm(hidden_size, eps=eps)
         self.hidden_norm = nn.RMSNorm(hidden_size, eps=eps)
@@ -105,11 +116,17 @@ class Eagle3Head(nn.Module):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The target's captured states [..., k·H] (`models.runner.ModelRunner.capture_hidden`) → [..., H]."""
+        if self.fc_input_norm is not None:
+            features = _normed(self.fc_input_norm, features)
+        elif self.fc_norms is not None:
+            chunks = features.chunk(len(self.fc_norms), dim=-1)  # [..., H] each
+            features = torch.cat([_normed(norm, chunk) for norm, chunk in zip(self.fc_norms, chunks)], dim=-1)
         return self.fc(features)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 kv: KVWrite | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The layer's output o [n, Q, H] (before the final norm: the next draft's `hidden`) from token embeddings
+        """The layer's output o [n, Q, H] (the next draft's `hidden`: before the final norm, after it with
+        `norm_output`) from token embeddings
         and hidden inputs [n, Q, H] (fused features, or the head's own earlier outputs) at `positions` [n, Q].
         `kv`, `mask`: as `heads.attend` (the ragged cache's write and its mask; neither: causal over the Q)."""
         residual = hidden
@@ -119,11 +136,12 @@ class Eagle3Head(nn.Module):
         x = torch.cat([_normed(self.input_norm, embeds), hidden], dim=-1)  # [n, Q, 2H]
         x = residual + self.o_proj(attend(self, x, positions, kv, mask))
         h = _normed(self.mlp_norm, x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        out = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return _normed(self.norm, out) if self.norm_output else out
 
     def final(self, out: torch.Tensor) -> torch.Tensor:
-        """What the LM head reads: the final-normed output."""
-        return _normed(self.norm, out)
+        """What the LM head reads: the final-normed output (normed already with `norm_output`)."""
+        return out if self.norm_output else _normed(self.norm, out)
 
 
 def _value(config, name: str):
