@@ -186,3 +186,22 @@ def test_specroll_train_serves_the_distilled_head(user_folder, monkeypatch):
     steps = [json.loads(line) for line in (user_folder / "report" / "metrics.jsonl").read_text().splitlines()]
     assert [e["rollout/gamma"] for e in steps if "rollout/gamma" in e] == [2.0, 2.0]  # the head drafted every step
     assert all(e["rollout/eagle/proposals"] > 0 for e in steps if "rollout/gamma" in e)
+
+
+def test_prompts_come_from_files_or_a_dotted_function(tmp_path):
+    from specroll.jobs.distill_data import load_prompts, tokenize
+
+    (tmp_path / "p.txt").write_text("1+2=\n\n3+4=\n")
+    (tmp_path / "p.json").write_text(json.dumps(["5+6=", {"prompt": "7+8="}]))
+    assert load_prompts(str(tmp_path / "p.txt"), 10) == ["1+2=", "3+4="]
+    assert load_prompts(str(tmp_path / "p.json"), 1) == ["5+6="]
+    assert load_prompts("specroll.demo.task:make_prompts", 3) == load_prompts("specroll.demo.task.make_prompts", 3)
+    ids = tokenize(["1+2=", "33+4="], tiny_tokenizer(), context=32, max_new_tokens=8)
+    assert [len(row) for row in ids] == [4, 5]
+    from specroll.integrations.yaml_config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--prompts='nowhere:prompts' is invalid"):
+        load_prompts("nowhere:prompts", 3)
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(ConfigError, match="it gave no prompts"):
+        load_prompts(str(tmp_path / "empty.txt"), 3)
