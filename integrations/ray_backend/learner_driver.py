@@ -54,14 +54,10 @@ class LearnerDriver:
     def running(self) -> bool:
         return self._round is not None
 
-    def add(self, batch_refs: list[ray.ObjectRef], wait: bool = False) -> None:
-        """Give the learner a generate call's batches (refs); `wait`: until they are in its buffer."""
-        added = self.actor.add_rollouts.remote(batch_refs)
+    def add(self, batch_refs: list[ray.ObjectRef]) -> None:
+        """Give the learner a generate call's batches (refs); awaited with the next round."""
+        self.pending_adds.append(self.actor.add_rollouts.remote(batch_refs))
         self.unsaved.append(batch_refs)
-        if wait:
-            ray.get(added)
-        else:
-            self.pending_adds.append(added)
 
     def start(self, budget_s: float | None, probe_refs: list[ray.ObjectRef] | None, break_even: Any) -> None:
         """Queue the probe (refs to the workers' probe batches), the round and the state after it."""
