@@ -125,5 +125,10 @@ def _eagle3_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedMod
         return head
     head = fresh_eagle3(engine, target.config)
     if models.head:
-        head.load_state_dict(torch.load(models.head, weights_only=True))
+        weights = torch.load(models.head, weights_only=True)
+        if "lm_head.weight" in weights:
+            raise ValueError(f"models.head={models.head!r} holds an EAGLE-3 head with its own LM head, whose draft ids "
+                             "a state_dict does not carry: give it as a checkpoint folder (speculators or SpecForge "
+                             "layout, integrations.eagle3_checkpoint)")
+        head.load_state_dict(weights)
     return head

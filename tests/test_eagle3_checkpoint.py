@@ -162,3 +162,12 @@ def test_models_head_loads_a_checkpoint_folder_for_eagle3(tmp_path):
     fresh = load_drafter(ModelPaths(target=str(tmp_path)), EngineConfig(drafters=("eagle3",), eagle3_layers=(1, 3)),
                          target())
     assert fresh.target_layers == (1, 3) and fresh.lm_head is None
+    path = tmp_path / "state.pt"
+    torch.save(reference_head().state_dict(), path)
+    with pytest.raises(ValueError, match="its own LM head, whose draft ids a state_dict does not carry"):
+        load_drafter(ModelPaths(target=str(tmp_path), head=str(path)), EngineConfig(drafters=("eagle3",)), target())
+    trained = {name: tensor + 1 for name, tensor in fresh.state_dict().items()}  # not what a fresh head holds
+    torch.save(trained, path)  # a head on the target's LM head: a state_dict file over a fresh one
+    loaded = load_drafter(ModelPaths(target=str(tmp_path), head=str(path)),
+                          EngineConfig(drafters=("eagle3",), eagle3_layers=(1, 3)), target())
+    assert torch.equal(loaded.fc.weight, trained["fc.weight"])
