@@ -52,6 +52,33 @@ class Scorer(ABC):
         finally:
             self.vocab_ids = before
 
+    def head_log_q(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """log q at the rollouts' temperature from hidden states [..., H] through `lm_head`'s rows for the current
+        draft vocabulary only (`over`: [..., N], column j for its j-th sorted id; [..., V] without one). At a 32k
+        vocabulary and N = 2,048 that is the head's matmul, softmax and backward at 1/16 of the full head's size;
+        `local_ids` maps target ids into these columns."""
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        ids = self._sorted_ids(weight.shape[0], hidden.device)
+        if ids is not None:
+            weight, bias = weight[ids], None if bias is None else bias[ids]
+        logits = torch.nn.functional.linear(hidden, weight, bias)
+        return (logits.float() / self.temperature).log_softmax(-1)
+
+    def local_ids(self, topk_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Target ids [...] as `head_log_q`'s columns: their index in the draft vocabulary, N (a column past the
+        last one: `divergence` reads it as q = 0) for an id outside it; the ids themselves without one."""
+        ids = self._sorted_ids(vocab_size, topk_ids.device)
+        if ids is None:
+            return topk_ids
+        at = torch.searchsorted(ids, topk_ids).clamp_max(ids.numel() - 1)
+        return torch.where(ids[at] == topk_ids, at, ids.numel())
+
+    def _sorted_ids(self, width: int, device: torch.device) -> torch.Tensor | None:
+        if self.vocab_ids is None:
+            return None
+        ids = self.vocab_ids.to(device)
+        return ids[ids < width].sort().values
+
     def restricted(self, log_q: torch.Tensor) -> torch.Tensor:
         """log q [..., V] over the current draft vocabulary (`over`; ids past the drafter's V are left out)."""
         if self.vocab_ids is None:
