@@ -83,6 +83,15 @@ def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
     _load_alarms(learner.alarms, state["alarms"])
 
 
+def has_state(learner: Any) -> bool:
+    """Whether `learner` has a state `state_of` can take (not a recording)."""
+    try:
+        _require_learner(learner)
+    except ValueError:
+        return False
+    return True
+
+
 def _require_learner(learner: Any) -> Learner:
     """The `Learner` whose state this is: `learner`, or the one a `served_acceptance.ServedAcceptance` wraps (it keeps
     nothing of its own: the served version's acceptance is the learner's `served_estimate`). A

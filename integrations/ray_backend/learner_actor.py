@@ -34,8 +34,7 @@ from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_draf
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
 from specroll.integrations.weights_digest import weights_digest
 from specroll.online_drafter import LearnerConfig
-from specroll.online_drafter.learner import Learner
-from specroll.online_drafter.learner_state import restore, state_of
+from specroll.online_drafter.learner_state import has_state, restore, state_of
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.rollout import EngineConfig
 from specroll.rollout.drafters.draft_vocab import initial_ids
@@ -116,7 +115,7 @@ class LearnerActor:
 
     def restorable(self) -> bool:
         """Whether the learner has a state to save (a recording, `learner.record_dir`, is one run from its start)."""
-        return isinstance(self.learner, Learner)
+        return has_state(self.learner)
 
     def state_dict(self) -> dict[str, Any]:
         """The learner's whole state (`online_drafter.learner_state.state_of`), for a resume or a restart."""
