@@ -43,7 +43,11 @@ def test_eagle_head_end_to_end_is_what_models_reads(user_folder, capsys):
     out = user_folder / "eagle"
     assert distill(user_folder, out, "--kind", "eagle", "--eagle-intermediate-size", "32") == 0
     rounds = json.loads((out / "rounds.json").read_text())
-    assert len(rounds) == 3 and {r["phase"] for r in rounds} == {0, 1}  # 2 of 1e-3, 1 of 2e-4
+    phases = [r["phase"] for r in rounds]
+    assert phases in ([0, 0, 1], [0, 1])  # 2 of 1e-3 (the second only if the first left it time), 1 of 2e-4
+    for phase, budget_s in ((0, 0.06 * 60 * 2 / 3), (1, 0.06 * 60 / 3)):  # a round starts only within the budget
+        times = [r["round_time_s"] for r in rounds if r["phase"] == phase]
+        assert sum(times[:-1]) < budget_s
     assert all(r["gated"] for r in rounds) and 0 < rounds[-1]["served"] <= 1
     report = (out / "report.md").read_text()
     assert "| 64 |" in report and "predicted speed-up" in report and f"{rounds[-1]['served']:.4f}" in report
@@ -68,8 +72,8 @@ def test_a_stopped_run_resumes_from_its_folder(user_folder, capsys):
     assert "resuming the run" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()} == chunks  # nothing sampled again
     rounds = json.loads((out / "rounds.json").read_text())
-    assert len(first) == 3 and len(rounds) == 6
-    assert [r["num_steps"] for r in rounds[:3]] == [r["num_steps"] for r in first]  # the rounds run before are kept
+    assert 1 <= len(first) <= 3 and len(first) < len(rounds) <= 6
+    assert [r["num_steps"] for r in rounds[: len(first)]] == [r["num_steps"] for r in first]  # kept as they were
     assert main(["distill", "--policy", str(user_folder / "policy"), "--prompts", str(user_folder / "prompts.jsonl"),
                  "--out", str(out), *FAST, "--kind", "medusa", "--seed", "5"]) == 2
     assert "holds a run with other final_lr, seed" in capsys.readouterr().err
@@ -94,11 +98,13 @@ def test_a_killed_run_resumes_where_it_stopped(user_folder):
     before = torch.load(out / "learner.pt", weights_only=False)["rounds"]
     assert main(["distill", *argv]) == 0
     rounds = json.loads((out / "rounds.json").read_text())
-    assert len(rounds) == 15 and [r["phase"] for r in rounds] == [0] * 10 + [1] * 5
+    phases = [r["phase"] for r in rounds]
+    assert len(before) < len(rounds) <= 15 and phases == sorted(phases) and set(phases) == {0, 1}
     assert [r["num_steps"] for r in rounds[: len(before)]] == [r["num_steps"] for r in before]
-    argv[-1] = "0.36"  # more minutes once the last phase ran: that phase goes on, the first is not taken up again
+    argv[-1] = "0.5"  # more minutes once the last phase ran: that phase goes on, the first is not taken up again
     assert main(["distill", *argv]) == 0
-    assert [r["phase"] for r in json.loads((out / "rounds.json").read_text())] == [0] * 10 + [1] * 6
+    more = [r["phase"] for r in json.loads((out / "rounds.json").read_text())]
+    assert more[: len(phases)] == phases and set(more[len(phases):]) == {1}
 
 
 def test_model_kind_cut_from_the_policys_first_layers(user_folder):

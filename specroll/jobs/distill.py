@@ -11,7 +11,8 @@
    the same tokenizer, `--drafter`, or the policy's own first `--layers` layers) with the online learner itself
    (`online_drafter.make_online_learner`: its loss, its held-out set — every 4th prompt group — and its
    publish-if-better gate), in rounds over the `--minutes` budget: two phases as `benchmarks.head_training`, `--lr`
-   for two thirds, then `--final-lr`, each phase a learner on the same samples (the same held-out groups);
+   for two thirds, then `--final-lr`, each phase a learner on the same samples (the same held-out groups); the
+   budget counts whole rounds, gates included (a gate that overran its round is taken from the next ones);
 4. writes what `models:` reads — `<out>/<kind>.pt` (a head's state dict: `models.head`) or `<out>/drafter/` (a
    `save_pretrained` LM: `models.drafter`) — and `<out>/report.md`: held-out expected acceptance per round and
    the speed the calibrated cost model predicts against plain decoding at live batch 1 / 16 / 64
@@ -140,8 +141,12 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
             restore(learner, saved["learner"], f"the saved learner in {saved_path}")
         elif in_phase < count:
             learner.add_rollouts(entries)
-        for _ in range(in_phase, count):
-            report = learner.train_round(budget_s=budget_s * share / count)
+        for done in range(in_phase, count):
+            # the phase's time left, shared by its rounds left: a gate that overran a round is taken from the next
+            left = budget_s * share - sum(r["round_time_s"] for r in rounds if r["phase"] == phase)
+            if left <= 0:
+                break
+            report = learner.train_round(budget_s=left / (count - done))
             served = report.acceptance_after if report.published else report.acceptance_before
             rounds.append({"phase": phase, "lr": lr, "served": served, **dataclasses.asdict(report)})
             torch.save({"phase": phase, "rounds": rounds, "learner": state_of(learner)}, saved_path.with_suffix(".tmp"))
