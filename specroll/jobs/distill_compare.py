@@ -9,7 +9,8 @@ head_training's own samples of the demo target (its cached `samples.pt`, sampled
 missing; the cached head itself is left as it is), then scores both heads on one held-out set: a head learner's
 over those samples (every 4th prompt group, the newest `max_holdout_positions`), the prompts being the ones
 distill draws with its default seed, in the same order, so the same groups are held out of both. Prints both,
-the paired difference and whether the distilled head is within `--points` of the benchmark's.
+the paired difference and whether the distilled head is within `--points` of the benchmark's. The budgets differ in one
+way, against distill: head_training's rounds take their gates on top of their budget, distill counts them in it.
 """
 
 from __future__ import annotations
