@@ -1,4 +1,4 @@
-"""HeadLearner: trains an EAGLE-style head or Medusa heads on the policy's own features, publish-if-better.
+"""HeadLearner: trains an EAGLE-style, EAGLE-3 or Medusa head on the policy's own features, publish-if-better.
 
 Usage (the engine runs an "eagle" or "medusa" drafter with `record_signals=True`, so every rollout
 carries the target's hidden states and top-k p; backends reach it as an `OnlineLearner`)::
@@ -41,7 +41,7 @@ from .scorer import HeadScorer
 
 
 class HeadLearner(Learner):
-    """`Learner` over `head` (EagleHead / MedusaHeads), reading the policy's `embed` and `lm_head`."""
+    """`Learner` over `head` (EagleHead / Eagle3Head / MedusaHeads), reading the policy's `embed` and `lm_head`."""
 
     def __init__(self, head: nn.Module, embed: nn.Module, lm_head: nn.Module, config: LearnerConfig | None = None):
         config = config or LearnerConfig()
