@@ -70,13 +70,15 @@ class SamplingParams:
 GammaSetting = int | Literal["auto", "auto_simple"]
 SamplerName = Literal["rejection", "invariant"]
 SAMPLER_NAMES = ("rejection", "invariant")
-DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "eagle3", "medusa"]
+DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "eagle3", "medusa", "block"]
 KVCacheKind = Literal["dense", "paged"]
 KV_CACHE_KINDS = ("dense", "paged")
 SPECULATION_MODES = ("always", "when_learned")  # EngineConfig.speculation
 MAX_TREE_WIDTH = 16  # nodes per tree level (`EngineConfig.max_tree_width`)
-DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "eagle3", "medusa")
-MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "eagle3", "medusa")  # at most one, with or without "suffix"
+DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "eagle3", "medusa", "block")
+DRAFTER_ALIASES = {"dflash": "block"}  # EngineConfig.drafters: another name of a kind
+# at most one of these, with or without "suffix"
+MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "eagle3", "medusa", "block")
 
 
 @dataclass
@@ -145,6 +147,9 @@ class EngineConfig:
     captured by verification; a fresh one is trained online at `eagle3_ttt_steps` draft depths (its training-time
     test) and drafts through the target's LM head; one passed as the drafter (a public checkpoint:
     `integrations.eagle3_checkpoint`) brings its layers, depths and LM head.
+    "block" (alias "dflash"): a DFlash-style block drafter (`drafters.block`) on the outputs of target layers
+    `block_layers` (None: `block_head.default_layers`); one forward drafts up to `block_size` - 1 tokens (`max_gamma`
+    is capped there). A head passed as the drafter (`integrations.block_checkpoint`) brings both.
 
     `draft_vocab` N: the drafter with an LM head ("model", "eagle", "medusa", "layer_skip") drafts over N
     target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper drafts at a large
@@ -204,6 +209,8 @@ class EngineConfig:
     medusa_heads: int = 4
     eagle3_layers: tuple[int, ...] | None = None
     eagle3_ttt_steps: int = 3
+    block_size: int = 8
+    block_layers: tuple[int, ...] | None = None
     draft_vocab: int | None = None
     kv_cache: KVCacheKind = "dense"
     kv_block_size: int = 16
@@ -258,7 +265,7 @@ class EngineConfig:
         )
         require(self.sampler in SAMPLER_NAMES, "sampler", self.sampler, "'rejection' or 'invariant'")
         if self.drafters is not None:
-            self.drafters = tuple(self.drafters)
+            self.drafters = tuple(DRAFTER_ALIASES.get(k, k) if isinstance(k, str) else k for k in self.drafters)
             require(len(self.drafters) >= 1 and all(k in DRAFTER_KINDS for k in self.drafters)
                     and len(set(self.drafters)) == len(self.drafters), "drafters", self.drafters,
                     f"None or a non-empty list of distinct kinds from {DRAFTER_KINDS}")
@@ -280,6 +287,7 @@ class EngineConfig:
                     "None (low / middle / high) or distinct sorted target layer ids >= 0")
         require(isinstance(self.eagle3_ttt_steps, int) and not isinstance(self.eagle3_ttt_steps, bool)
                 and self.eagle3_ttt_steps >= 1, "eagle3_ttt_steps", self.eagle3_ttt_steps, "an int >= 1")
+        self._check_block()
         require(self.draft_vocab is None or (isinstance(self.draft_vocab, int)
                 and not isinstance(self.draft_vocab, bool) and self.draft_vocab >= 1), "draft_vocab", self.draft_vocab,
                 "None (the whole vocabulary) or an int >= 1 (token ids the drafter drafts over)")
@@ -310,6 +318,19 @@ class EngineConfig:
             torch.device(self.device)
         except RuntimeError as err:
             raise ValueError(f"device={self.device!r} is invalid: {err}") from err
+
+    def _check_block(self) -> None:
+        require(isinstance(self.block_size, int) and not isinstance(self.block_size, bool) and self.block_size >= 2,
+                "block_size", self.block_size, "an int >= 2 (the anchor and at least one mask position)")
+        layers = self.block_layers = None if self.block_layers is None else tuple(self.block_layers)
+        require(layers is None or (len(layers) >= 1 and all(isinstance(i, int) and not isinstance(i, bool) for i in
+                layers) and list(layers) == sorted(set(layers)) and layers[0] >= 0), "block_layers", layers,
+                "None (spread over the target) or distinct sorted target layer ids >= 0")
+        if self.drafters is not None and "block" in self.drafters:
+            most = self.block_size - 1  # drafts one block forward gives
+            require(not isinstance(self.gamma, int) or self.gamma <= most, "gamma", self.gamma,
+                    f"at most block_size - 1 = {most} with the block drafter (or 'auto')")
+            self.max_gamma = min(self.max_gamma, most)
 
     @property
     def max_step_drafts(self) -> int:

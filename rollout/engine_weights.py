@@ -14,7 +14,8 @@ from .drafters.protocol import Drafter
 from .models.runner import ModelRunner
 from .models.weights import copy_into
 
-VOCAB_DRAFTER_KINDS = ("model", "eagle", "eagle3", "medusa", "layer_skip")  # the drafters with an LM head to cut
+# the drafters with an LM head to cut
+VOCAB_DRAFTER_KINDS = ("model", "eagle", "eagle3", "medusa", "layer_skip", "block")
 # A drafter state dict's held-out expected acceptance, in parts per million (an int64 [1]: no weight cast moves it);
 # with `EngineConfig.speculation = "when_learned"` it decides whether the engine drafts at all (`speculating`).
 ACCEPTANCE_STATE_KEY = "specroll.held_out_acceptance_ppm"

@@ -5,7 +5,8 @@ The kinds and what each needs: "model" the drafter LM passed to `SpecEngine`; "s
 passed as the drafter (`heads.EagleHead` / `eagle3_head.Eagle3Head` / `heads.MedusaHeads`) or, without one, a
 fresh head shaped after the target (the learner trains its first version from the first rollouts).
 "eagle3" also tells the target's runner which layers' states verification captures
-(`ModelRunner.capture_hidden`). "suffix" with one model-like kind is a `suffix_or_model.SuffixOrModelDrafter`.
+(`ModelRunner.capture_hidden`); so does "block" (`block.BlockDrafter`, a `block_head.BlockHead`: the outputs of its
+`target_layers`). "suffix" with one model-like kind is a `suffix_or_model.SuffixOrModelDrafter`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from ..config import EngineConfig
 from ..models.cache import LayerShape, probe_layer_shapes
 from ..models.memory import module_bytes
 from ..models.runner import ModelRunner
+from .block import BlockDrafter
+from .block_head import BlockHead
 from .eagle import EagleDrafter
 from .eagle3 import Eagle3Drafter
 from .eagle3_head import Eagle3Head
@@ -28,8 +31,8 @@ from .suffix import SuffixDrafter
 from .suffix_or_model import SuffixOrModelDrafter
 
 # The drafter objects SpecEngine wraps (anything else non-None is a `Drafter`, used as given).
-DrafterWeights = PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads
-HEAD_KINDS = {EagleHead: "eagle", Eagle3Head: "eagle3", MedusaHeads: "medusa"}
+DrafterWeights = PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads | BlockHead
+HEAD_KINDS = {EagleHead: "eagle", Eagle3Head: "eagle3", MedusaHeads: "medusa", BlockHead: "block"}
 
 
 def make_drafter(drafter: DrafterWeights | Drafter | None, config: EngineConfig, target: ModelRunner) -> Drafter | None:
@@ -81,6 +84,12 @@ def _model_kind(kinds: tuple[str, ...], drafter: DrafterWeights | None, config: 
         target.capture_hidden(head.target_layers)
         return Eagle3Drafter(head, model.get_input_embeddings(), model.get_output_embeddings(), slots, length,
                              dtype, device)
+    if "block" in kinds:
+        head = drafter if isinstance(drafter, BlockHead) else fresh_block(config, model.config)
+        check_block_fits(head, model.config, config)
+        target.capture_hidden(head.capture_layers)
+        return BlockDrafter(head, model.get_input_embeddings(), model.get_output_embeddings(), slots, length,
+                            dtype, device)
     if "medusa" in kinds:
         heads = drafter if isinstance(drafter, MedusaHeads) else MedusaHeads(
             model.config.get_text_config().hidden_size, config.medusa_heads)
@@ -94,6 +103,24 @@ def fresh_eagle3(config: EngineConfig, target_config) -> Eagle3Head:
     return Eagle3Head.for_target(target_config, config.eagle3_layers, ttt_steps=config.eagle3_ttt_steps)
 
 
+def fresh_block(config: EngineConfig, target_config) -> BlockHead:
+    """A fresh block head for the target: `config.block_layers` (None: `block_head.default_layers`), one draft
+    layer, `config.block_size`."""
+    return BlockHead.for_target(target_config, config.block_layers, config.block_size)
+
+
+def check_block_fits(head: BlockHead, target_config, config: EngineConfig) -> None:
+    """A `ValueError` naming the field where `head` cannot serve this target under `config`. Its block size is
+    its own (a step drafts at most min(its k, `config.block_size`) - 1: `max_gamma` is capped by the config's)."""
+    count = target_config.get_text_config().num_hidden_layers
+    if head.target_layers[-1] > count - 2:
+        raise ValueError(f"block layers {list(head.target_layers)} do not fit a target of {count} layers: "
+                         f"ids in [0, {count - 2}] (the outputs verification captures are below the last layer)")
+    if config.block_layers not in (None, head.target_layers):
+        raise ValueError(f"engine.block_layers={config.block_layers} does not match the block head's target_layers="
+                         f"{head.target_layers}: leave engine.block_layers unset (the head decides)")
+
+
 def drafter_memory(drafter: DrafterWeights | Drafter | None, config: EngineConfig, target: PreTrainedModel
                    ) -> tuple[list | None, int, int | None]:
     """What the drafter `make_drafter` will build needs, before it is built: its cache's layer shapes (None: no
@@ -103,6 +130,10 @@ def drafter_memory(drafter: DrafterWeights | Drafter | None, config: EngineConfi
         _kinds_of(drafter) if drafter is None or isinstance(drafter, DrafterWeights) else ())
     hidden = target.config.get_text_config().hidden_size
     width = hidden if {"eagle", "medusa"} & set(kinds) else None
+    if "block" in kinds:
+        head = drafter if isinstance(drafter, BlockHead) else fresh_block(config, target.config)
+        shape = LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)
+        return [shape] * len(head.layers), module_bytes(head, config.dtype), hidden * len(head.target_layers)
     if "model" in kinds and isinstance(drafter, PreTrainedModel):
         return probe_layer_shapes(drafter), module_bytes(drafter, config.dtype), width
     if "eagle" in kinds or "eagle3" in kinds:
