@@ -143,7 +143,7 @@ grpo: {{steps: 3, prompts_per_step: 2, num_generations: 2, max_completion_length
 backend: {{kind: local}}
 engine: {{max_batch_size: 4, max_seq_len: 96, gamma: auto, max_gamma: 3, drafters: [eagle], speculation: when_learned,
           cost_model_budget_s: 0.3, calibration_cache: {root}/calibration}}
-learner: {{max_steps: 4, batch_size: 4, warmup_steps: 0, lr: 3.0e-3}}
+learner: {{max_steps: 4, batch_size: 4, warmup_steps: 0, lr: 3.0e-3, gate_z: 0.0}}
 learner_schedule: {{rollout_share: 1.0, update_share: 1.0}}
 probe: {{prompts: 0}}
 report: {{out_dir: {root}/report, speed_prompts: 2, speed_repeats: 1}}
