@@ -116,13 +116,13 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
     from specroll.online_drafter.learner_state import restore, state_of
     from specroll.rollout.models.weights import copy_into
 
+    from .distill_data import num_positions
+
     budget_s, round_s = args.minutes * 60, args.round_minutes * 60
     phases = [(args.lr, 2 / 3), (args.final_lr, 1 / 3)] if args.final_lr != args.lr else [(args.lr, 1.0)]
     saved_path = out / "learner.pt"
     saved = torch.load(saved_path, weights_only=False) if saved_path.is_file() else None
     rounds: list[dict[str, Any]] = saved["rounds"] if saved else []
-    from .distill_data import num_positions
-
     positions = sum(map(num_positions, entries))
     bar = tqdm(total=sum(max(1, round(budget_s * share / round_s)) for _, share in phases), initial=len(rounds),
                desc=f"training the {args.kind} drafter", unit="round")
@@ -147,7 +147,7 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
             if left <= 0:
                 break
             report = learner.train_round(budget_s=left / (count - done))
-            served = report.acceptance_after if report.published else report.acceptance_before
+            served = learner.served_estimate()  # the published drafter's held-out score, as the gate left it
             rounds.append({"phase": phase, "lr": lr, "served": served, **dataclasses.asdict(report)})
             torch.save({"phase": phase, "rounds": rounds, "learner": state_of(learner)}, saved_path.with_suffix(".tmp"))
             saved_path.with_suffix(".tmp").replace(saved_path)
@@ -157,10 +157,7 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
             copy_into(drafter, learner.published_state_dict(), "the distilled drafter")
         saved = None
     bar.close()
-    final = learner.score(learner.published, learner.draft_vocab()) if rounds else math.nan
-    if rounds:
-        rounds[-1]["served"] = final
-    return rounds, final
+    return rounds, learner.served_estimate() if rounds else math.nan
 
 
 def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, out: Path,
