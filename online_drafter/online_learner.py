@@ -16,9 +16,11 @@ import torch
 from transformers import PreTrainedModel
 
 from specroll.rollout import Rollout
+from specroll.rollout.drafters.block_head import BlockHead
 from specroll.rollout.drafters.eagle3_head import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
+from .heads.block_learner import BlockLearner
 from .heads.learner import HeadLearner
 from .learner_config import LearnerConfig
 from .lm.learner import DraftLearner
@@ -65,21 +67,22 @@ class OnlineLearner(Protocol):
         ...
 
 
-def make_online_learner(drafter: PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads,
+def make_online_learner(drafter: PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads | BlockHead,
                         policy: PreTrainedModel | None,
                         config: LearnerConfig) -> OnlineLearner:
-    """The learner for `drafter`: a `HeadLearner` for a head (reading `policy`'s embedding and LM head,
-    which it never trains), else a `DraftLearner` (`policy` unused). Either is wrapped in a `RecordingLearner`
-    when `config.record_dir` is set (a head's with the policy modules it reads), in a `ServedAcceptance` when
-    `config.publish_acceptance` is (its versions carry their held-out acceptance, for an engine that speculates
-    only once it pays). Each trains its own copy of `drafter`."""
+    """The learner for `drafter`: a `BlockLearner` for a block head, a `HeadLearner` for another head (either
+    reading `policy`'s embedding and LM head, which it never trains), else a `DraftLearner` (`policy` unused).
+    Each is wrapped in a `RecordingLearner` when `config.record_dir` is set (a head's with the policy modules it
+    reads), in a `ServedAcceptance` when `config.publish_acceptance` is (its versions carry their held-out
+    acceptance, for an engine that speculates only once it pays). Each trains its own copy of `drafter`."""
     reads = None
-    if isinstance(drafter, (EagleHead, Eagle3Head, MedusaHeads)):
+    if isinstance(drafter, (EagleHead, Eagle3Head, MedusaHeads, BlockHead)):
         if policy is None:
             raise ValueError(f"a {type(drafter).__name__} learner reads the policy's embedding and LM head: "
                              "pass the policy, got None")
         reads = {"embed": policy.get_input_embeddings(), "lm_head": policy.get_output_embeddings()}
-        learner = HeadLearner(drafter, reads["embed"], reads["lm_head"], config)
+        kind = BlockLearner if isinstance(drafter, BlockHead) else HeadLearner
+        learner = kind(drafter, reads["embed"], reads["lm_head"], config)
     else:
         learner = DraftLearner(drafter, config)
     if config.publish_acceptance:
