@@ -1,6 +1,7 @@
 """Where the rollout engines load the models from (`ModelPaths`), the drafter a run's engine config asks
 for (`load_drafter`: the drafter LM, or an EAGLE / EAGLE-3 / Medusa head shaped after the target — an EAGLE-3 one
-also from a public checkpoint folder, `eagle3_checkpoint`), and the target's and drafter's tokenizers for the
+also from a public checkpoint folder, `eagle3_checkpoint`; a block head also from a z-lab DFlash folder,
+`block_checkpoint`), and the target's and drafter's tokenizers for the
 engine's vocabulary check, when they can be found."""
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
+from specroll.rollout.drafters.block_head import BlockHead
 from specroll.rollout.drafters.eagle3_head import Eagle3Head
-from specroll.rollout.drafters.factory import fresh_eagle3
+from specroll.rollout.drafters.factory import fresh_block, fresh_eagle3
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
-HEAD_KINDS = ("eagle", "eagle3", "medusa")  # drafter kinds whose weights are a head on the target's hidden states
+# drafter kinds whose weights are a head on the target's hidden states
+HEAD_KINDS = ("eagle", "eagle3", "medusa", "block")
 
 
 @dataclass
@@ -31,7 +34,7 @@ class ModelPaths:
     `head` is a head's `state_dict` file (`torch.save`) for an "eagle", "eagle3" or "medusa" drafter (None: a
     fresh head, which the online learner trains from the first rollouts); for "eagle3" also a public checkpoint
     folder (speculators or SpecForge layout: `eagle3_checkpoint.load_eagle3_checkpoint`, refused if it does not
-    fit the target).
+    fit the target); for "block" also a z-lab DFlash checkpoint folder (`block_checkpoint.load_block_checkpoint`).
     """
 
     target: str = ""
@@ -75,7 +78,7 @@ def trained_drafter_kind(models: ModelPaths, engine: EngineConfig) -> str | None
 
 
 def load_drafter(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel | None
-                 ) -> PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads | None:
+                 ) -> PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads | BlockHead | None:
     """The drafter weights to pass to `SpecEngine` (and to train online), by `trained_drafter_kind`: the
     drafter LM, or a head shaped after `target` (needed only then) with `models.head`'s weights if given."""
     kind = trained_drafter_kind(models, engine)
@@ -87,6 +90,8 @@ def load_drafter(models: ModelPaths, engine: EngineConfig, target: PreTrainedMod
         raise ValueError(f"an {kind!r} head is shaped after the target: load_drafter needs it, got None")
     if kind == "eagle3":
         return _eagle3_head(models, engine, target)
+    if kind == "block":
+        return _block_head(models, engine, target)
     weights = torch.load(models.head, weights_only=True) if models.head else None
     if kind == "medusa":
         head = MedusaHeads(target.config.get_text_config().hidden_size, engine.medusa_heads)
@@ -131,4 +136,18 @@ def _eagle3_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedMod
                              "a state_dict does not carry: give it as a checkpoint folder (speculators or SpecForge "
                              "layout, integrations.eagle3_checkpoint)")
         head.load_state_dict(weights)
+    return head
+
+
+def _block_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> BlockHead:
+    """`models.head` as a z-lab DFlash checkpoint folder, a `state_dict` file over a fresh head, or (None) a fresh
+    head (`engine.block_layers`, `engine.block_size`); the engine checks a checkpoint's layers against
+    `engine.block_layers` (`drafters.factory.check_block_fits`)."""
+    from .block_checkpoint import load_block_checkpoint
+
+    if models.head and Path(models.head).is_dir():
+        return load_block_checkpoint(models.head, target)
+    head = fresh_block(engine, target.config)
+    if models.head:
+        head.load_state_dict(torch.load(models.head, weights_only=True))
     return head
