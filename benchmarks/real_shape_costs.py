@@ -74,10 +74,12 @@ def with_drafter(cost: CostModel, drafter: ForwardTimes) -> CostModel:
 
 def time_drafter(target: PreTrainedModel, spec: DrafterSpec, base: EngineConfig, batch_sizes: list[int],
                  budget_s: float) -> ForwardTimes:
-    """`spec`'s drafts timed by its own `time_drafts` in an engine built as `base` says (fixed γ: no calibration)."""
+    """`spec`'s drafts timed by its own `time_drafts` in an engine built as `base` says (fixed γ: no calibration); a
+    block drafter's block drafts `base.max_gamma` tokens (k = max_gamma + 1), the γ the table prices."""
     config = EngineConfig(max_batch_size=base.max_batch_size, max_seq_len=base.max_seq_len, gamma=0,
                           max_gamma=base.max_gamma, dtype=base.dtype, drafters=spec.kinds,
-                          draft_vocab=spec.draft_vocab, layer_skip_layers=spec.layer_skip_layers)
+                          draft_vocab=spec.draft_vocab, layer_skip_layers=spec.layer_skip_layers,
+                          block_size=base.max_gamma + 1)
     engine = SpecEngine(target, spec.weights, config)
     return engine.drafter.time_drafts(batch_sizes, time.perf_counter() + budget_s)
 
