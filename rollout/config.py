@@ -70,7 +70,7 @@ class SamplingParams:
 GammaSetting = int | Literal["auto", "auto_simple"]
 SamplerName = Literal["rejection", "invariant"]
 SAMPLER_NAMES = ("rejection", "invariant")
-DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "eagle3", "medusa", "block"]
+DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "eagle3", "medusa", "block", "dflash"]  # dflash: block
 KVCacheKind = Literal["dense", "paged"]
 KV_CACHE_KINDS = ("dense", "paged")
 SPECULATION_MODES = ("always", "when_learned")  # EngineConfig.speculation
