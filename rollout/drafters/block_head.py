@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.lean import rotate_half
+from .eagle3_head import _value
 from .heads import _normed
 
 # kv(layer, k, v) → (keys, values) the block attends over: the ragged cache's update, or context ‖ block in training.
@@ -118,17 +119,18 @@ class BlockHead(nn.Module):
         `default_layers`."""
         text = config.get_text_config()
         hidden = text.hidden_size
-        heads = getattr(text, "num_attention_heads", None) or max(1, hidden // 64)
-        head_dim = getattr(text, "head_dim", None) or hidden // heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or heads
-        theta = getattr(text, "rope_theta", None) or (getattr(text, "rope_parameters", None) or {}).get(
-            "rope_theta", 10000.0)
+        # The target's attention geometry where its config has one for every layer, else 64-wide heads (an
+        # attention-free target; a per-layer geometry: Gemma 4), as the EAGLE-3 head does.
+        heads = _value(text, "num_attention_heads") or max(1, hidden // 64)
+        head_dim = _value(text, "head_dim") or hidden // heads
+        kv_heads = _value(text, "num_key_value_heads") or heads
+        theta = _value(text, "rope_theta") or (_value(text, "rope_parameters") or {}).get("rope_theta", 10000.0)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             return cls(hidden, layers or default_layers(text.num_hidden_layers), num_layers, heads,
                        kv_heads if heads % kv_heads == 0 else heads, head_dim,
-                       intermediate_size or getattr(text, "intermediate_size", None) or 4 * hidden, block_size,
-                       float(theta), getattr(text, "rms_norm_eps", None) or 1e-6)
+                       intermediate_size or _value(text, "intermediate_size") or 4 * hidden, block_size,
+                       float(theta), _value(text, "rms_norm_eps") or 1e-6)
 
     @property
     def hidden_size(self) -> int:
