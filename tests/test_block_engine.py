@@ -23,6 +23,7 @@ from specroll.online_drafter.heads.block_scorer import BlockScorer
 from specroll.online_drafter.heads.data import FeatureBatch
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.block_head import BlockHead, default_layers
+from specroll.rollout.gamma.cost_model import CostModel
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 from specroll.rollout.models.timing import ForwardTimes
 
@@ -161,6 +162,9 @@ def test_time_drafts_prices_any_gamma_at_one_block_forward(monkeypatch):
     # The catch-up column is the block forward (and a sample), the per-draft column one more sample.
     torch.testing.assert_close(torch.tensor(times.times), torch.tensor([[0.0001, 0.010], [0.0004, 0.040]]))
     assert drafter.cache.host_lens == [0] * 4 and int(drafter.cache.lens.sum()) == 0
+    cost = CostModel(target=times, drafter=times)  # auto-γ's reading: one block forward, then a sample per draft
+    assert [round(cost.draft_time(1, g), 6) for g in range(1, 8)] == [round(0.010 + 0.0001 * (g - 1), 6)
+                                                                       for g in range(1, 8)]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
