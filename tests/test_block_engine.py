@@ -217,3 +217,18 @@ def test_a_draft_vocabulary_is_exact_and_drafts_only_its_ids():
     assert bool(torch.isin(proposal.drafts, ids).all()) and proposal.q.probs.shape[-1] == 20
     steps.close()
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == plain(target)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=24, temperature=1.0, stop_token_ids=(3,), seed=11),
+                                    SamplingParams(max_new_tokens=24, temperature=0.7, top_k=8, seed=12),
+                                    SamplingParams(max_new_tokens=24, temperature=1.3, top_p=0.8, seed=13)],
+                         ids=["T1", "T0.7-k8", "T1.3-p0.8"])
+def test_invariant_sampler_output_is_plain_decodings_for_the_seed(params):
+    """The drafts are drawn with the position's token noise, so the invariant rule emits plain decoding's tokens."""
+    target = tiny_lm("llama", logit_scale=15.0)
+    prompts = make_prompts(12, 2, 9, seed=4)
+    config = dict(max_batch_size=5, max_seq_len=64, sampler="invariant")
+    plain_tokens = SpecEngine(target, None, EngineConfig(**config, gamma=0)).generate(prompts, params, n=2)
+    engine = SpecEngine(target, None, EngineConfig(**config, gamma=3, drafters=("block",), block_size=4))
+    assert [r.completion_ids for r in engine.generate(prompts, params, n=2)] == [r.completion_ids for r in plain_tokens]
+    assert engine.stats.drafted > 0
