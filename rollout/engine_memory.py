@@ -5,13 +5,14 @@ trainer between rollout phases (`release` / `allocate`). A base of `engine.SpecE
 
 from __future__ import annotations
 
+import torch
 from transformers import PreTrainedModel
 
 from .config import EngineConfig
 from .core.batch import RowBuffers
 from .drafters.factory import DrafterWeights, drafter_memory
 from .drafters.protocol import Drafter
-from .models.memory import MemoryPlan, plan_memory
+from .models.memory import MemoryPlan, plan_memory, return_host_memory
 from .models.runner import ModelRunner
 
 
@@ -20,6 +21,7 @@ class EngineMemory:
     target: ModelRunner
     drafter: Drafter | None
     rows: RowBuffers | None
+    device: torch.device
     _generating: bool
 
     def _plan_memory(self, target: PreTrainedModel, drafter: DrafterWeights | Drafter | None) -> MemoryPlan:
@@ -37,7 +39,7 @@ class EngineMemory:
         calls, so that a trainer colocated with the engine can use the memory; weights, the drafter's suffix
         history, stats and the cost model stay. `allocate` makes them again. On a GPU the memory goes back to
         torch's caching allocator (the trainer's next allocations reuse it; `torch.cuda.empty_cache()` hands
-        it to the driver). A released engine refuses `generate` (it does not re-allocate by itself: memory
+        it to the driver; on a CPU the host heap is trimmed, `models.memory.return_host_memory`). A released engine refuses `generate` (it does not re-allocate by itself: memory
         a colocated trainer may hold is not taken behind its back). Releasing twice is a no-op."""
         if self._generating:
             raise RuntimeError("release called while this engine is running a generation; finish or close it first")
@@ -47,6 +49,8 @@ class EngineMemory:
         if self.drafter:
             self.drafter.release()
         self.rows = None
+        if self.device.type == "cpu":
+            return_host_memory()
 
     def allocate(self) -> None:
         """Make what `release` freed again, zeroed (a no-op on an allocated engine)."""

@@ -5,6 +5,7 @@ history and γ statistics (`rollout.engine_state`) — and that history drafts a
 
 from __future__ import annotations
 
+import dataclasses
 import pytest
 import torch
 from tiny_models import make_prompts, noisy_copy, tiny_lm
@@ -20,9 +21,14 @@ CONFIG = EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto_simple", max
                       cost_model_budget_s=0.5)
 
 
-def backend() -> LocalBackend:
+# A fixed γ for the drafting check: auto-γ's choice rests on forward times measured on the machine (in a test
+# process that ran other engines first it chose γ = 0 for most steps, and no draft could show the history).
+FIXED = dataclasses.replace(CONFIG, gamma=4)
+
+
+def backend(config: EngineConfig = CONFIG) -> LocalBackend:
     torch.manual_seed(0)
-    return LocalBackend.from_models(tiny_lm("llama"), noisy_copy("llama"), CONFIG)
+    return LocalBackend.from_models(tiny_lm("llama"), noisy_copy("llama"), config)
 
 
 def same(a, b) -> bool:
@@ -36,16 +42,25 @@ def same(a, b) -> bool:
     return a == b
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def generated_and_saved(config: EngineConfig, tmp_path_factory):
     """A backend that generated twice, and its state read back from a checkpoint folder."""
-    first = backend()
+    first = backend(config)
     for _ in range(2):
         first.generate(PROMPTS, GREEDY, n=2)
     folder = tmp_path_factory.mktemp("run") / "trainer" / "checkpoint-2"
     folder.mkdir(parents=True)
     write_saved_run(folder, {"step": 2}, first.state_dict())
     return first, read_saved_run(folder).backend_state()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return generated_and_saved(CONFIG, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def saved_fixed(tmp_path_factory):
+    return generated_and_saved(FIXED, tmp_path_factory)
 
 
 def test_a_loaded_engine_has_the_saved_suffix_history_and_gamma_statistics(saved):
@@ -59,9 +74,9 @@ def test_a_loaded_engine_has_the_saved_suffix_history_and_gamma_statistics(saved
     assert second.metrics()["rollout/total_rollouts"] == first.metrics()["rollout/total_rollouts"] == 16
 
 
-def test_the_loaded_history_drafts_from_the_first_call(saved):
-    _, state = saved
-    loaded, fresh = backend(), backend()
+def test_the_loaded_history_drafts_from_the_first_call(saved_fixed):
+    _, state = saved_fixed
+    loaded, fresh = backend(FIXED), backend(FIXED)
     loaded.load_state_dict(state)
     outputs = [b.generate(PROMPTS, GREEDY, n=1) for b in (loaded, fresh)]
     assert [r.completion_ids for r in outputs[0]] == [r.completion_ids for r in outputs[1]]  # speed, never tokens
