@@ -92,3 +92,18 @@ def test_the_checkpoint_section_is_validated(section, message):
 def test_checkpoints_every_generation_are_allowed():
     config = from_dict(TrainConfig, {"grpo": {"num_iterations": 2}, "checkpoint": {"every": 4, "keep": 2}})
     assert config.checkpoint.every == 4 and config.checkpoint.keep == 2
+
+
+def test_a_checkpoint_of_other_eagle3_layers_is_refused_and_one_from_before_the_field_is_not(tmp_path):
+    eagle3 = dataclasses.replace(TrainConfig().engine, drafters=("eagle3",), eagle3_layers=(1, 2, 3))
+    config = dataclasses.replace(TrainConfig(), engine=eagle3)
+    saved_run(tmp_path, 5, config)
+    other = dataclasses.replace(config, engine=dataclasses.replace(eagle3, eagle3_layers=(0, 2, 3)))
+    with pytest.raises(ConfigError, match=r"engine\.eagle3_layers: checkpoint \[1, 2, 3\], config \[0, 2, 3\]"):
+        check_matches(find_checkpoint(tmp_path), other)
+    older = tmp_path / "older"  # written by a specroll that did not record the EAGLE-3 and block fields
+    folder = older / "trainer" / "checkpoint-5"
+    folder.mkdir(parents=True)
+    recorded = {k: v for k, v in fingerprint(TrainConfig()).items() if "eagle3" not in k and "block" not in k}
+    write_saved_run(folder, {"step": 5, "fingerprint": recorded}, BACKEND_STATE)
+    check_matches(find_checkpoint(older), TrainConfig())

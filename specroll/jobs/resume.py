@@ -51,7 +51,8 @@ from .train_config import TrainConfig, resolved_dict
 # The config fields a checkpoint is bound to (dotted paths in the resolved config).
 FINGERPRINT = (
     "models", "engine.drafters", "engine.draft_vocab", "engine.layer_skip_layers", "engine.eagle_intermediate_size",
-    "engine.medusa_heads", "online_learning", "task.dataset", "task.reward", "grpo.seed", "grpo.num_generations",
+    "engine.medusa_heads", "engine.eagle3_layers", "engine.eagle3_ttt_steps", "engine.block_size", "engine.block_layers",
+    "online_learning", "task.dataset", "task.reward", "grpo.seed", "grpo.num_generations",
     "grpo.prompts_per_step", "grpo.num_train_prompts", "grpo.max_completion_length",
 )
 
@@ -75,7 +76,9 @@ def check_matches(saved: SavedRun, config: TrainConfig) -> None:
     """Refuse, in one `ConfigError` line, a checkpoint made with other models, drafter kind, task or data shape."""
     now = fingerprint(config)
     then = saved.run["fingerprint"]
-    differ = [key for key in sorted(set(now) | set(then)) if now.get(key) != then.get(key)]
+    # a field the checkpoint's specroll did not record yet (the EAGLE-3 and block fields came later) is not held
+    # against it: a drafter kind that did not exist then cannot have been its kind
+    differ = [key for key in sorted(set(now) | set(then)) if key in then and now.get(key) != then.get(key)]
     if differ:
         shown = "; ".join(f"{key}: checkpoint {then.get(key)!r}, config {now.get(key)!r}" for key in differ[:4])
         more = f"; and {len(differ) - 4} more" if len(differ) > 4 else ""
