@@ -43,8 +43,7 @@ Decisions are paired comparisons on the same positions with a group-clustered in
   would give. `probe` scores served and frozen on rollouts of a fixed probe set of prompts, fresh at
   each policy version — the honest drift measure; held-out numbers move with the prompts a step drew.
 
-Over 300 lines, on purpose: one class whose round, gate, watchdog and probe share the held-out score cache
-(`_entry_scores`) and the published version; split, each part would reach into the others' state.
+The watchdog's rule is `watchdog.py`'s; round, gate, revert and probe share one held-out cache (`_entry_scores`).
 """
 
 from __future__ import annotations
@@ -74,6 +73,7 @@ from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
 from .scorer import Scorer
 from .token_counts import DraftVocabs, TokenCounts
+from .watchdog import watchdog_reason
 
 
 class Learner:
@@ -191,7 +191,7 @@ class Learner:
             self.candidate.restart(self._published_weights)
             event = f"candidate reset to version {self.version}: it scored {gain.mean:+.4f} ± {gain.se:.4f} below it"
         served = self._cached("published")
-        reason = self._watchdog_reason(served, frozen, break_even, "held-out")
+        reason = watchdog_reason(served, frozen, break_even, "held-out", self.version, self.config)
         if reason is not None:
             event = self._revert(reason, {"served": served, "frozen": frozen, "candidate": candidate},
                                  candidate_entries)
@@ -218,7 +218,7 @@ class Learner:
             frozen = self.scorer.group(self.scorer.score_entries(self.frozen, entries), keys)
         gain = paired_gain(served, frozen)
         version, event = self.version, None
-        reason = self._watchdog_reason(served, frozen, None, "probe")
+        reason = watchdog_reason(served, frozen, None, "probe", self.version, self.config)
         if reason is not None:
             event = self._revert(reason, {"served": served, "frozen": frozen})
         report = ProbeReport(
@@ -270,19 +270,6 @@ class Learner:
         """The round's report with the alarms it raises (the learner stopped learning: `alarms.py`)."""
         raised = self.alarms.after_round(report, self.candidate.step_s)
         return dataclasses.replace(report, alarms=raised, alarms_active=self.alarms.active)
-
-    def _watchdog_reason(self, served: GroupScores, frozen: GroupScores, break_even: float | None,
-                         where: str) -> str | None:
-        """Why the served drafter must be replaced — below the frozen one beyond the interval (by
-        `watchdog_margin`), or below the γ policy's break-even acceptance — or None."""
-        versus_frozen = paired_gain(served, frozen)
-        if versus_frozen.below(self.config.gate_z, self.config.watchdog_margin):
-            return (f"{where}: served version {self.version} scored {versus_frozen.mean:+.4f} ± "
-                    f"{versus_frozen.se:.4f} below the frozen drafter")
-        if break_even is not None and served.mean < break_even:
-            return (f"{where}: served version {self.version} scored {served.mean:.4f}, below the γ policy's "
-                    f"break-even acceptance {break_even:.4f}")
-        return None
 
     def _revert(self, reason: str, known: dict[str, GroupScores],
                 candidate_entries: torch.Tensor | None = None) -> str:
