@@ -21,7 +21,9 @@ a recorded run is the one input a settings comparison needs. A main job's record
 (a head's ~70 MB: its rollouts carry the policy's hidden states, 1 KiB per position for the demo).
 
 A recording pickles classes by their module path (`Rollout`, the drafter): `recorded_calls` reads it
-through `moved_paths.load_moved`, so a recording made before a module moved still loads.
+through `moved_paths.load_moved`, so a recording made before a module moved still loads; and a transformers
+model in it is rebuilt from its config and weights (`_rebuilt`), so one pickled by another transformers version
+(whose classes set other attributes in `__init__`: 5.25's kernel wrappers) still runs.
 """
 
 from __future__ import annotations
@@ -130,5 +132,24 @@ def recorded_calls(folder: str | os.PathLike) -> tuple[dict[str, Any], list[dict
         raise ValueError(f"{str(folder)!r} holds no learner recording (no init.pt): record a run with "
                          "learner.record_dir")
     init = load_moved(folder / "init.pt")
+    init["drafter"] = _rebuilt(init["drafter"])
+    if init.get("reads"):
+        init["reads"] = {name: _rebuilt(module) for name, module in init["reads"].items()}
     calls = [load_moved(path) for path in sorted(folder.glob("[0-9]*_*.pt"))]
     return init, calls
+
+
+def _rebuilt(module: Any) -> Any:
+    """A transformers model unpickled from a recording, built again from its config with its weights, dtype
+    and mode (unpickling skips `__init__`, so attributes a newer transformers sets there are missing); any
+    other object as it is."""
+    from transformers import PreTrainedModel
+
+    from specroll.rollout.models.weights import cast_module
+
+    if not isinstance(module, PreTrainedModel):
+        return module
+    weight = next(module.parameters())
+    fresh = cast_module(type(module)(module.config), weight.device, weight.dtype)
+    fresh.load_state_dict(module.state_dict())
+    return fresh.train(module.training)
