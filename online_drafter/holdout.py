@@ -55,11 +55,15 @@ class HoldoutSet:
 
     def state_dict(self) -> dict:
         return {"entries": [dict(vars(e)) for e in self.entries], "keys": [[v, list(p)] for v, p in self.keys],
-                "num_groups_seen": self.num_groups_seen}
+                "num_groups_seen": self.num_groups_seen,
+                # Every group seen and where it went (a group met again at its version goes where it went first).
+                "decided": [[v, list(p), held] for (v, p), held in self._is_held_out.items()]}
 
     def load_state_dict(self, state: dict, entry_type: type) -> None:
         """Take back `state_dict()`, its entries rebuilt as `entry_type` (the buffer's)."""
         self.entries = [entry_type(**e) for e in state["entries"]]
         self.keys = [(int(v), tuple(p)) for v, p in state["keys"]]
         self.num_groups_seen = state["num_groups_seen"]
-        self._is_held_out = dict.fromkeys(self.keys, True)
+        decided = state.get("decided")  # absent in a state saved before it was kept: the held-out groups only
+        self._is_held_out = dict.fromkeys(self.keys, True) if decided is None else {
+            (int(v), tuple(p)): bool(held) for v, p, held in decided}

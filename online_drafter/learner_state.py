@@ -13,6 +13,7 @@ these states (`checkpoint.py`); `specroll train --resume` keeps one beside every
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,9 @@ def state_of(learner: Learner) -> dict[str, Any]:
         "frozen": weights_of(learner.frozen),
         "candidate": weights_of(learner.candidate.model),
         "averaged": weights_of(learner.candidate.averaged),
-        "optimizer": learner.candidate.optimizer.state_dict(),
+        # A copy: `Optimizer.state_dict()` hands out its live moment and step tensors, which the next round updates
+        # in place (a learner loaded from a state taken in the same process then shared them with the saver).
+        "optimizer": copy.deepcopy(learner.candidate.optimizer.state_dict()),
         "buffer": learner.buffer.state_dict(),
         "holdout": learner.holdout.state_dict(),
         "generator": learner._generator.get_state(),

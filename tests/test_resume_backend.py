@@ -33,9 +33,6 @@ def step(backend: LocalBackend, policy: torch.nn.Module, index: int):
     return done.report
 
 
-@pytest.mark.xfail(strict=True, reason="open: after load_state_dict the head learner's state and the step's rollouts "
-                   "are equal, yet the next round's training loss differs (1.3466 vs 1.3401 on this setup); cause not "
-                   "found yet (a drafter LM's learner resumes bit for bit: test_resume_learner.py)")
 def test_a_service_loaded_from_state_dict_goes_on_as_the_one_that_saved_it():
     target = tiny_lm("llama", "sdpa", layers=2, logit_scale=10.0)
     policy = copy.deepcopy(target)

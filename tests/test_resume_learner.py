@@ -78,3 +78,19 @@ def test_a_resumed_learner_keeps_its_own_settings_and_the_buffer_it_had(tmp_path
     restore(fresh, state_of(learner), "test")
     assert fresh.config.max_steps == 7 and fresh.buffer.config.max_positions == 10_000
     assert fresh.buffer.num_positions == learner.buffer.num_positions > 0
+
+
+def test_a_loaded_holdout_set_sends_a_group_met_again_where_it_went_first():
+    from specroll.online_drafter.holdout import HoldoutSet
+
+    entry = type("Entry", (), {"num_positions": 1})
+    saved = HoldoutSet(fraction=0.5, max_positions=100)
+    keys = [(3, (i,)) for i in range(4)]
+    first = [saved.offer(entry(), key) for key in keys]
+    assert first == [True, False, True, False]
+    loaded = HoldoutSet(fraction=0.5, max_positions=100)
+    state = saved.state_dict()
+    state["entries"] = [{} for _ in state["entries"]]
+    loaded.load_state_dict(state, entry)
+    again = [loaded.offer(entry(), key) for key in [keys[1], keys[0], keys[3], (3, (9,))]]
+    assert again == [False, True, False, saved.offer(entry(), (3, (9,)))]  # the new group decided as the saver would
