@@ -39,8 +39,9 @@ class EngineMemory:
         calls, so that a trainer colocated with the engine can use the memory; weights, the drafter's suffix
         history, stats and the cost model stay. `allocate` makes them again. On a GPU the memory goes back to
         torch's caching allocator (the trainer's next allocations reuse it; `torch.cuda.empty_cache()` hands
-        it to the driver; on a CPU the host heap is trimmed, `models.memory.return_host_memory`). A released engine refuses `generate` (it does not re-allocate by itself: memory
-        a colocated trainer may hold is not taken behind its back). Releasing twice is a no-op."""
+        it to the driver; on a CPU the host heap is trimmed, `models.memory.return_host_memory`). A released
+        engine refuses `generate` (it does not re-allocate by itself: memory a colocated trainer may hold is not
+        taken behind its back). Releasing twice is a no-op."""
         if self._generating:
             raise RuntimeError("release called while this engine is running a generation; finish or close it first")
         if self.released:

@@ -9,9 +9,10 @@ drafter's history (every prompt's completions) with its acceptance per match len
 and online time corrections (`gamma.policy.GammaPolicy.state_dict`: restored together — acceptance without
 the measured per-step overhead makes speculation look dearer than it is, and a resumed engine then decodes plain).
 With several drafters (`drafters.suffix_or_model`) the per-row choice's running acceptance of the model drafter
-comes too. Not gathered: the cost model's calibration (measured again, or read from `calibration_cache`; the
-corrections go on adapting on whatever hardware the resumed run has), and the drafter's weights (the learner
-publishes them; the backends sync them).
+comes too, and with `tree_width: auto` the tree policy's (`gamma.tree.AutoWidth.state_dict`: each width's
+acceptance along the path, its per-level time offsets). Not gathered: the cost model's calibration (measured
+again, or read from `calibration_cache`; the corrections go on adapting on whatever hardware the resumed run has),
+and the drafter's weights (the learner publishes them; the backends sync them).
 
 Read from the engine's `drafter` and `gamma_policy` from outside the engine (no state API of its own).
 """
@@ -34,6 +35,7 @@ def engine_state(engine: SpecEngine) -> dict[str, Any]:
     suffix, model_rates = _suffix_parts(engine)
     return {"format": FORMAT, "gamma_kind": type(engine.gamma_policy).__name__,
             "gamma": engine.gamma_policy.state_dict(),
+            "tree": _tree_state(engine),
             "suffix": None if suffix is None else suffix.state_dict(),
             "model_rates": None if model_rates is None else model_rates.state_dict()}
 
@@ -53,10 +55,19 @@ def load_engine_state(engine: SpecEngine, state: dict[str, Any]) -> None:
                          f"this one {'has' if suffix is not None else 'has none'} (or one of them drafts with a model "
                          "beside it): engine.drafters must be the saved run's")
     engine.gamma_policy.load_state_dict(state["gamma"])
+    tree = state.get("tree")  # absent in a state saved before trees kept one
+    if tree is not None and hasattr(engine.tree_policy, "load_state_dict"):
+        engine.tree_policy.load_state_dict(tree)
     if suffix is not None:
         suffix.load_state_dict(state["suffix"])
     if model_rates is not None:
         model_rates.load_state_dict(state["model_rates"])
+
+
+def _tree_state(engine: SpecEngine) -> dict | None:
+    """The tree policy's statistics (None for chains or a fixed width, which learn nothing)."""
+    policy = getattr(engine, "tree_policy", None)
+    return policy.state_dict() if hasattr(policy, "state_dict") else None
 
 
 def _suffix_parts(engine: SpecEngine) -> tuple[SuffixDrafter | None, Any]:

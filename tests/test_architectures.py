@@ -15,8 +15,8 @@ import pytest
 import torch
 import transformers
 from packaging import version
-from transformers import CONFIG_MAPPING
 from tiny_models import tiny_lm
+from transformers import CONFIG_MAPPING
 
 from specroll.benchmarks.arch_sweep import check_exact, tiny_model
 from specroll.rollout import EngineConfig, SpecEngine
@@ -36,7 +36,7 @@ def test_allowlisted_type_is_exact(model_type):
     if model_type not in CONFIG_MAPPING:
         pytest.skip(f"transformers {transformers.__version__} has no model type {model_type!r}")
     if OLD_TRANSFORMERS and model_type == "nemotron_h":
-        with pytest.raises(ValueError, match="recurrent/conv state .* the ragged cache cannot hold"):
+        with pytest.raises(ValueError, match=r"recurrent/conv state .* the ragged cache cannot hold"):
             check_exact(model_type)
         return
     assert check_exact(model_type) == []

@@ -30,8 +30,9 @@ def _batch(seed: int = 0) -> DraftBatch:
 def _gemma2():
     """Logits soft-capped after the head: the scorer must take the model's own forward."""
     torch.manual_seed(0)
-    config = Gemma2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=8, final_logit_softcapping=5.0, tie_word_embeddings=False)
+    config = Gemma2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, final_logit_softcapping=5.0,
+                          tie_word_embeddings=False)
     return Gemma2ForCausalLM(config).float().eval()
 
 
@@ -71,4 +72,5 @@ def test_head_over_the_draft_vocabulary_scores_and_trains_as_the_full_head(arch,
             if ids is not None:  # rows outside the subset get no gradient: q there is 0 whatever they are
                 rest = torch.ones(V, dtype=torch.bool)
                 rest[ids] = False
-                assert grads[0][rest].abs().max() <= 1e-8  # exactly 0 through the subset head; rounding after a full one
+                # exactly 0 through the subset head; rounding after a full one
+                assert grads[0][rest].abs().max() <= 1e-8

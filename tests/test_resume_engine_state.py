@@ -6,6 +6,7 @@ history and γ statistics (`rollout.engine_state`) — and that history drafts a
 from __future__ import annotations
 
 import dataclasses
+
 import pytest
 import torch
 from tiny_models import make_prompts, noisy_copy, tiny_lm
@@ -93,3 +94,14 @@ def test_another_gamma_policy_is_refused_naming_it(saved):
                                                   drafters=("suffix", "model")))
     with pytest.raises(ValueError, match="γ policy is SimpleGamma, this engine's FixedGamma"):
         load_engine_state(other.engine, state["engines"][0])
+
+
+def test_a_loaded_engine_has_the_saved_tree_statistics(tmp_path_factory):
+    trees = EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto", max_gamma=3, tree_width="auto",
+                         max_tree_width=3, cost_model_budget_s=0.5)
+    first, state = generated_and_saved(trees, tmp_path_factory)
+    saved_tree = engine_state(first.engine)["tree"]
+    assert saved_tree is not None and saved_tree["chain_steps"] + saved_tree["tree_steps"] > 0
+    second = backend(trees)
+    second.load_state_dict(state)
+    assert same(engine_state(second.engine)["tree"], saved_tree)

@@ -9,17 +9,23 @@
     time(d, w, n) = the chain step's predicted time at γ = d  (cost model, corrected online)
                     + target forward(n, 1 + d·w) − target forward(n, 1 + d)     (the wider verification)
                     + d · drafter's slow-down · (draft(n, w) − draft(n, 1))   (each level feeds w nodes)
-                    + a per-width offset learnt from the tree steps run
+                    + d · a per-level offset learnt from the tree steps run at width w
 
 with h the measured share of tokens that end their row (auto-γ's), and a_j(w) the chance that some child is kept
 at depth j + 1 of the path given the path so far, counted from the tree steps run at width w (decayed like the
 chains' counts) and pulled toward 1 − (1 − α_j)^√w (α_j the chain's per-position acceptance: siblings drawn
 without replacement are not independent tries, hence √w tries) by `PRIOR_DRAFTS` pseudo-drafts. A tree wins when
-its rate beats the chain's by `TREE_MARGIN`; and since a width's acceptance is only measured while it runs, every
-`EXPLORE_EVERY` chain steps the best tree runs anyway if it is predicted within `EXPLORE_WITHIN` of the chain (as
-auto-γ probes drafting from plain decoding). Where a forward of more tokens per row costs more — a full batch —
-the wider verification does not pay and the step stays a chain; where the batch has drained it costs about the
-same, and the tree's longer kept path wins.
+its rate beats the chain's by `TREE_MARGIN`.
+
+Both sides are only measured while they run, and each side's prediction is corrected from its own steps alone (the
+chain's by auto-γ's cost model and acceptance counts, the tree's by its offset and a_j(w)). So neither may starve:
+the first step of a mode is a chain (auto-γ's first step measures α at every position: the chain the trees are
+weighed against, and their prior, start from a measurement), every `EXPLORE_EVERY` chain steps the best tree runs
+if it is predicted within `EXPLORE_WITHIN` of the chain, and every `EXPLORE_EVERY` tree steps the chain runs. (With
+trees only, a chain mispredicted once — a calibration taken on a busy machine — stayed mispredicted: measured on the
+demo models, trees then ran on 88% of full-batch steps at 0.59× the chains' speed.) Where a forward of more tokens
+per row costs more — a full batch — the wider verification does not pay and the step stays a chain; where the batch
+has drained it costs about the same, and the tree's longer kept path wins.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from .policy import StepShape
 PRIOR_DRAFTS = 4.0  # weight of a_j(w)'s prior, in drafts
 TREE_MARGIN = 0.03  # a tree must be predicted this much faster than the chain
 OFFSET_EMA = 0.8
-EXPLORE_EVERY = 32  # chain steps between probes of the best tree
-EXPLORE_WITHIN = 0.8  # ... probed only if predicted to reach this fraction of the chain's rate
+EXPLORE_EVERY = 32  # chain steps between probes of the best tree, and tree steps between runs of the chain
+EXPLORE_WITHIN = 0.8  # ... a tree probed only if predicted to reach this fraction of the chain's rate
 
 
 class FixedWidth:
@@ -59,8 +65,9 @@ class AutoWidth:
         self.auto, self.max_width, self.decay = auto, max_width, decay
         self.rates = {greedy: {w: DecayedRates(auto.max_gamma) for w in range(2, max_width + 1)}
                       for greedy in (True, False)}
-        self.offsets: dict[tuple[int, int], float] = {}  # (live rows, width) → measured − predicted seconds
+        self.offsets: dict[tuple[int, int], float] = {}  # (live rows, width) → (measured − predicted seconds) / depth
         self.chain_steps = 0
+        self.tree_steps = 0
 
     def expected_tokens(self, depth: int, width: int, greedy: bool) -> float:
         """E[tokens of a row] of a tree of `depth` levels of `width` nodes (a kept token ends its row with the
@@ -81,19 +88,20 @@ class AutoWidth:
         verify = cost.target_time(rows, 1 + depth * width, shape.context) - cost.target_time(rows, 1 + depth,
                                                                                                shape.context)
         draft = (cost.draft_scale or 1.0) * depth * (cost.drafter(rows, width) - cost.drafter(rows, 1))
-        return max(chain + verify + draft + self.offset(rows, width), 1e-7)
+        return max(chain + verify + draft + depth * self.offset(rows, width), 1e-7)
 
     def offset(self, rows: int, width: int) -> float:
-        """The measured extra seconds of a tree step of `width` at `rows` live rows (the nearest batch size measured
-        at that width; 0 before any)."""
+        """The measured extra seconds per level of a tree step of `width` at `rows` live rows (the nearest batch size
+        measured at that width; 0 before any): growing a tree costs per level (a drafter forward over w nodes, a
+        top-k over each node's q), so a shallow tree's overhead is not a deep one's."""
         measured = [b for b, w in self.offsets if w == width]
         if not measured:
             return 0.0
         return self.offsets[min(measured, key=lambda b: abs(b - rows)), width]
 
     def choose(self, shape: StepShape, gamma: int, greedy: bool) -> tuple[int, int]:
-        if not gamma:
-            return 0, 1
+        if not gamma or not self.auto.estimates[greedy].any_seen:
+            return gamma, 1  # plain; or the mode's first step: auto-γ's chain measures α first
         rows, top = shape.rows, self.auto.max_gamma
         chain = rows * self.auto.estimates[greedy].expected_tokens(gamma) / self.auto.step_times(rows, shape.context)[
             gamma]
@@ -104,7 +112,8 @@ class AutoWidth:
                 if rate > best:
                     best, tree = rate, (depth, width)
         if best > chain * (1 + TREE_MARGIN):
-            return tree
+            self.tree_steps += 1
+            return (gamma, 1) if self.tree_steps % EXPLORE_EVERY == 0 else tree
         self.chain_steps += 1
         if self.chain_steps % EXPLORE_EVERY == 0 and best >= EXPLORE_WITHIN * chain:
             return tree
@@ -122,7 +131,23 @@ class AutoWidth:
             for j in range(tried):
                 rates.add(j, j < kept, 1)
         key = (shape.rows, width)
-        predicted = self.step_time(shape, depth, width) - self.offset(shape.rows, width)
+        predicted = self.step_time(shape, depth, width) - depth * self.offset(shape.rows, width)
         old = self.offsets.get(key)
-        extra = seconds - predicted
+        extra = (seconds - predicted) / depth
         self.offsets[key] = extra if old is None else OFFSET_EMA * old + (1 - OFFSET_EMA) * extra
+
+    def state_dict(self) -> dict:
+        """What it learnt from the tree steps run (a_j(w), offsets) and its counters, for a resumed run."""
+        return {"rates": {str(greedy): {str(w): r.state_dict() for w, r in by_width.items()}
+                          for greedy, by_width in self.rates.items()},
+                "offsets": [[rows, width, extra] for (rows, width), extra in self.offsets.items()],
+                "chain_steps": self.chain_steps, "tree_steps": self.tree_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        for greedy, by_width in self.rates.items():
+            for width, rates in by_width.items():
+                saved = state["rates"][str(greedy)].get(str(width))
+                if saved is not None:
+                    rates.load_state_dict(saved)
+        self.offsets = {(int(rows), int(width)): float(extra) for rows, width, extra in state["offsets"]}
+        self.chain_steps, self.tree_steps = int(state["chain_steps"]), int(state["tree_steps"])

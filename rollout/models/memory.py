@@ -12,6 +12,7 @@ object is taken as it is (its memory not counted).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -54,10 +55,8 @@ def return_host_memory() -> None:
     one of them (RSS fell 101 of 134 MB)."""
     if not sys.platform.startswith("linux"):
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # another C library (musl): its free returns what it can
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # another C library (musl): its free returns what it can by itself
-        pass
 
 
 def device_memory(device: torch.device) -> int:

@@ -51,7 +51,8 @@ from .train_config import TrainConfig, resolved_dict
 # The config fields a checkpoint is bound to (dotted paths in the resolved config).
 FINGERPRINT = (
     "models", "engine.drafters", "engine.draft_vocab", "engine.layer_skip_layers", "engine.eagle_intermediate_size",
-    "engine.medusa_heads", "engine.eagle3_layers", "engine.eagle3_ttt_steps", "engine.block_size", "engine.block_layers",
+    "engine.medusa_heads", "engine.eagle3_layers", "engine.eagle3_ttt_steps", "engine.block_size",
+    "engine.block_layers",
     "online_learning", "task.dataset", "task.reward", "grpo.seed", "grpo.num_generations",
     "grpo.prompts_per_step", "grpo.num_train_prompts", "grpo.max_completion_length",
 )
