@@ -21,8 +21,6 @@ cost of one forward (`time_drafts` reports it so: auto-γ's `CostModel.draft_tim
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import nn
 
@@ -35,11 +33,13 @@ from ..models.weights import cast_module
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
 from .block_head import BlockHead
-from .draft_vocab import DraftVocab, VocabDraws
+from .draft_vocab import VocabDraws
+from .head_cache import OwnCacheHead
 from .protocol import DraftDraw, Proposal
 
 
-class BlockDrafter:
+class BlockDrafter(OwnCacheHead):
+    weights_role = "block head"
     names = ("block",)
     trainable = True
     wants_hidden = True
@@ -118,28 +118,6 @@ class BlockDrafter:
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:
         """Nothing to roll back: the cache holds real context only (the block's K/V lie past its lengths)."""
-
-    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
-        """Empty the slots; the first step catches the prompt's context up (the target's prefill captured it)."""
-        self.cache.reset_rows(slots)
-
-    def move_row(self, src: int, dst: int) -> None:
-        self.cache.move_row(src, dst)
-
-    def release(self) -> None:
-        self.cache.release()
-
-    def allocate(self) -> None:
-        self.cache.allocate()
-
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.draws.load(self.head, state_dict, "block head", self.device)
-
-    def draft_vocab(self) -> torch.Tensor | None:
-        return self.draws.ids
-
-    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
-        self.draws.set(vocab, self.device)
 
     def cost_key(self) -> str:
         head = self.head

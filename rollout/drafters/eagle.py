@@ -19,8 +19,6 @@ this head keeps it; the head's output is final-normed so that it lives where the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import nn
 
@@ -32,12 +30,14 @@ from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, tim
 from ..models.weights import cast_module
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
-from .draft_vocab import DraftVocab, VocabDraws
+from .draft_vocab import VocabDraws
+from .head_cache import OwnCacheHead
 from .heads import EagleHead
 from .protocol import DraftDraw, Proposal
 
 
-class EagleDrafter:
+class EagleDrafter(OwnCacheHead):
+    weights_role = "eagle head"
     names = ("eagle",)
     trainable = True
     wants_hidden = True
@@ -113,28 +113,6 @@ class EagleDrafter:
         """Drop the pairs that used predicted features: those at positions ≥ the old length - 1."""
         host = [min(c, max(s - 1, 0)) for c, s in zip(self.cache.host_lens[live], rows.last_step.seq_len)]
         self.cache.set_lens(live, torch.minimum(self.cache.lens[live], (seq_len - 1).clamp_min(0)), host)
-
-    def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
-        """Empty the slots; the first step catches the prompt's pairs up (the target's prefill wrote its states)."""
-        self.cache.reset_rows(slots)
-
-    def move_row(self, src: int, dst: int) -> None:
-        self.cache.move_row(src, dst)
-
-    def release(self) -> None:
-        self.cache.release()
-
-    def allocate(self) -> None:
-        self.cache.allocate()
-
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.draws.load(self.head, state_dict, "eagle head", self.device)
-
-    def draft_vocab(self) -> torch.Tensor | None:
-        return self.draws.ids
-
-    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
-        self.draws.set(vocab, self.device)
 
     def cost_key(self) -> str:
         head = self.head

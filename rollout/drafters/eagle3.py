@@ -13,8 +13,6 @@ is unchanged, q is exactly what each draft was drawn from.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import nn
 
@@ -24,6 +22,7 @@ from .eagle3_head import Eagle3Head
 
 
 class Eagle3Drafter(EagleDrafter):
+    weights_role = "eagle3 head"
     names = ("eagle3",)
 
     def __init__(self, head: Eagle3Head, embed: nn.Module, lm_head: nn.Module, slots: int, length: int,
@@ -47,9 +46,6 @@ class Eagle3Drafter(EagleDrafter):
 
     def _draft_input(self, out: torch.Tensor) -> torch.Tensor:
         return self.head.final(out)
-
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.draws.load(self.head, state_dict, "eagle3 head", self.device)
 
     def cost_key(self) -> str:
         head = self.head
