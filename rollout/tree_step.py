@@ -102,5 +102,6 @@ def make_tree_step(config: EngineConfig, target: ModelRunner, drafter: Drafter |
     check_tree(target.model.config.model_type, bool(target.cache.state_layers), "target")
     if not isinstance(drafter, TreeDrafter) or not drafter.tree_ready:
         raise ValueError(f"tree_width={config.tree_width!r} is invalid with drafters {drafter.names}: trees need "
-                         "the drafter LM ('model', alone or with 'suffix'), without recurrent layers")
+                         "a drafter that grows them: the drafter LM ('model', alone or with 'suffix') without "
+                         "recurrent layers, 'eagle', 'eagle3' or 'medusa'")
     return TreeStep(target, drafter, config.sampler, target.vocab_size), make_tree_policy(config, gamma_policy)

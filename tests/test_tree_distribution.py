@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
 from test_engine_distribution import NEW_TOKENS, POWER_ROWS, PROMPTS, ROWS, SETTINGS, SUBSET, models
+from test_tree_engine import head_drafter
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
@@ -24,8 +25,10 @@ WIDTH, DEPTH = 3, 3
 
 def sample_and_test(params: SamplingParams, sampler: str, drafters: tuple[str, ...] | None = None,
                     wrong_rule: TreeRejection | None = None, rows: int = ROWS,
-                    draft_vocab: list[int] | None = None) -> float:
+                    draft_vocab: list[int] | None = None, head: str | None = None) -> float:
     target, drafter = models()
+    if head is not None:  # a head on the target's hidden states instead of the drafter LM
+        drafter, drafters = head_drafter(head, target), (head,)
     config = EngineConfig(max_batch_size=rows // 2, max_seq_len=6 + NEW_TOKENS, gamma=DEPTH, tree_width=WIDTH,
                           sampler=sampler, drafters=drafters, suffix=SuffixConfig(min_survival=0.0))
     engine = SpecEngine(target, drafter, config)
@@ -54,6 +57,12 @@ def test_tree_of_suffix_and_model_drafts_follows_target_distribution():
 
 def test_tree_over_a_draft_vocabulary_follows_target_distribution():
     assert sample_and_test(SETTINGS[0], "rejection", draft_vocab=SUBSET) > ALPHA
+
+
+@pytest.mark.parametrize("head", ["eagle", "medusa"])
+def test_head_trees_follow_target_distribution(head):
+    """EAGLE-2's tree over an EAGLE head's own cache and Medusa's tree (`drafters.head_trees`)."""
+    assert sample_and_test(SETTINGS[1], "rejection", head=head) > ALPHA
 
 
 def test_invariant_tree_noise_follows_target_distribution():

@@ -17,7 +17,8 @@ from tiny_models import make_prompts, tiny_lm
 from specroll.benchmarks import arch_sweep
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
-from specroll.rollout.drafters.heads import EagleHead
+from specroll.rollout.drafters.eagle3_head import Eagle3Head
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 
 GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0)
@@ -113,6 +114,44 @@ def test_invariant_trees_give_plain_decodings_tokens(kinds, kv, params):
 
 @pytest.mark.parametrize("kind", ["model", "suffix+model"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def head_drafter(kind: str, target):
+    if kind == "eagle":
+        return EagleHead.for_target(target.config, seed=3)
+    if kind == "eagle3":
+        return Eagle3Head.for_target(target.config, layers=(0, 1), seed=3, ttt_steps=1)
+    return MedusaHeads(target.config.hidden_size, 3)
+
+
+HEAD_TREES = [("eagle", 3, 3, 7), ("eagle", 2, 4, 1), ("eagle3", 3, 2, 7), ("medusa", 3, 3, 7)]
+
+
+@pytest.mark.parametrize(("kind", "gamma", "width", "batch"), HEAD_TREES)
+def test_head_trees_greedy_equal_hf_generate(kind, gamma, width, batch):
+    """EAGLE-2's tree on an EAGLE / EAGLE-3 head and Medusa's tree (`drafters.head_trees`): every step a tree, the
+    output HF generate's."""
+    target = tiny_lm("llama", "sdpa")
+    num_prompts = 5 if batch == 1 else len(PROMPTS)
+    engine = SpecEngine(target, head_drafter(kind, target), EngineConfig(
+        max_batch_size=batch, max_seq_len=40, gamma=gamma, tree_width=width, drafters=(kind,)))
+    rollouts = engine.generate(PROMPTS[:num_prompts], GREEDY)
+    assert tuple(tuple(r.completion_ids) for r in rollouts) == hf_greedy("llama", "sdpa")[:num_prompts]
+    assert engine.stats.tree_steps == engine.stats.steps > 0 and engine.stats.tree_nodes_per_row == gamma * width
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_invariant_head_trees_give_plain_decodings_tokens(kind):
+    prompts = make_prompts(6, 2, 9, seed=2)
+    params = SamplingParams(40, temperature=1.0, seed=6)
+    base = dict(max_batch_size=4, max_seq_len=64, sampler="invariant")
+    plain = SpecEngine(tiny_lm("llama", "sdpa"), None, EngineConfig(**base, gamma=0))
+    expected = [r.completion_ids for r in plain.generate(prompts, params, n=2)]
+    target = tiny_lm("llama", "sdpa")
+    engine = SpecEngine(target, head_drafter(kind, target),
+                        EngineConfig(**base, gamma=3, tree_width=3, drafters=(kind,)))
+    assert [r.completion_ids for r in engine.generate(prompts, params, n=2)] == expected
+    assert engine.stats.tree_steps > 0 and engine.stats.accepted > 0
+
+
 def test_tree_steps_copy_to_the_host_as_chain_steps_do(kind, temperature, monkeypatch):
     """One device→host copy per steady tree step (the model drafter), plus the suffix drafts' host→device copy."""
     target = tiny_lm("llama", "sdpa", layers=2)
@@ -177,9 +216,9 @@ def test_fixed_width_makes_room_for_the_tree():
 
 def test_trees_are_refused_for_a_drafter_that_proposes_none():
     target = tiny_lm("llama", "sdpa")
-    with pytest.raises(ValueError, match=r"tree_width=2 is invalid with drafters \('eagle',\)"):
-        SpecEngine(target, EagleHead.for_target(target.config, seed=3), EngineConfig(max_batch_size=2, gamma=3,
-                                                                                      tree_width=2))
+    with pytest.raises(ValueError, match=r"tree_width=2 is invalid with drafters \('layer_skip',\)"):
+        SpecEngine(target, None, EngineConfig(max_batch_size=2, gamma=3, tree_width=2, drafters=("layer_skip",),
+                                              layer_skip_layers=1))
     with pytest.raises(ValueError, match=r"tree_width=2 is invalid with drafters \('suffix',\)"):
         SpecEngine(target, None, EngineConfig(max_batch_size=2, gamma=3, tree_width=2, drafters=("suffix",)))
 

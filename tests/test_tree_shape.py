@@ -43,6 +43,15 @@ def test_no_tree_without_a_chain_to_grow():
     assert FixedWidth(3).choose(StepShape(16), 4, greedy=True) == (4, 3)
 
 
+def test_a_tree_that_ran_slower_than_predicted_is_judged_on_its_measured_time():
+    shapes, shape = policy(0.6), StepShape(1)
+    depth, width = shapes.choose(shape, 4, greedy=False)
+    assert width > 1  # predicted to win before any tree ran: probed once
+    shapes.observe(shape, depth, width, [depth], [depth], 10 * shapes.step_time(shape, depth, width), greedy=False)
+    later = shapes.choose(shape, 4, greedy=False)
+    assert later[1] != width or later == (4, 1), later  # that width is judged slow now; another may be probed
+
+
 def test_measured_tree_acceptance_moves_the_choice():
     shapes = policy(0.6)
     assert shapes.choose(StepShape(1), 4, greedy=False)[1] > 1
@@ -62,9 +71,13 @@ def test_expected_tokens_grow_with_width_before_any_tree_ran():
 def test_the_first_step_of_a_mode_is_a_chain_and_trees_that_win_still_let_the_chain_run():
     fresh = AutoWidth(AutoGamma(cost_model(), max_gamma=4, decay=0.9), max_width=4, decay=0.9)
     assert fresh.choose(StepShape(1), 4, greedy=False) == (4, 1)  # no α measured yet: auto-γ's chain measures it
-    shapes = policy(0.6)
-    chosen = [shapes.choose(StepShape(1), 4, greedy=False)[1] for _ in range(2 * EXPLORE_EVERY)]
-    assert chosen.count(1) == 2 and all(w > 1 for i, w in enumerate(chosen) if (i + 1) % EXPLORE_EVERY)
+    shapes, shape, chosen = policy(0.6), StepShape(1), []
+    for _ in range(2 * EXPLORE_EVERY + 1):  # every tree run as predicted, every node kept: trees keep winning
+        depth, width = shapes.choose(shape, 4, greedy=False)
+        chosen.append(width)
+        if width > 1:
+            shapes.observe(shape, depth, width, [depth], [depth], shapes.step_time(shape, depth, width), greedy=False)
+    assert chosen[0] > 1 and chosen.count(1) == 2, chosen  # the first tree probes its width; then 1 chain in 32
 
 
 def test_a_calibration_taken_on_a_busy_machine_does_not_keep_trees_where_they_lose():

@@ -13,8 +13,9 @@ predicted features, so `keep` rolls the cache back to S - 1 pairs (the old S), a
 the real states verification computed for them. Rows it did not draft for (another drafter served them,
 or plain steps) just fall further behind and catch up the same way.
 
-Departs from EAGLE: no draft tree (one candidate per position); EAGLE-1 drops the layer's input norm,
-this head keeps it; the head's output is final-normed so that it lives where the target's features do.
+Trees (`tree_width`): EAGLE-2's dynamic tree, level by level over the same cache (`head_trees.eagle_tree`).
+Departs from EAGLE: EAGLE-1 drops the layer's input norm, this head keeps it; the head's output is final-normed
+so that it lives where the target's features do.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from ..models.rows import Rows, device_index, pick
 from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..models.weights import cast_module
 from ..sampling.logits import process_logits
-from ..sampling.noise import gumbel_max
+from ..sampling.noise import StepNoise, gumbel_max
 from .draft_vocab import VocabDraws
 from .head_cache import OwnCacheHead
+from .head_trees import eagle_tree
 from .heads import EagleHead
 from .protocol import DraftDraw, Proposal
 
@@ -58,12 +60,35 @@ class EagleDrafter(OwnCacheHead):
                 draw: DraftDraw) -> Proposal:
         """`live` may be a slice or some of the live rows (`models.rows.RowIds`)."""
         index = device_index(live)
-        seq_len = rows.seq_len[index]  # [n]
-        n = seq_len.shape[0]
+        n = rows.seq_len[index].shape[0]
         drafts = torch.empty(n, gamma, dtype=torch.long, device=self.device)  # [n, γ]
         q = torch.empty(n, gamma, self.draws.width, device=self.device)  # [n, γ, K]
         if gamma == 0:
             return Proposal(drafts, self.draws.proposal_q(q))
+        feature = self.catch_up(live, rows)  # [n, H]
+        for i in range(gamma):
+            logits = self.draws.logits(self._draft_input(feature), self.lm_head)  # [n, K]
+            q[:, i], drafts[:, i] = self.draws.draw(logits, params, draw, i)
+            if i < gamma - 1:
+                feature = self._feed(live, drafts[:, i : i + 1], feature[:, None], self.cache.lens[index],
+                                     torch.ones(n, dtype=torch.long, device=self.device),
+                                     pick(self.cache.host_lens, live), [1] * n)[:, 0]
+        return Proposal(drafts, self.draws.proposal_q(q))
+
+    tree_ready = True
+
+    @torch.inference_mode()
+    def propose_tree(self, live: Rows, rows: RowBuffers, depth: int, width: int, params: SamplingParams,
+                     noise: StepNoise) -> Proposal:
+        """EAGLE-2's dynamic tree on this head (`head_trees.eagle_tree`)."""
+        return eagle_tree(self, live, rows, depth, width, params, noise)
+
+    def catch_up(self, live: Rows, rows: RowBuffers) -> torch.Tensor:
+        """Feed the real pairs the cache lacks (at least one: its output drafts); the last one's output [n, H], the
+        feature whose LM-head logits are q of the row's first draft. The cache then holds S − 1 pairs."""
+        index = device_index(live)
+        seq_len = rows.seq_len[index]  # [n]
+        n = seq_len.shape[0]
         start, host_start = self.cache.lens[index], pick(self.cache.host_lens, live)  # [n]
         count = (seq_len - 1 - start).clamp_min(1)  # [n] real pairs to catch up (≥ 1: its output drafts)
         host_count = [max(s - 1 - c, 1) for s, c in zip(pick(rows.host_seq_len, live), host_start)]
@@ -72,14 +97,7 @@ class EagleDrafter(OwnCacheHead):
         features = hidden.gather(1, t.clamp_max(hidden.shape[1] - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
         tokens = rows.tokens[index].gather(1, (t + 1).clamp_max(rows.tokens.shape[1] - 1))  # [n, Q] x_{t+1}
         out = self._feed(live, tokens, features, start, count, host_start, host_count, real=True)  # [n, Q, H]
-        feature = out[torch.arange(n, device=self.device), count - 1]  # [n, H]
-        for i in range(gamma):
-            logits = self.draws.logits(self._draft_input(feature), self.lm_head)  # [n, K]
-            q[:, i], drafts[:, i] = self.draws.draw(logits, params, draw, i)
-            if i < gamma - 1:
-                feature = self._feed(live, drafts[:, i : i + 1], feature[:, None], self.cache.lens[index],
-                                     torch.ones_like(count), pick(self.cache.host_lens, live), [1] * n)[:, 0]
-        return Proposal(drafts, self.draws.proposal_q(q))
+        return out[torch.arange(n, device=self.device), count - 1]
 
     def _feed(self, rows: Rows, tokens: torch.Tensor, features: torch.Tensor, start: torch.Tensor,
               count: torch.Tensor, host_start: list[int], host_count: list[int], real: bool = False) -> torch.Tensor:

@@ -6,7 +6,8 @@ and draft i is drawn from head i's processed distribution q_i. Tree-free: one ca
 Head i does not see drafts < i, so q_i is a distribution given the row's kept prefix only — a valid
 proposal for the lossless rule (any q that depends on the prefix is), just a worse one the further
 it reaches. Drafts past the K-th reuse head K's distribution. No cache, nothing to roll back: a
-row's state is its newest hidden state, which verification keeps current.
+row's state is its newest hidden state, which verification keeps current. Trees (`tree_width`): Medusa's, each
+depth's children from its head (`head_trees.medusa_tree`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from ..core.batch import RowBuffers
 from ..models.rows import Rows
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..sampling.logits import process_logits
-from ..sampling.noise import gumbel_max
+from ..sampling.noise import StepNoise, gumbel_max
 from .draft_vocab import DraftVocab, VocabDraws
+from .head_trees import medusa_tree
 from .heads import MedusaHeads
 from .hidden import last_hidden
 from .protocol import DraftDraw, Proposal
@@ -52,6 +54,13 @@ class MedusaDrafter:
         drafts = torch.stack([draw(q[:, i], i, *extra) for i in range(gamma)], 1) if gamma else q.new_zeros(
             q.shape[0], 0, dtype=torch.long)  # [n, γ]
         return Proposal(drafts, self.draws.proposal_q(q))
+
+    tree_ready = True
+
+    @torch.inference_mode()
+    def propose_tree(self, live: Rows, rows: RowBuffers, depth: int, width: int, params: SamplingParams,
+                     noise: StepNoise) -> Proposal:
+        return medusa_tree(self, live, rows, depth, width, params, noise)
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:

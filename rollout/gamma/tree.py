@@ -15,7 +15,8 @@ with h the measured share of tokens that end their row (auto-γ's), and a_j(w) t
 at depth j + 1 of the path given the path so far, counted from the tree steps run at width w (decayed like the
 chains' counts) and pulled toward 1 − (1 − α_j)^√w (α_j the chain's per-position acceptance: siblings drawn
 without replacement are not independent tries, hence √w tries) by `PRIOR_DRAFTS` pseudo-drafts. A tree wins when
-its rate beats the chain's by `TREE_MARGIN`.
+its rate beats the chain's by `TREE_MARGIN` — judged only once its width has run at a live batch within a factor 2
+(its time offset measured there): a width predicted to win on the prior alone runs once, then is judged.
 
 Both sides are only measured while they run, and each side's prediction is corrected from its own steps alone (the
 chain's by auto-γ's cost model and acceptance counts, the tree's by its offset and a_j(w)). So neither may starve:
@@ -105,19 +106,28 @@ class AutoWidth:
         rows, top = shape.rows, self.auto.max_gamma
         chain = rows * self.auto.estimates[greedy].expected_tokens(gamma) / self.auto.step_times(rows, shape.context)[
             gamma]
-        best, tree = 0.0, (gamma, 1)
+        best, tree, known, known_tree = 0.0, (gamma, 1), 0.0, None
         for width in range(2, self.max_width + 1):
+            measured = self.measured(rows, width)
             for depth in range(1, top + 1):
                 rate = rows * self.expected_tokens(depth, width, greedy) / self.step_time(shape, depth, width)
                 if rate > best:
                     best, tree = rate, (depth, width)
-        if best > chain * (1 + TREE_MARGIN):
+                if measured and rate > known:
+                    known, known_tree = rate, (depth, width)
+        if known_tree is not None and known > chain * (1 + TREE_MARGIN):
             self.tree_steps += 1
-            return (gamma, 1) if self.tree_steps % EXPLORE_EVERY == 0 else tree
+            return (gamma, 1) if self.tree_steps % EXPLORE_EVERY == 0 else known_tree
+        if best > chain * (1 + TREE_MARGIN) and not self.measured(rows, tree[1]):
+            return tree  # predicted to win before its width ran near this batch size: run it once, then judge
         self.chain_steps += 1
         if self.chain_steps % EXPLORE_EVERY == 0 and best >= EXPLORE_WITHIN * chain:
             return tree
         return gamma, 1
+
+    def measured(self, rows: int, width: int) -> bool:
+        """Whether a tree of `width` ran at a live batch within a factor 2 of `rows` (its time offset is known)."""
+        return any(w == width and rows <= 2 * b and b <= 2 * rows for b, w in self.offsets)
 
     def observe(self, shape: StepShape, depth: int, width: int, accepted_len: list[int], tried_len: list[int],
                 seconds: float, greedy: bool) -> None:
