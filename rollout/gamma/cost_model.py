@@ -211,10 +211,36 @@ def calibrate(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: 
     `LONG_CONTEXT` (as far as the cache allows): attention over a long ragged batch reads every
     row's K/V up to the longest row, which at rollout lengths costs as much as the matrix products.
     The drafter times its own drafts (`Drafter.time_drafts`). `max_query`: time the target up to that many
-    tokens per row (a tree's 1 + γ·w, `tree`; None: a chain's γ + 1).
+    tokens per row too (a tree's 1 + γ·w, `tree`; None: a chain's γ + 1). The chains' part is the chain
+    calibration itself (the same cache file): an engine with trees chooses its chains on the very times an engine
+    without them does (measured apart, the two calibrations' noise alone made the tree engine's chains 0.87× at a
+    full batch on the demo models); the wider query lengths are timed once more at the short context and
+    cached beside it.
     """
+    chain = _calibrate_chains(target, drafter, max_batch, max_gamma, budget_s, cache_dir)
     top = max(max_query or 0, max_gamma + 1)
-    key = _cache_key(target, drafter, max_batch, max_gamma) + ("" if top == max_gamma + 1 else f"-q{top}")
+    if top == max_gamma + 1:
+        return chain
+    key = _cache_key(target, drafter, max_batch, max_gamma) + f"-wide{top}"
+    path = Path(cache_dir or _default_cache_dir()) / f"{key}.json"
+    lens = [q for q in _query_grid(top - 1) if q > max_gamma + 1]
+    if path.exists():
+        wide = _load_times(path)
+    else:
+        wide = time_forwards(target, chain.target.batch_sizes, lens, time.perf_counter() + budget_s / 2)
+        _write_json(path, asdict(wide))
+    if wide.batch_sizes != chain.target.batch_sizes or wide.query_lens != lens:
+        raise ValueError(f"calibration cache {path} is for other batch sizes or query lengths; delete it to measure "
+                         "again")
+    merged = ForwardTimes(chain.target.batch_sizes, chain.target.query_lens + lens,
+                          [row + extra for row, extra in zip(chain.target.times, wide.times)])
+    return CostModel(target=merged, drafter=chain.drafter, target_long=chain.target_long, contexts=chain.contexts)
+
+
+def _calibrate_chains(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: int, budget_s: float,
+                      cache_dir: str | None) -> CostModel:
+    top = max_gamma + 1
+    key = _cache_key(target, drafter, max_batch, max_gamma)
     path = Path(cache_dir or _default_cache_dir()) / f"{key}.json"
     if path.exists():
         return _load(path)
@@ -231,13 +257,26 @@ def calibrate(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: 
         target_long = time_forwards(target, batch_sizes, coarse, now + budget_s, context=long_context)
     contexts = (CALIBRATION_CONTEXT, long_context if two else CALIBRATION_CONTEXT)
     model = CostModel(target=target_times, drafter=drafter_times, target_long=target_long, contexts=contexts)
+    _write_json(path, {"target": asdict(target_times), "drafter": asdict(drafter_times),
+                       "target_long": asdict(target_long) if target_long else None, "contexts": list(contexts)})
+    return model
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Written aside, then renamed: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"target": asdict(target_times), "drafter": asdict(drafter_times),
-                               "target_long": asdict(target_long) if target_long else None,
-                               "contexts": list(contexts)}))
+    tmp.write_text(json.dumps(data))
     tmp.replace(path)
-    return model
+
+
+def _load_times(path: Path) -> ForwardTimes:
+    """A cached `ForwardTimes` (the wide query lengths), checked as `_load` checks a cost model."""
+    try:
+        return _forward_times(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"calibration cache {path} cannot be read (truncated, or not forward times): {err!r}; "
+                         "delete it to measure again") from err
 
 
 def _default_cache_dir() -> str:

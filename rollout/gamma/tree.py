@@ -15,8 +15,10 @@ with h the measured share of tokens that end their row (auto-γ's), and a_j(w) t
 at depth j + 1 of the path given the path so far, counted from the tree steps run at width w (decayed like the
 chains' counts) and pulled toward 1 − (1 − α_j)^√w (α_j the chain's per-position acceptance: siblings drawn
 without replacement are not independent tries, hence √w tries) by `PRIOR_DRAFTS` pseudo-drafts. A tree wins when
-its rate beats the chain's by `TREE_MARGIN` — judged only once its width has run at a live batch within a factor 2
-(its time offset measured there): a width predicted to win on the prior alone runs once, then is judged.
+its rate beats the chain's by `TREE_MARGIN` — judged only once a tree has run at a live batch within a factor 2
+(a per-level offset measured there; an unmeasured width takes the nearest measured one's): where trees are
+predicted to win on the prior alone, one shallow tree (`PROBE_DEPTH` levels) runs first. (Without it, on the demo
+models at a full batch of 16, a 6 × 2 tree predicted at 0.30 s ran 0.46 s, each width's probe cost 3-4 chain steps.)
 
 Both sides are only measured while they run, and each side's prediction is corrected from its own steps alone (the
 chain's by auto-γ's cost model and acceptance counts, the tree's by its offset and a_j(w)). So neither may starve:
@@ -40,6 +42,7 @@ from .policy import StepShape
 PRIOR_DRAFTS = 4.0  # weight of a_j(w)'s prior, in drafts
 TREE_MARGIN = 0.03  # a tree must be predicted this much faster than the chain
 OFFSET_EMA = 0.8
+PROBE_DEPTH = 2  # levels of the first tree run near a batch size (its cost measured before deeper ones are judged)
 EXPLORE_EVERY = 32  # chain steps between probes of the best tree, and tree steps between runs of the chain
 EXPLORE_WITHIN = 0.8  # ... a tree probed only if predicted to reach this fraction of the chain's rate
 
@@ -92,13 +95,14 @@ class AutoWidth:
         return max(chain + verify + draft + depth * self.offset(rows, width), 1e-7)
 
     def offset(self, rows: int, width: int) -> float:
-        """The measured extra seconds per level of a tree step of `width` at `rows` live rows (the nearest batch size
-        measured at that width; 0 before any): growing a tree costs per level (a drafter forward over w nodes, a
-        top-k over each node's q), so a shallow tree's overhead is not a deep one's."""
-        measured = [b for b, w in self.offsets if w == width]
-        if not measured:
+        """The measured extra seconds per level of a tree step of `width` at `rows` live rows: of the nearest batch
+        size measured at that width, else of the nearest measured (batch size, width); 0 before any tree ran.
+        Growing a tree costs per level (a drafter forward over w nodes, a top-k over each node's q), so a shallow
+        tree's overhead is not a deep one's."""
+        if not self.offsets:
             return 0.0
-        return self.offsets[min(measured, key=lambda b: abs(b - rows)), width]
+        same = [key for key in self.offsets if key[1] == width]
+        return self.offsets[min(same or self.offsets, key=lambda k: (abs(k[0] - rows), abs(k[1] - width)))]
 
     def choose(self, shape: StepShape, gamma: int, greedy: bool) -> tuple[int, int]:
         if not gamma or not self.auto.estimates[greedy].any_seen:
@@ -106,28 +110,25 @@ class AutoWidth:
         rows, top = shape.rows, self.auto.max_gamma
         chain = rows * self.auto.estimates[greedy].expected_tokens(gamma) / self.auto.step_times(rows, shape.context)[
             gamma]
-        best, tree, known, known_tree = 0.0, (gamma, 1), 0.0, None
+        best, tree = 0.0, (gamma, 1)
         for width in range(2, self.max_width + 1):
-            measured = self.measured(rows, width)
             for depth in range(1, top + 1):
                 rate = rows * self.expected_tokens(depth, width, greedy) / self.step_time(shape, depth, width)
                 if rate > best:
                     best, tree = rate, (depth, width)
-                if measured and rate > known:
-                    known, known_tree = rate, (depth, width)
-        if known_tree is not None and known > chain * (1 + TREE_MARGIN):
+        if best > chain * (1 + TREE_MARGIN):
+            if not self.measured(rows):  # predicted to win before any tree ran near this batch size: a shallow
+                return min(tree[0], PROBE_DEPTH), tree[1]  # probe measures the per-level cost, then it is judged
             self.tree_steps += 1
-            return (gamma, 1) if self.tree_steps % EXPLORE_EVERY == 0 else known_tree
-        if best > chain * (1 + TREE_MARGIN) and not self.measured(rows, tree[1]):
-            return tree  # predicted to win before its width ran near this batch size: run it once, then judge
+            return (gamma, 1) if self.tree_steps % EXPLORE_EVERY == 0 else tree
         self.chain_steps += 1
         if self.chain_steps % EXPLORE_EVERY == 0 and best >= EXPLORE_WITHIN * chain:
             return tree
         return gamma, 1
 
-    def measured(self, rows: int, width: int) -> bool:
-        """Whether a tree of `width` ran at a live batch within a factor 2 of `rows` (its time offset is known)."""
-        return any(w == width and rows <= 2 * b and b <= 2 * rows for b, w in self.offsets)
+    def measured(self, rows: int) -> bool:
+        """Whether a tree ran at a live batch within a factor 2 of `rows` (a per-level time offset is known there)."""
+        return any(rows <= 2 * b and b <= 2 * rows for b, _ in self.offsets)
 
     def observe(self, shape: StepShape, depth: int, width: int, accepted_len: list[int], tried_len: list[int],
                 seconds: float, greedy: bool) -> None:
