@@ -36,10 +36,12 @@ import yaml
 
 from specroll.integrations.yaml_config import from_dict
 from specroll.online_drafter import DraftLearner, LearnerConfig
+from specroll.online_drafter.heads.block_learner import BlockLearner
 from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.online_drafter.learner_config import BufferConfig
 from specroll.online_drafter.recording import recorded_calls
 from specroll.online_drafter.reports import ProbeReport
+from specroll.rollout.drafters.block_head import BlockHead
 
 TRAIN_COST_MS = (6.8, 0.106)  # per optimizer step's forward + backward: fixed, per padded token
 EVAL_COST_MS = (2.0, 0.034)  # per scoring forward
@@ -81,8 +83,10 @@ def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
     config = apply_overrides(init["config"], {**(overrides or {}), "seed": seed, "record_dir": None})
     reads = {name: copy.deepcopy(module) for name, module in (init.get("reads") or {}).items()}
     head = bool(reads)
+    block = isinstance(init["drafter"], BlockHead)
     if head:  # a head's learner, reading its own copy of the policy's embedding and LM head
-        learner = HeadLearner(copy.deepcopy(init["drafter"]), reads["embed"], reads["lm_head"], config)
+        kind = BlockLearner if block else HeadLearner
+        learner = kind(copy.deepcopy(init["drafter"]), reads["embed"], reads["lm_head"], config)
     else:
         learner = DraftLearner(copy.deepcopy(init["drafter"]), config)
     if not head and config.compute_dtype != "float32" and not (train_cost_ms and eval_cost_ms):
@@ -98,7 +102,15 @@ def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
         fixed, per_token = train_cost_ms if torch.is_grad_enabled() else eval_cost_ms
         clock[0] += slow * (fixed + per_token * num_tokens) / 1000
 
-    if head:
+    if block:  # the block scorer's one forward: every block of the batch's anchors
+        block_log_q = learner.scorer.block_log_q
+
+        def timed_block_log_q(model, batch, anchors):
+            charge(anchors.numel() * model.block_size)
+            return block_log_q(model, batch, anchors)
+
+        learner.scorer.block_log_q = timed_block_log_q
+    elif head:
         objective = learner.scorer.objective
 
         def timed_objective(model, batch, temperature, depths=None):

@@ -104,3 +104,30 @@ def test_a_head_learner_recorded_through_a_backend_replays_exactly_across_policy
     assert [(p.served, p.frozen, p.drafter_version) for p in again.probes] == \
         [(p["drafter/probe_online"], p["drafter/probe_frozen"], p["drafter/probe_drafter_version"])
          for p in schedule.probes]
+
+
+def test_a_block_head_learner_recorded_through_a_backend_replays_exactly(tmp_path):
+    """A block head's recording replays with the block learner (its own scorer: anchors, one forward per block)."""
+    import dataclasses
+
+    from test_head_online import ENGINE, grpo_steps
+    from tiny_models import build_lm
+
+    from specroll.integrations.local_backend import LocalBackend
+    from specroll.rollout.drafters.block_head import BlockHead
+
+    target = build_lm("llama", "sdpa", layers=4, logit_scale=10.0)  # not the cached one: the syncs move it
+    config = LearnerConfig(lr=3e-3, max_steps=6, holdout_fraction=0.25, warmup_steps=0, seed=3,
+                           record_dir=str(tmp_path / "rec"))
+    engine = dataclasses.replace(ENGINE, drafters=("block",), block_size=4)
+    backend = LocalBackend.from_models(target, BlockHead.for_target(target.config, block_size=4, seed=1), engine,
+                                       config)
+    try:
+        reports, schedule = grpo_steps(backend, backend.engine.target.model, steps=2)
+    finally:
+        backend.shutdown()
+    again = replay(str(tmp_path / "rec"), seed=3)
+    assert again.num_steps == sum(r.num_steps for r in reports) > 0
+    assert [(p.served, p.frozen, p.drafter_version) for p in again.probes] == \
+        [(p["drafter/probe_online"], p["drafter/probe_frozen"], p["drafter/probe_drafter_version"])
+         for p in schedule.probes]
