@@ -61,7 +61,7 @@ def test_tree_over_a_draft_vocabulary_follows_target_distribution():
 
 @pytest.mark.parametrize("head", ["eagle", "medusa"])
 def test_head_trees_follow_target_distribution(head):
-    """EAGLE-2's tree over an EAGLE head's own cache and Medusa's tree (`drafters.head_trees`)."""
+    """EAGLE-2's tree over an EAGLE head's own cache and Medusa's tree (`propose_tree` of each drafter)."""
     assert sample_and_test(SETTINGS[1], "rejection", head=head) > ALPHA
 
 

@@ -112,8 +112,6 @@ def test_invariant_trees_give_plain_decodings_tokens(kinds, kv, params):
     assert engine.stats.tree_steps > 0 and 0.05 < engine.stats.acceptance_rate < 0.95
 
 
-@pytest.mark.parametrize("kind", ["model", "suffix+model"])
-@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def head_drafter(kind: str, target):
     if kind == "eagle":
         return EagleHead.for_target(target.config, seed=3)
@@ -127,7 +125,7 @@ HEAD_TREES = [("eagle", 3, 3, 7), ("eagle", 2, 4, 1), ("eagle3", 3, 2, 7), ("med
 
 @pytest.mark.parametrize(("kind", "gamma", "width", "batch"), HEAD_TREES)
 def test_head_trees_greedy_equal_hf_generate(kind, gamma, width, batch):
-    """EAGLE-2's tree on an EAGLE / EAGLE-3 head and Medusa's tree (`drafters.head_trees`): every step a tree, the
+    """EAGLE-2's tree on an EAGLE / EAGLE-3 head and Medusa's tree (`propose_tree`): every step a tree, the
     output HF generate's."""
     target = tiny_lm("llama", "sdpa")
     num_prompts = 5 if batch == 1 else len(PROMPTS)
@@ -152,6 +150,8 @@ def test_invariant_head_trees_give_plain_decodings_tokens(kind):
     assert engine.stats.tree_steps > 0 and engine.stats.accepted > 0
 
 
+@pytest.mark.parametrize("kind", ["model", "suffix+model"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_tree_steps_copy_to_the_host_as_chain_steps_do(kind, temperature, monkeypatch):
     """One device→host copy per steady tree step (the model drafter), plus the suffix drafts' host→device copy."""
     target = tiny_lm("llama", "sdpa", layers=2)

@@ -13,7 +13,7 @@ predicted features, so `keep` rolls the cache back to S - 1 pairs (the old S), a
 the real states verification computed for them. Rows it did not draft for (another drafter served them,
 or plain steps) just fall further behind and catch up the same way.
 
-Trees (`tree_width`): EAGLE-2's dynamic tree, level by level over the same cache (`head_trees.eagle_tree`).
+Trees (`tree_width`): EAGLE-2's dynamic tree, level by level over the same cache (`propose_tree`).
 Departs from EAGLE: EAGLE-1 drops the layer's input norm, this head keeps it; the head's output is final-normed
 so that it lives where the target's features do.
 """
@@ -26,16 +26,17 @@ from torch import nn
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.cache import LayerShape, RaggedKVCache
-from ..models.rows import Rows, device_index, pick
+from ..models.rows import RowIds, Rows, device_index, pick
 from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..models.weights import cast_module
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
+from ..sampling.tree import tree_ancestors
 from .draft_vocab import VocabDraws
 from .head_cache import OwnCacheHead
-from .head_trees import eagle_tree
 from .heads import EagleHead
 from .protocol import DraftDraw, Proposal
+from .tree_draft import confidence, grow_tree
 
 
 class EagleDrafter(OwnCacheHead):
@@ -80,8 +81,44 @@ class EagleDrafter(OwnCacheHead):
     @torch.inference_mode()
     def propose_tree(self, live: Rows, rows: RowBuffers, depth: int, width: int, params: SamplingParams,
                      noise: StepNoise) -> Proposal:
-        """EAGLE-2's dynamic tree on this head (`head_trees.eagle_tree`)."""
-        return eagle_tree(self, live, rows, depth, width, params, noise)
+        """EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2406.16858) on this head, grown by `tree_draft.grow_tree`.
+        A node is the pair (its parent's predicted feature, its token) fed through the head at the position a chain
+        would feed it (depth − 1 past the row's S − 1 real pairs), seeing the row's pairs and its ancestors' (a tree
+        mask over the slots its level is written to); its output's LM-head logits are its children's q. The
+        levels are written past the cache's length, which never moves: `keep` leaves the real pairs and the next
+        catch-up overwrites the tree's slots with the kept path's."""
+        index = device_index(live)
+        root = self.catch_up(live, rows)  # [n, H] the output whose logits draft depth 1
+        n = root.shape[0]
+        base, host_base = self.cache.lens[index], pick(self.cache.host_lens, live)  # [n] S − 1
+        outputs = root.new_zeros(n, depth * width, root.shape[-1])  # [n, D·w, H] each drafted node's head output
+
+        def expand(tokens: torch.Tensor, parents: torch.Tensor, level: int) -> torch.Tensor:
+            offset = (level - 1) * width
+            mine = parents[:, offset:]  # [n, w] each node's parent (0: the root)
+            features = torch.where((mine == 0)[..., None], root[:, None], outputs.gather(
+                1, (mine - 1).clamp_min(0)[..., None].expand(-1, -1, root.shape[-1])))  # [n, w, H]
+            self.cache.plan_write(live, base + offset, width, host_start=[b + offset for b in host_base])
+            kv = torch.arange(self.cache.plan.kv_len, device=self.device)  # [K]
+            seen = tree_ancestors(parents, width)[:, 1 + offset :, 1:]  # [n, w, d·w] ancestor-or-self, drafted
+            drafted = kv[None, :] - base[:, None]  # [n, K] the drafted node a slot holds (< 0: the row's pairs)
+            in_tree = (drafted >= 0) & (drafted < offset + width)
+            sees = seen.gather(2, drafted.clamp(0, offset + width - 1)[:, None].expand(-1, width, -1))  # [n, w, K]
+            mask = ((drafted < 0)[:, None] | (in_tree[:, None] & sees))[:, None]  # [n, 1, w, K]
+            positions = (base + level - 1)[:, None].expand(-1, width)  # [n, w] where a chain would feed them
+            try:
+                embeds = self.embed(tokens.clamp_max(self.max_input_id))
+                out = self._run_head(embeds, features.to(self.head.fc.weight.dtype), positions, mask, False)
+            finally:
+                self.cache.plan = None
+                self.num_forwards += 1
+            outputs[:, offset : offset + width] = out
+            return confidence(self.draws.logits(self._draft_input(out), self.lm_head), params)  # [n, w, K]
+
+        root_q = confidence(self.draws.logits(self._draft_input(root), self.lm_head), params)  # [n, K]
+        grown = grow_tree(root_q, depth, width, expand, noise, self.draws.ids,
+                          live.index if isinstance(live, RowIds) else None)
+        return Proposal(grown.drafts, self.draws.proposal_q(grown.probs), tree=grown.tree)
 
     def catch_up(self, live: Rows, rows: RowBuffers) -> torch.Tensor:
         """Feed the real pairs the cache lacks (at least one: its output drafts); the last one's output [n, H], the

@@ -7,7 +7,7 @@ Head i does not see drafts < i, so q_i is a distribution given the row's kept pr
 proposal for the lossless rule (any q that depends on the prefix is), just a worse one the further
 it reaches. Drafts past the K-th reuse head K's distribution. No cache, nothing to roll back: a
 row's state is its newest hidden state, which verification keeps current. Trees (`tree_width`): Medusa's, each
-depth's children from its head (`head_trees.medusa_tree`).
+depth's children from its head (`propose_tree`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from torch import nn
 
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
-from ..models.rows import Rows
+from ..models.rows import RowIds, Rows
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
 from .draft_vocab import DraftVocab, VocabDraws
-from .head_trees import medusa_tree
 from .heads import MedusaHeads
 from .hidden import last_hidden
 from .protocol import DraftDraw, Proposal
+from .tree_draft import confidence, grow_tree
 
 
 class MedusaDrafter:
@@ -60,7 +60,19 @@ class MedusaDrafter:
     @torch.inference_mode()
     def propose_tree(self, live: Rows, rows: RowBuffers, depth: int, width: int, params: SamplingParams,
                      noise: StepNoise) -> Proposal:
-        return medusa_tree(self, live, rows, depth, width, params, noise)
+        """Medusa's tree (Cai et al. 2024, arXiv 2401.10774) without its fixed shape: head d reads only the row's
+        newest hidden state, so every node at depth d has the same children's q, head d's (past the last head, the
+        last head's); `tree_draft.grow_tree` picks the nodes by path confidence."""
+        q = confidence(self.draws.logits(self.heads(last_hidden(rows, live)), self.lm_head), params)  # [n, heads, K]
+        self.num_forwards += 1
+        last = self.heads.num_heads - 1
+
+        def expand(tokens: torch.Tensor, parents: torch.Tensor, level: int) -> torch.Tensor:
+            return q[:, min(level, last)][:, None].expand(-1, width, -1)  # [n, w, K]
+
+        grown = grow_tree(q[:, 0], depth, width, expand, noise, self.draws.ids,
+                          live.index if isinstance(live, RowIds) else None)
+        return Proposal(grown.drafts, self.draws.proposal_q(grown.probs), tree=grown.tree)
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
              drafted_len: torch.Tensor) -> None:

@@ -22,11 +22,20 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import SamplingParams
+from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise
 from ..sampling.tree import DraftTree
 
 # expand(tokens [n, w] (target ids), parents [n, d·w] of every node so far, d) → q of the level-d nodes [n, w, K]
 Expand = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def confidence(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """A node's children's q from its logits [..., K] (fp32): T = 1 for greedy ranking (the rule then compares
+    tokens only), else the processed q (temperature, top-k, top-p as the target's) the children are drawn from."""
+    logits = logits.float()
+    return logits.softmax(-1) if params.greedy else process_logits(logits, params)
 
 
 @dataclass
