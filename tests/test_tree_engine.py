@@ -172,15 +172,26 @@ def test_tree_steps_copy_to_the_host_as_chain_steps_do(kind, temperature, monkey
     assert counter.total <= (1 if kind == "model" else 2) * 5, dict(counter.sites)
 
 
-def test_auto_width_drafts_trees_where_the_batch_drained(tmp_path):
+def test_auto_width_drafts_trees_where_the_batch_drained(monkeypatch):
     """tree_width='auto' runs end to end: the cost model's shape per step (where it chooses trees is
-    `test_tree_shape`'s), trees run at one live row and what they kept is counted for the policy."""
+    `test_tree_shape`'s), trees run at one live row and what they kept is counted for the policy. The forward
+    times are given (a target forward flat in its query length at one row, as a GPU's in the tail; drafts cheap):
+    measured in a busy test process, auto-γ may rightly decode plain and no tree would run."""
     from tiny_models import noisy_copy
 
+    from specroll.rollout.gamma import factory
+    from specroll.rollout.gamma.cost_model import CostModel
+    from specroll.rollout.models.timing import ForwardTimes
+
+    def flat(target, drafter, max_batch, max_gamma, budget_s, cache_dir=None, max_query=None):
+        queries = list(range(1, (max_query or max_gamma + 1) + 1))
+        return CostModel(target=ForwardTimes([1], queries, [[0.010 + 0.0001 * q for q in queries]]),
+                         drafter=ForwardTimes([1], [1, 2], [[0.0005, 0.0006]]))
+
+    monkeypatch.setattr(factory, "calibrate", flat)
     engine = SpecEngine(tiny_lm("llama", "sdpa"), noisy_copy("llama", "sdpa", noise=0.3),
                         EngineConfig(max_batch_size=1, max_seq_len=160, gamma="auto", tree_width="auto",
-                                     max_gamma=4, max_tree_width=3, cost_model_budget_s=1.0,
-                                     calibration_cache=str(tmp_path)))
+                                     max_gamma=4, max_tree_width=3))
     engine.generate(make_prompts(3, 3, 6, seed=1), SamplingParams(max_new_tokens=120, temperature=1.0, seed=1))
     assert engine.stats.tree_steps > 0
     measured = {w: sum(rates.reached) for w, rates in engine.tree_policy.rates[False].items()}
