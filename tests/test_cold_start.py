@@ -178,9 +178,15 @@ def test_cold_start_on_ray_carries_the_acceptance_to_the_workers(tiny_demo_cache
     from train_runs import run_train
 
     config = tmp_path / "cold_ray.yaml"
+    # Two held-out prompt groups of one policy version at the first round (4 prompts a step, half held out): the
+    # gate needs two effective groups to have a standard error, so with the shared config's one group per round
+    # nothing could pass it, and a version reached the workers only through the cold-start watchdog, whose
+    # break-even rests on measured forward times (the test failed once in a busy suite).
     config.write_text(COLD_TRAIN.format(root=tmp_path).replace(
         "backend: {kind: local}",
-        "backend: {kind: ray, topology: {num_workers: 1, worker: {num_cpus: 1}, learner: {num_cpus: 1}}}"))
+        "backend: {kind: ray, topology: {num_workers: 1, worker: {num_cpus: 1}, learner: {num_cpus: 1}}}").replace(
+        "prompts_per_step: 2", "prompts_per_step: 4").replace(
+        "gate_z: 0.0}", "gate_z: 0.0, holdout_fraction: 0.5}"))
     (tmp_path / "logs").mkdir()
     (tmp_path / "report").mkdir()
     done = run_train(config, tmp_path / "report", tiny_demo_cache, tmp_path / "logs")
