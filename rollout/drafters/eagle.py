@@ -106,12 +106,7 @@ class EagleDrafter(OwnCacheHead):
             sees = seen.gather(2, drafted.clamp(0, offset + width - 1)[:, None].expand(-1, width, -1))  # [n, w, K]
             mask = ((drafted < 0)[:, None] | (in_tree[:, None] & sees))[:, None]  # [n, 1, w, K]
             positions = (base + level - 1)[:, None].expand(-1, width)  # [n, w] where a chain would feed them
-            try:
-                embeds = self.embed(tokens.clamp_max(self.max_input_id))
-                out = self._run_head(embeds, features.to(self.head.fc.weight.dtype), positions, mask, False)
-            finally:
-                self.cache.plan = None
-                self.num_forwards += 1
+            out = self._planned(tokens, features, positions, mask, real=False)
             outputs[:, offset : offset + width] = out
             return confidence(self.draws.logits(self._draft_input(out), self.lm_head), params)  # [n, w, K]
 
@@ -145,14 +140,19 @@ class EagleDrafter(OwnCacheHead):
         positions = self.cache.plan_write(rows, start, tokens.shape[1], host_start=host_start)  # [n, Q]
         slots = torch.arange(self.cache.plan.kv_len, device=self.device)
         mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, Q, K]
+        out = self._planned(tokens, features, positions, mask, real)
+        self.cache.set_lens(rows, start + count, [s + c for s, c in zip(host_start, host_count)])
+        return out
+
+    def _planned(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 real: bool) -> torch.Tensor:
+        """The head's forward over the write the cache has planned (`plan_write`), which it then clears."""
         try:
             embeds = self.embed(tokens.clamp_max(self.max_input_id))
-            out = self._run_head(embeds, features.to(self.head.fc.weight.dtype), positions, mask, real)
+            return self._run_head(embeds, features.to(self.head.fc.weight.dtype), positions, mask, real)
         finally:
             self.cache.plan = None
             self.num_forwards += 1
-        self.cache.set_lens(rows, start + count, [s + c for s, c in zip(host_start, host_count)])
-        return out
 
     def _run_head(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                   real: bool) -> torch.Tensor:
