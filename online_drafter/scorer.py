@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -63,6 +64,14 @@ class Scorer(ABC):
             weight, bias = weight[ids], None if bias is None else bias[ids]
         logits = torch.nn.functional.linear(hidden, weight, bias)
         return (logits.float() / self.temperature).log_softmax(-1)
+
+    def frozen_head_log_q(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """`head_log_q` through the policy's LM head read frozen: its weights detached, in `hidden`'s device and
+        dtype (no gradient reaches the policy; a head learner reads it live, as a sync updates it in place)."""
+        bias = getattr(lm_head, "bias", None)
+        frozen = SimpleNamespace(weight=lm_head.weight.detach().to(hidden.device, hidden.dtype),
+                                 bias=None if bias is None else bias.detach().to(hidden.device, hidden.dtype))
+        return self.head_log_q(hidden, frozen)
 
     def local_ids(self, topk_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Target ids [...] as `head_log_q`'s columns: their index in the draft vocabulary, N (a column past the

@@ -62,6 +62,39 @@ def test_eagle_head_end_to_end_is_what_models_reads(user_folder, capsys):
     assert "held-out expected acceptance" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("kind, extra", [("eagle3", ()), ("block", ("--block-size", "4"))])
+def test_fused_feature_heads_train_on_their_layers_and_load_as_models_reads(user_folder, kind, extra):
+    """EAGLE-3's and the block drafter's samples carry the states of their target layers (k·H wide), captured by
+    the sampling engine; the head written is the one `models.head` loads over a fresh head of the engine's
+    defaults (the block size from the config the report prints), and it drafts exactly (greedy = plain)."""
+    from transformers import AutoModelForCausalLM
+
+    from specroll.rollout import SamplingParams, SpecEngine
+
+    out = user_folder / kind
+    assert distill(user_folder, out, "--kind", kind, *extra) == 0
+    target = AutoModelForCausalLM.from_pretrained(user_folder / "policy")
+    chunk = torch.load(next((out / "samples").iterdir()), weights_only=True)
+    fresh = load_drafter(ModelPaths(str(user_folder / "policy")), EngineConfig(drafters=(kind,), block_size=4, gamma=3),
+                         target)
+    width = target.config.hidden_size * len(fresh.target_layers)
+    assert fresh.target_layers == {"eagle3": (0, 1), "block": (0,)}[kind]  # a 2-layer policy's defaults
+    assert all(row["hidden"].shape[1] == width for row in chunk)
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert all(r["gated"] for r in rounds) and 0 < rounds[-1]["served"] <= 1
+    report = (out / "report.md").read_text()
+    assert f"drafters: [{kind}]" in report and ("block_size: 4" in report) == (kind == "block")
+    config = EngineConfig(drafters=(kind,), block_size=4, gamma=3, max_batch_size=4, max_seq_len=48)
+    head = load_drafter(ModelPaths(str(user_folder / "policy"), head=str(out / f"{kind}.pt")), config, target)
+    saved = torch.load(out / f"{kind}.pt", weights_only=True)
+    assert all(torch.equal(t, saved[name]) for name, t in head.state_dict().items())
+    prompts = [[1, 5, 9, 3], [2, 7]]
+    params = SamplingParams(max_new_tokens=10, temperature=0.0)
+    plain = SpecEngine(target, None, EngineConfig(gamma=0, max_batch_size=4, max_seq_len=48)).generate(prompts, params)
+    spec = SpecEngine(target, head, config).generate(prompts, params)
+    assert [r.completion_ids for r in spec] == [r.completion_ids for r in plain]
+
+
 def test_a_stopped_run_resumes_from_its_folder(user_folder, capsys):
     out = user_folder / "resume"
     assert distill(user_folder, out, "--kind", "medusa", "--final-lr", "1e-3") == 0  # one phase

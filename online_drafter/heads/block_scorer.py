@@ -19,8 +19,6 @@ The embedding and LM head are the policy's, read detached at every call: no grad
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -112,10 +110,7 @@ class BlockScorer(Scorer):
             return torch.cat([context_kv[i][0], keys], 2), torch.cat([context_kv[i][1], values], 2)
 
         out = head(x, positions, kv, mask).view(size, num_anchors, k, -1)[:, :, 1:].flatten(1, 2)  # [B, A·(k−1), H]
-        bias = getattr(self.lm_head, "bias", None)
-        frozen = SimpleNamespace(weight=self.lm_head.weight.detach().to(device, dtype),
-                                 bias=None if bias is None else bias.detach().to(device, dtype))
-        return self.head_log_q(out, frozen)
+        return self.frozen_head_log_q(out, self.lm_head)
 
 
 def _anchorable(batch: FeatureBatch) -> torch.Tensor:

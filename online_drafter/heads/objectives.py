@@ -1,9 +1,12 @@
 """What each feature head predicts where, in teacher-forced form: its draft log q at every sequence position.
 
-An objective turns a head and a `FeatureBatch` into log q [B, D, L, V] — at each draft depth d the
-head scores, its distribution for token j — and any auxiliary loss (`HeadOutput`), so the learner's
-losses and scores (`divergence`: the target's recorded top-k p against q) are the same code for every
-head. The alignments follow the drafters (`rollout.drafters.eagle`, `rollout.drafters.medusa`):
+An objective turns a head and a `FeatureBatch` into the states [B, D, L, H] whose LM-head logits are q
+for token j at each draft depth d the head scores, and any auxiliary loss (`HeadOutput`; `.log_q` is the
+whole [B, D, L, V]), so the learner's losses and scores (`divergence`: the target's recorded top-k p
+against q) are the same code for every head. The scorer (`heads.scorer`) takes the LM head only at
+completion positions and through the draft vocabulary's rows: at a 32k vocabulary the full head over
+every position was most of a step. The alignments follow the drafters (`rollout.drafters.eagle`,
+`rollout.drafters.medusa`):
 
 - EAGLE (D = 2): the pair (h_i, x_{i+1}) at position i predicts h_{i+1}, whose logits are q for token
   i + 2 — the first draft, with the causal context of every real pair before it, as in the engine. Its
@@ -14,7 +17,8 @@ head. The alignments follow the drafters (`rollout.drafters.eagle`, `rollout.dra
 - EAGLE-3 (D = the head's `ttt_steps`): its training-time test (`Eagle3Objective`), the head unrolled on its
   own outputs for D steps, each step's q scored.
 
-Positions a head cannot predict (the first tokens) get a uniform q, and count as the poor drafts they are.
+Positions a head cannot predict (the first tokens) get a zero state (a uniform q through a bias-free head),
+and count as the poor drafts they are.
 
 The embedding and LM head are the policy's own modules, read at every call (`_frozen_embed`,
 `_frozen_logits`: detached weights, cast to the head's dtype), so the objective follows the policy as it
@@ -23,6 +27,7 @@ is updated in place, and no gradient ever reaches it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,8 +43,20 @@ from .data import FeatureBatch
 
 @dataclass
 class HeadOutput:
-    log_q: torch.Tensor  # [B, D, L, V]: the head's draft log-probabilities for token j at depth d
+    states: torch.Tensor  # [B, D, L, H]: the state whose logits are q for token j at depth d (0 where none)
     aux_loss: torch.Tensor  # scalar added to the distillation loss (0 if none)
+    temperature: float
+    lm_head: nn.Module | None  # the policy's LM head the states go through (read frozen); None: `own_logits`
+    own_logits: Callable[[torch.Tensor], torch.Tensor] | None = None  # [..., H] -> [..., V]: the head's own LM head
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., V] over the target's vocabulary for states [..., H]."""
+        return _frozen_logits(self.lm_head, states) if self.lm_head is not None else self.own_logits(states)
+
+    @property
+    def log_q(self) -> torch.Tensor:
+        """[B, D, L, V]: the head's draft log-probabilities for token j at depth d, at every position."""
+        return (self.logits(self.states).float() / self.temperature).log_softmax(-1)
 
 
 class HeadObjective(Protocol):
@@ -51,11 +68,11 @@ class HeadObjective(Protocol):
         ...
 
 
-def _shifted(logits: torch.Tensor, shift: int, length: int) -> torch.Tensor:
-    """Logits [B, N, V] at positions i placed at i + shift of a length-`length` axis (zeros before): [B, L, V]."""
-    size, _, vocab = logits.shape
-    pad = logits.new_zeros(size, shift, vocab)
-    return torch.cat([pad, logits], 1)[:, :length]
+def _shifted(states: torch.Tensor, shift: int, length: int) -> torch.Tensor:
+    """States [B, N, H] at positions i placed at i + shift of a length-`length` axis (zeros before): [B, L, H]."""
+    size, _, width = states.shape
+    pad = states.new_zeros(size, shift, width)
+    return torch.cat([pad, states], 1)[:, :length]
 
 
 def _frozen_embed(embed: nn.Module, ids: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -103,13 +120,13 @@ class EagleObjective:
 
             eye = torch.eye(pairs, dtype=torch.bool, device=device)
             drafted.append(head(embeds, own, positions, after_real, torch.cat([causal & ~eye, eye], 1)[None, None]))
-        logits = torch.stack([_shifted(_frozen_logits(self.lm_head, x), 2, length) for x in drafted], 1)  # [B, D, L, V]
-        log_q = (logits.float() / temperature).log_softmax(-1)
+        states = torch.stack([_shifted(x, 2, length) for x in drafted], 1)  # [B, D, L, H]
         predicted = drafted[0].float()
         real = batch.hidden[:, 1:]  # [B, L-2, H]
         valid = (real.abs().sum(-1) > 0).float()  # [B, L-2]: padding is all zeros
         error = F.smooth_l1_loss(predicted[:, :-1], real, reduction="none").mean(-1)
-        return HeadOutput(log_q, self.feature_weight * (error * valid).sum() / valid.sum().clamp_min(1))
+        aux = self.feature_weight * (error * valid).sum() / valid.sum().clamp_min(1)
+        return HeadOutput(states, aux, temperature, self.lm_head)
 
 
 class MedusaObjective:
@@ -118,12 +135,10 @@ class MedusaObjective:
 
     def __call__(self, head: MedusaHeads, batch: FeatureBatch, temperature: float, depths: int | None = None
                  ) -> HeadOutput:
-        # [B, L-1, K, V]: head k (0-based) at i predicts token i + 2 + k
-        logits = _frozen_logits(self.lm_head, head(batch.hidden))
+        states = head(batch.hidden)  # [B, L-1, K, H]: head k (0-based) at i predicts token i + 2 + k
         length = batch.token_ids.shape[1]
-        per_head = [_shifted(logits[:, :, k], k + 2, length) for k in range(depths or self.depths)]
-        log_q = (torch.stack(per_head, 1).float() / temperature).log_softmax(-1)  # [B, K, L, V]
-        return HeadOutput(log_q, log_q.new_zeros(()))
+        per_head = torch.stack([_shifted(states[:, :, k], k + 2, length) for k in range(depths or self.depths)], 1)
+        return HeadOutput(per_head, per_head.new_zeros(()), temperature, self.lm_head)  # [B, K, L, H]
 
 
 class Eagle3Objective:
@@ -162,17 +177,19 @@ class Eagle3Objective:
             positions = (torch.arange(pairs, device=device) + step)[None].expand(size, -1)
             mask = torch.cat([causal] + [eye] * step, 1)[None, None]  # [1, 1, N, (step+1)·N]
             hidden = head(_frozen_embed(self.embed, ids, hidden), hidden, positions, chained, mask)  # [B, N, H]
-            per_step.append(_shifted(self._logits(head, head.final(hidden)), step + 2, length))
-        log_q = (torch.stack(per_step, 1).float() / temperature).log_softmax(-1)  # [B, D, L, V]
-        return HeadOutput(log_q, log_q.new_zeros(()))
+            per_step.append(_shifted(head.final(hidden), step + 2, length))
+        states = torch.stack(per_step, 1)  # [B, D, L, H]
+        if head.lm_head is None:  # the target's frozen LM head
+            return HeadOutput(states, states.new_zeros(()), temperature, self.lm_head)
+        vocab = self.lm_head.weight.shape[0]
 
-    def _logits(self, head: Eagle3Head, x: torch.Tensor) -> torch.Tensor:
-        """[B, N, V] over the target's vocabulary: the target's frozen LM head, or the head's own (trained)."""
-        if head.lm_head is None:
-            return _frozen_logits(self.lm_head, x)
-        own = head.lm_head(x)  # [B, N, K]
-        full = own.new_full((*own.shape[:-1], self.lm_head.weight.shape[0]), float("-inf"))
-        return full.index_copy(-1, head.draft_ids.to(own.device), own)
+        def own_logits(x: torch.Tensor) -> torch.Tensor:
+            """[..., V] over the target's vocabulary from the head's own (trained) LM head over its draft ids."""
+            own = head.lm_head(x)  # [..., K]
+            full = own.new_full((*own.shape[:-1], vocab), float("-inf"))
+            return full.index_copy(-1, head.draft_ids.to(own.device), own)
+
+        return HeadOutput(states, states.new_zeros(()), temperature, None, own_logits)
 
 
 def objective_for(head: nn.Module, embed: nn.Module, lm_head: nn.Module, feature_weight: float = 1.0

@@ -7,7 +7,9 @@
 2. samples the policy's own completions with the engine — plain decoding at the sampling settings given
    (`--temperature`, `--top-k`, `--top-p`), recording the policy's top-k p (and, for a head, its hidden states)
    exactly as verification records them online — in chunks saved under `<out>/samples/`;
-3. trains the drafter (`--kind eagle|medusa`: a fresh head on the policy's features; `model`: a smaller LM of
+3. trains the drafter (`--kind eagle|eagle3|medusa|block`: a fresh head on the policy's features — EAGLE-3's and the
+   block drafter's fused from several of its layers, `engine.eagle3_layers` / `engine.block_layers`' defaults;
+   `model`: a smaller LM of
    the same tokenizer, `--drafter`, or the policy's own first `--layers` layers) with the online learner itself
    (`online_drafter.make_online_learner`: its loss, its held-out set — every 4th prompt group — and its
    publish-if-better gate), in rounds over the `--minutes` budget: two phases as `benchmarks.head_training`, `--lr`
@@ -33,11 +35,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-KINDS = ("eagle", "medusa", "model")
+KINDS = ("eagle", "eagle3", "medusa", "block", "model")
 # the arguments that decide what is learnt: a resumed run must have the same
 SETTINGS = ("policy", "prompts", "kind", "tokenizer", "drafter", "layers", "num_prompts", "samples", "max_new_tokens",
             "temperature", "top_k", "top_p", "seed", "lr", "final_lr", "batch_size", "eagle_intermediate_size",
-            "medusa_heads", "round_minutes")
+            "medusa_heads", "block_size", "round_minutes")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eagle-intermediate-size", type=int, default=None, help="the EAGLE head's MLP width "
                         "(default: the policy's)")
     parser.add_argument("--medusa-heads", type=int, default=4)
+    parser.add_argument("--block-size", type=int, default=8, help="--kind block: the block (anchor and k - 1 drafts; "
+                        "default 8, engine.block_size's)")
     parser.add_argument("--max-seq-len", type=int, default=None, help="the context (default: the policy's)")
     parser.add_argument("--batch-rows", type=int, default=32, help="rows the sampling engine decodes together")
     parser.add_argument("--device", default="cpu")
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     _check_out(out, args, ConfigError)
     drafter = data.fresh_drafter(args.kind, policy, args, tokenizer)  # before an engine lays the policy out anew
     stop_ids = tuple(i for i in [tokenizer.eos_token_id] if i is not None)
-    entries = data.sample(policy, prompt_ids, args.kind, args, stop_ids, out / "samples")
+    entries = data.sample(policy, prompt_ids, args.kind, args, stop_ids, out / "samples", drafter)
     rounds, final = train(drafter, policy, entries, args, out)
     return finish(drafter, policy, tokenizer, args, out, rounds, final, len(prompt_ids), entries)
 
@@ -179,7 +183,8 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
     else:
         output = out / f"{args.kind}.pt"
         torch.save(drafter.state_dict(), output)
-        extra = f", medusa_heads: {args.medusa_heads}" if args.kind == "medusa" else ""
+        extra = {"medusa": f", medusa_heads: {args.medusa_heads}", "block": f", block_size: {args.block_size}"}.get(
+            args.kind, "")
         models_yaml = (f"models: {{source: pretrained, target: {args.policy}, head: {output}}}\n"
                        f"engine: {{drafters: [{args.kind}]{extra}}}\n")
     print(f"specroll distill: calibrating the engine's cost model (~{args.cost_model_s:g}s) to predict the speed",
@@ -209,6 +214,8 @@ def _check_arguments(args: argparse.Namespace, error: type[Exception]) -> None:
     for name in ("num_prompts", "samples", "max_new_tokens", "batch_size", "batch_rows", "medusa_heads"):
         if getattr(args, name) < 1:
             raise error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: an int >= 1")
+    if args.block_size < 2:
+        raise error(f"--block-size={args.block_size} is invalid: an int >= 2 (the anchor and at least one draft)")
     for name in ("minutes", "round_minutes", "temperature", "lr", "final_lr"):
         if not getattr(args, name) > 0:
             raise error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: a number > 0")
@@ -221,7 +228,8 @@ def _check_out(out: Path, args: argparse.Namespace, error: type[Exception]) -> N
     path = out / "distill.json"
     if path.is_file():
         before = json.loads(path.read_text())
-        changed = sorted(k for k in settings if before.get(k) != settings[k])
+        changed = sorted(k for k in settings if k in before and before[k] != settings[k])  # a setting added since:
+        # its default then
         if changed:
             raise error(f"--out={str(out)!r} is invalid: it holds a run with other {', '.join(changed)} "
                         f"({', '.join(f'{k}={before.get(k)!r}' for k in changed)}): resume it as it was, or use "

@@ -20,6 +20,7 @@ from specroll.integrations.model_source import load_tokenizer
 from specroll.integrations.yaml_config import ConfigError
 from specroll.online_drafter.heads.data import FeatureSequence, from_rollout
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
+from specroll.rollout.drafters.factory import fresh_block, fresh_eagle3
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.models.vocab import check_vocab_compatible
 
@@ -84,6 +85,10 @@ def fresh_drafter(kind: str, policy: PreTrainedModel, args: Any, tokenizer: Any)
     tokenizer) or the policy's own first `--layers` layers."""
     if kind == "eagle":
         return EagleHead.for_target(policy.config, intermediate_size=args.eagle_intermediate_size)
+    if kind == "eagle3":  # the layers and draft depths a `models.head` file is loaded over (`engine` defaults)
+        return fresh_eagle3(EngineConfig(), policy.config)
+    if kind == "block":
+        return fresh_block(EngineConfig(block_size=args.block_size), policy.config)
     if kind == "medusa":
         return MedusaHeads(policy.config.get_text_config().hidden_size, args.medusa_heads)
     if args.drafter:
@@ -117,14 +122,17 @@ def num_positions(entry: FeatureSequence | Rollout) -> int:
 
 
 def sample(policy: PreTrainedModel, prompt_ids: list[list[int]], kind: str, args: Any, stop_ids: tuple[int, ...],
-           folder: Path) -> list[FeatureSequence | Rollout]:
+           folder: Path, head: torch.nn.Module | None = None) -> list[FeatureSequence | Rollout]:
     """The policy's samples of every prompt (`args.samples` each, plain decoding at the given settings) as a learner
-    takes them (a head's: feature sequences; a drafter LM's: the rollouts with their signals), from `folder`'s saved
-    chunks and, for the rest, the engine."""
+    takes them (a head's: feature sequences, with the states `head` reads — an EAGLE-3 or block head's fused from
+    its target layers, captured by the engine's runner; a drafter LM's: the rollouts with their signals), from
+    `folder`'s saved chunks and, for the rest, the engine."""
     folder.mkdir(parents=True, exist_ok=True)
-    heads = kind in ("eagle", "medusa")
+    heads = kind in ("eagle", "eagle3", "medusa", "block")
+    fused = kind in ("eagle3", "block")  # the engine captures the head's layers (gamma 0: it never drafts)
     config = EngineConfig(max_batch_size=args.batch_rows, max_seq_len=max(map(len, prompt_ids)) + args.max_new_tokens,
-                          gamma=0, drafters=("medusa",) if heads else None, record_signals=True, device=args.device)
+                          gamma=0, drafters=(kind,) if fused else ("medusa",) if heads else None, record_signals=True,
+                          device=args.device)
     engine = None
     params = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, stop_token_ids=stop_ids)
@@ -133,7 +141,8 @@ def sample(policy: PreTrainedModel, prompt_ids: list[list[int]], kind: str, args
     for start in tqdm(chunks, desc="sampling the policy", unit="chunk"):
         path = folder / f"chunk-{start // CHUNK_PROMPTS:05d}.pt"
         if not path.is_file():
-            engine = engine or SpecEngine(policy, None, config)  # the hidden states come with a head "drafter"
+            # the hidden states come with a head "drafter" (a copy: the engine may lay its modules out anew)
+            engine = engine or SpecEngine(policy, copy.deepcopy(head) if fused else None, config)
             rollouts = engine.generate(prompt_ids[start : start + CHUNK_PROMPTS],
                                        SamplingParams(**params, seed=args.seed + start), n=args.samples)
             kept = [r for r in rollouts if r.completion_ids]
