@@ -2,7 +2,7 @@
 with the same run never stopped: the final policy to the bit, the reward at every step, every rollout counted
 once, the report continuous (docs/resume.md).
 
-    python -m specroll.benchmarks.resume_check --config configs/demo.yaml --every 5 --out /tmp/resume_demo
+    python -m specroll.benchmarks.resume_check --config configs/demo_chars.yaml --every 5 --out /tmp/resume_demo
 
 The config is the user's, with `checkpoint.every` (`--every`), `report.save_policy: true` and the out folders
 set; it should use `engine.sampler: invariant` (the demo's), where a seed's rollouts do not depend on the

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiny", action="store_true", help="the tiny test recipe (seconds) instead of the full one")
     parser.add_argument(
         "--recipe", default=None, choices=RECIPE_NAMES,
-        help="a named recipe (default: full; bpe is the subword world, about 15 min); --tiny is --recipe tiny",
+        help="a named recipe (default: full; bpe is the subword world, about 11 min); --tiny is --recipe tiny",
     )
     parser.add_argument(
         "--cache-dir", default=None, help="cache folder (default: $SPECROLL_CACHE or ~/.cache/specroll)"

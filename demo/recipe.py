@@ -169,7 +169,7 @@ class DemoRecipe:
     @classmethod
     def bpe(cls) -> DemoRecipe:
         """The subword world: a 32,768-entry byte-level BPE, word problems with long-tailed completions
-        (SFT mix: ~125 tokens on average, p99 ~520), and shapes sized to build in ~15 min on 2 cores."""
+        (SFT mix: ~125 tokens on average, p99 ~520), and shapes sized to build in ~11 min on 2 quiet cores."""
         return cls(
             world="bpe",
             vocab_size=32_768,

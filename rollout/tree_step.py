@@ -103,5 +103,5 @@ def make_tree_step(config: EngineConfig, target: ModelRunner, drafter: Drafter |
     if not isinstance(drafter, TreeDrafter) or not drafter.tree_ready:
         raise ValueError(f"tree_width={config.tree_width!r} is invalid with drafters {drafter.names}: trees need "
                          "a drafter that grows them: the drafter LM ('model', alone or with 'suffix') without "
-                         "recurrent layers, 'eagle', 'eagle3' or 'medusa'")
+                         "recurrent layers, 'eagle', 'eagle3', 'medusa' or 'block'")
     return TreeStep(target, drafter, config.sampler, target.vocab_size), make_tree_policy(config, gamma_policy)

@@ -203,8 +203,8 @@ def test_sparse_soft_targets_match_dense_ones():
         torch.testing.assert_close(sparse_batch_loss(model, sparse, 0, negatives=0), batch_loss(model, dense, 0))
 
 
-def test_demo_bpe_config_selects_the_bpe_recipe_and_task():
-    config = load_train_config(CONFIGS / "demo_bpe.yaml")
+def test_the_main_job_config_selects_the_bpe_recipe_and_task():
+    config = load_train_config(CONFIGS / "demo.yaml")
     assert config.models.recipe == "bpe"
     task = load_task(TaskSettings(), max_digits=4, world="bpe")
     prompts = task.prompts(3, 0)

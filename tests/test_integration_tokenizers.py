@@ -53,3 +53,18 @@ def test_padded_pair_needs_the_tokenizers(folders):
 def test_load_tokenizer_without_files_is_none(tmp_path):
     assert load_tokenizer(str(tmp_path)) is None
     assert load_tokenizer(None) is None
+
+
+def test_a_named_tokenizer_folder_without_one_is_refused_not_ignored(tmp_path):
+    """`models.tokenizer` named but holding no tokenizer: one `ConfigError` naming it (the run used to go on
+    without a tokenizer); unset, a target folder without one is still allowed (the engine compares sizes)."""
+    from specroll.integrations.yaml_config import ConfigError
+    from specroll.jobs.backends import resolve_models
+    from specroll.jobs.train_config import ModelsConfig, TrainConfig
+
+    (tmp_path / "empty").mkdir()
+    named = ModelsConfig(source="pretrained", target=str(tmp_path / "target"), tokenizer=str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match=r"models.tokenizer=.*empty.* is invalid: no tokenizer there"):
+        resolve_models(TrainConfig(models=named))
+    unset = resolve_models(TrainConfig(models=ModelsConfig(source="pretrained", target=str(tmp_path / "target"))))
+    assert unset.tokenizer is None

@@ -14,7 +14,8 @@ from specroll.jobs.train_config import TrainConfig, load_train_config, resolved_
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "demo_eagle.yaml", "demo_tiny.yaml", "gpu_qwen2.5_7b.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "demo_chars.yaml", "demo_eagle.yaml", "demo_tiny.yaml",
+                                  "gpu_qwen2.5_7b.yaml"])
 def test_shipped_demo_configs_load(name):
     config = load_train_config(CONFIGS / name)
     assert isinstance(config, TrainConfig)

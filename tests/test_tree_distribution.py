@@ -59,9 +59,10 @@ def test_tree_over_a_draft_vocabulary_follows_target_distribution():
     assert sample_and_test(SETTINGS[0], "rejection", draft_vocab=SUBSET) > ALPHA
 
 
-@pytest.mark.parametrize("head", ["eagle", "medusa"])
+@pytest.mark.parametrize("head", ["eagle", "medusa", "block"])
 def test_head_trees_follow_target_distribution(head):
-    """EAGLE-2's tree over an EAGLE head's own cache and Medusa's tree (`propose_tree` of each drafter)."""
+    """EAGLE-2's tree over an EAGLE head's own cache, Medusa's tree and a block's marginals as a tree (`propose_tree`
+    of each drafter)."""
     assert sample_and_test(SETTINGS[1], "rejection", head=head) > ALPHA
 
 

@@ -17,6 +17,7 @@ from tiny_models import make_prompts, tiny_lm
 from specroll.benchmarks import arch_sweep
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
+from specroll.rollout.drafters.block_head import BlockHead
 from specroll.rollout.drafters.eagle3_head import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
@@ -117,16 +118,18 @@ def head_drafter(kind: str, target):
         return EagleHead.for_target(target.config, seed=3)
     if kind == "eagle3":
         return Eagle3Head.for_target(target.config, layers=(0, 1), seed=3, ttt_steps=1)
+    if kind == "block":  # k = 4: a depth-3 tree is the block's 3 marginals
+        return BlockHead.for_target(target.config, block_size=4, seed=3)
     return MedusaHeads(target.config.hidden_size, 3)
 
 
-HEAD_TREES = [("eagle", 3, 3, 7), ("eagle", 2, 4, 1), ("eagle3", 3, 2, 7), ("medusa", 3, 3, 7)]
+HEAD_TREES = [("eagle", 3, 3, 7), ("eagle", 2, 4, 1), ("eagle3", 3, 2, 7), ("medusa", 3, 3, 7), ("block", 3, 3, 7)]
 
 
 @pytest.mark.parametrize(("kind", "gamma", "width", "batch"), HEAD_TREES)
 def test_head_trees_greedy_equal_hf_generate(kind, gamma, width, batch):
-    """EAGLE-2's tree on an EAGLE / EAGLE-3 head and Medusa's tree (`propose_tree`): every step a tree, the
-    output HF generate's."""
+    """EAGLE-2's tree on an EAGLE / EAGLE-3 head, Medusa's tree and a block's marginals as one (`propose_tree`):
+    every step a tree, the output HF generate's."""
     target = tiny_lm("llama", "sdpa")
     num_prompts = 5 if batch == 1 else len(PROMPTS)
     engine = SpecEngine(target, head_drafter(kind, target), EngineConfig(
@@ -136,7 +139,7 @@ def test_head_trees_greedy_equal_hf_generate(kind, gamma, width, batch):
     assert engine.stats.tree_steps == engine.stats.steps > 0 and engine.stats.tree_nodes_per_row == gamma * width
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "block"])
 def test_invariant_head_trees_give_plain_decodings_tokens(kind):
     prompts = make_prompts(6, 2, 9, seed=2)
     params = SamplingParams(40, temperature=1.0, seed=6)

@@ -27,15 +27,16 @@ from torch import nn
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
 from ..models.cache import LayerShape, RaggedKVCache
-from ..models.rows import Rows, device_index, pick
+from ..models.rows import RowIds, Rows, device_index, pick
 from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..models.weights import cast_module
 from ..sampling.logits import process_logits
-from ..sampling.noise import gumbel_max
+from ..sampling.noise import StepNoise, gumbel_max
 from .block_head import BlockHead
 from .draft_vocab import VocabDraws
 from .head_cache import OwnCacheHead
 from .protocol import DraftDraw, Proposal
+from .tree_draft import confidence, grow_tree
 
 
 class BlockDrafter(OwnCacheHead):
@@ -72,14 +73,41 @@ class BlockDrafter(OwnCacheHead):
         q = torch.empty(n, width, self.draws.width, device=self.device)  # [n, γ', K]
         if width == 0:
             return Proposal(drafts, self.draws.proposal_q(q))
-        host_seq = pick(rows.host_seq_len, live)
-        self._catch_up(live, rows.hidden[index], seq_len, host_seq)
-        anchor = rows.tokens[index].gather(1, (seq_len - 1)[:, None])[:, 0]  # [n]
-        out = self._block(live, anchor, seq_len - 1, [s - 1 for s in host_seq])  # [n, k, H]
+        out = self._anchored_block(live, rows)  # [n, k, H]
         logits = self.draws.logits(out[:, 1 : 1 + width], self.lm_head)  # [n, γ', K]
         for i in range(width):
             q[:, i], drafts[:, i] = self.draws.draw(logits[:, i], params, draw, i)
         return Proposal(drafts, self.draws.proposal_q(q))
+
+    tree_ready = True
+
+    @torch.inference_mode()
+    def propose_tree(self, live: Rows, rows: RowBuffers, depth: int, width: int, params: SamplingParams,
+                     noise: StepNoise) -> Proposal:
+        """The block's marginals as a tree, as Medusa's heads give one: draft i's q does not depend on the drafts
+        before it, so every node at depth d has the block's q_d as its children's q (past the block's k − 1
+        drafts, the last one's); `tree_draft.grow_tree` picks the nodes by path confidence. One block forward
+        for the whole tree."""
+        out = self._anchored_block(live, rows)  # [n, k, H]
+        drafts = min(depth, self.head.block_size - 1)
+        q = confidence(self.draws.logits(out[:, 1 : 1 + drafts], self.lm_head), params)  # [n, d', K]
+
+        def expand(tokens: torch.Tensor, parents: torch.Tensor, level: int) -> torch.Tensor:
+            return q[:, min(level, drafts - 1)][:, None].expand(-1, width, -1)  # [n, w, K]
+
+        grown = grow_tree(q[:, 0], depth, width, expand, noise, self.draws.ids,
+                          live.index if isinstance(live, RowIds) else None)
+        return Proposal(grown.drafts, self.draws.proposal_q(grown.probs), tree=grown.tree)
+
+    def _anchored_block(self, live: Rows, rows: RowBuffers) -> torch.Tensor:
+        """Catch the context up to verification, then run the block anchored at each row's last kept token:
+        its outputs [n, k, H]."""
+        index = device_index(live)
+        seq_len = rows.seq_len[index]  # [n]
+        host_seq = pick(rows.host_seq_len, live)
+        self._catch_up(live, rows.hidden[index], seq_len, host_seq)
+        anchor = rows.tokens[index].gather(1, (seq_len - 1)[:, None])[:, 0]  # [n]
+        return self._block(live, anchor, seq_len - 1, [s - 1 for s in host_seq])
 
     def _catch_up(self, rows: Rows, hidden: torch.Tensor, seq_len: torch.Tensor, host_seq: list[int]) -> None:
         """Write the context K/V of positions [cache length, S − 1) from the captured states `hidden` [n, L, m·H]."""

@@ -27,7 +27,7 @@ from .train_config import TrainConfig
 
 FRESH_HEAD = "fresh"  # models.head: a head from nothing (the cold start), also with the demo's models
 # Minutes a first build takes on 2 CPU cores (measured; a faster machine takes less).
-BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 15, "bpe_tiny": 1}
+BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 11, "bpe_tiny": 1}
 
 
 @dataclass
@@ -49,7 +49,14 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     if models.source == "pretrained":
         paths = ModelPaths(models.target, models.drafter, models.tokenizer or models.target, models.drafter,
                            None if models.head == FRESH_HEAD else models.head)
-        return ModelSources(paths, load_tokenizer(paths.target_tokenizer), models.task_max_digits or 10)
+        tokenizer = load_tokenizer(paths.target_tokenizer)
+        if tokenizer is None and models.tokenizer:  # named, not found: never train on without the one you named
+            from specroll.integrations.yaml_config import ConfigError
+
+            raise ConfigError(f"models.tokenizer={models.tokenizer!r} is invalid: no tokenizer there (a folder with "
+                              "tokenizer.json / tokenizer_config.json, or a locally cached hub id); leave it unset to "
+                              "use the target's")
+        return ModelSources(paths, tokenizer, models.task_max_digits or 10)
     from specroll.demo.model_cache import is_cached, load_or_build_demo_models, models_dir
     from specroll.demo.recipe import DemoRecipe
 
