@@ -45,10 +45,10 @@ PROMPTS = make_prompts(ROWS, 2, 6, vocab=VOCAB, seed=3)
 
 
 @functools.cache
-def models():
+def models(target_layers: int = 1):
     # SDPA: the target runs the engine's lean forward, the product's path (and twice as fast as eager here);
     # the eager forwards are covered by the greedy-exactness tests, the rule under test is the same.
-    target = build_lm("llama", "sdpa", vocab=VOCAB, hidden=16, layers=1, seed=11, logit_scale=10)
+    target = build_lm("llama", "sdpa", vocab=VOCAB, hidden=16, layers=target_layers, seed=11, logit_scale=10)
     drafter = build_lm("qwen2", "sdpa", vocab=VOCAB, hidden=16, layers=1, seed=12, logit_scale=10)
     return target, drafter
 

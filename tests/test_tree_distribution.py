@@ -26,7 +26,9 @@ WIDTH, DEPTH = 3, 3
 def sample_and_test(params: SamplingParams, sampler: str, drafters: tuple[str, ...] | None = None,
                     wrong_rule: TreeRejection | None = None, rows: int = ROWS,
                     draft_vocab: list[int] | None = None, head: str | None = None) -> float:
-    target, drafter = models()
+    # A block drafter fuses features from layers below the last: its target has two layers (the reference
+    # probabilities are that target's, so the test is the same test).
+    target, drafter = models(target_layers=2 if head == "block" else 1)
     if head is not None:  # a head on the target's hidden states instead of the drafter LM
         drafter, drafters = head_drafter(head, target), (head,)
     config = EngineConfig(max_batch_size=rows // 2, max_seq_len=6 + NEW_TOKENS, gamma=DEPTH, tree_width=WIDTH,
