@@ -9,10 +9,12 @@ shape) and a ~50M-class drafter over the same vocabulary, then
    one full bf16 forward over prompt + completion) must lie within `--bf16-tol` of that position's
    max (bf16 rounding may flip near-ties; anything more is a bug); and the engine's bf16 cast must
    have left every rotary `inv_freq` buffer (target and drafter) in fp32;
-3. the sync cell: the 0.5B-shaped pair in bf16 at b = `--cell-rows` (64), γ auto, per drafter kind:
-   tokens/s, mean γ and host↔device syncs per steady-state step, counted by torch's sync debug mode
-   (`torch.cuda.set_sync_debug_mode("warn")`: one warning per synchronizing CUDA call; not counted
-   on a CPU);
+3. the sync cell: the 0.5B-shaped pair in bf16 at b = `--cell-rows` (64), γ auto, per drafter kind (plain,
+   model, suffix, suffix + model, a fresh EAGLE head): tokens/s, mean γ and host↔device syncs per step over a
+   whole `generate` (admission, prefill and export included) and over steady-state steps (every row live,
+   through `generate_steps`), counted by torch's sync debug mode (`torch.cuda.set_sync_debug_mode("warn")`:
+   one warning per synchronizing CUDA call; not counted on a CPU); `--sync-sites` prints where the steady
+   ones come from (`sync_site`);
 4. the grid at b = 1 / 16 / 64 rows (b/8 prompts × 8 samples, or b samples of one prompt, two epochs
    so the suffix drafter has history), plain / model / suffix / suffix+model in lockstep, printing one
    table of tokens/s and × plain.
@@ -20,7 +22,8 @@ shape) and a ~50M-class drafter over the same vocabulary, then
 Random weights make the drafter a poor one and greedy text repetitive (which the suffix drafter
 likes), so the grid checks speed mechanics, not the speed-ups of trained models. `--tiny` shrinks
 everything to seconds on a CPU (the default test suite runs it so). A stage that would start past
-`--budget-s` (8 minutes) less a minute is skipped, and says so. Exit code 1 if a check fails.
+`--budget-s` (8 minutes) less a minute is skipped, and says so; `--stages` runs a subset. Exit code 1 if a
+check fails.
 
 It imports only torch, transformers and the standard library, and runs on torch >= 2.11 and
 transformers >= 5.17 as well as the project's pins: `benchmarks/gpu_check_install.sh` runs it on a
@@ -30,9 +33,11 @@ machine without network, with the torch and transformers it has.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 
@@ -40,11 +45,13 @@ import torch
 import transformers
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.drafters.heads import EagleHead
 
 from .grpo_bench import DRAFTERS, race_repeat
 from .shapes import build
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # what torch's sync debug mode warns at each sync
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the repository (benchmarks/..)
 BUDGET_RESERVE_S = 60.0  # a stage starting later than this before the budget's end is skipped
 
 
@@ -57,10 +64,14 @@ def prompts_for(rows: int, vocab: int, seed: int, length: int = 16) -> list[list
 
 
 def engine(target, drafter, kind: str, rows: int, max_seq: int, gamma: int | str, args, dtype) -> SpecEngine:
-    drafters = DRAFTERS[kind]
-    config = EngineConfig(max_batch_size=rows, max_seq_len=max_seq, gamma=0 if drafters is None else gamma,
+    """An engine of drafter `kind`: one of `DRAFTERS`, or "eagle" (a fresh EAGLE head on the target's features)."""
+    drafters = DRAFTERS.get(kind)
+    speculates = kind != "plain"
+    config = EngineConfig(max_batch_size=rows, max_seq_len=max_seq, gamma=gamma if speculates else 0,
                           drafters=drafters, device=args.device, dtype=dtype, stats_trace_steps=1,
                           cost_model_budget_s=args.calibration_budget, calibration_cache=args.calibration_cache)
+    if kind == "eagle":
+        return SpecEngine(target, EagleHead.for_target(target.config, seed=3), config)
     return SpecEngine(target, drafter if drafters and "model" in drafters else None, config)
 
 
@@ -107,13 +118,22 @@ def check_fp32_rotary(modules: dict[str, torch.nn.Module]) -> bool:
     return bool(found) and not wrong
 
 
-def count_syncs(run: Callable[[], object], device: str) -> int | None:
-    """Host↔device syncs while `run()` runs, as torch's sync debug mode reports them (None on a CPU)."""
+def count_syncs(run: Callable[[], object], device: str,
+                sites: collections.Counter[str] | None = None) -> int | None:
+    """Host↔device syncs while `run()` runs, as torch's sync debug mode reports them (None on a CPU); with
+    `sites`, each sync is also counted there by the specroll source lines that made it (`sync_site`)."""
     if not device.startswith("cuda"):
         run()
         return None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # every sync, not the first per call site
+        record = getattr(warnings, "_showwarnmsg_impl", None)  # catch_warnings(record=True)'s appender
+        if sites is not None and record is not None:
+            def record_with_site(message, record=record):
+                record(message)
+                if SYNC_WARNING in str(message.message):
+                    sites[sync_site(traceback.extract_stack()[:-1])] += 1
+            warnings._showwarnmsg_impl = record_with_site
         torch.cuda.set_sync_debug_mode("warn")
         try:
             run()
@@ -127,26 +147,69 @@ def count_sync_warnings(caught: list[warnings.WarningMessage]) -> int:
     return sum(SYNC_WARNING in str(w.message) for w in caught)
 
 
+def sync_site(stack: traceback.StackSummary, depth: int = 3) -> str:
+    """The innermost `depth` frames of specroll's own code in `stack` (innermost first), and the torch or
+    transformers call below them that synced: where to look."""
+    def own(frame: traceback.FrameSummary) -> bool:  # a file of the repository's, not of a venv inside it
+        path = os.path.realpath(frame.filename)
+        return path.startswith(PACKAGE_ROOT + os.sep) and "site-packages" not in path
+
+    ours = [f for f in stack if own(f)]
+    below = next((f for f in reversed(stack) if not own(f) and "warnings" not in f.filename), None)
+    named = [f"{os.path.relpath(os.path.realpath(f.filename), PACKAGE_ROOT)}:{f.lineno} {f.name}"
+             for f in reversed(ours[-depth:])]
+    inner = f"{os.path.basename(below.filename)}:{below.lineno} {below.name} < " if below is not None and ours and \
+        stack.index(below) > stack.index(ours[-1]) else ""
+    return inner + (" < ".join(named) or "outside specroll")
+
+
+SYNC_KINDS = (*DRAFTERS, "eagle")  # the issue's bar: plain, model, EAGLE and suffix + model
+WARM_STEPS, COUNTED_STEPS = 3, 12  # with max_gamma 8 the counted steps emit ≤ 135 of 256 tokens: no row ends
+
+
 def sync_cell(target, drafter, args) -> list[dict]:
-    """The bf16 cell at b = `args.cell_rows`, γ auto: per drafter kind, tokens/s, mean γ and syncs per step."""
+    """The bf16 cell at b = `args.cell_rows`, γ auto: per drafter kind, tokens/s of a whole `generate` and host↔device
+    syncs per step, over that call and over steady-state steps (every row live, counted through `generate_steps`
+    after `WARM_STEPS`); with `--sync-sites`, where the steady-state syncs come from."""
     rows = args.cell_rows
     prompts = prompts_for(rows, target.config.vocab_size, seed=4)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0)
-    print(f"\nsync cell: bf16, b = {rows}, γ auto (syncs: torch.cuda.set_sync_debug_mode('warn'))")
-    print("| kind | tok/s | mean γ | syncs | steps | syncs / step |\n|---|---|---|---|---|---|")
-    cells = []
-    for kind in DRAFTERS:
-        spec = engine(target, drafter, kind, rows, 16 + args.max_new_tokens + 1, "auto", args, torch.bfloat16)
+    steady = SamplingParams(max_new_tokens=256, temperature=0)
+    print(f"\nsync cell: bf16, b = {rows}, γ auto (syncs: torch.cuda.set_sync_debug_mode('warn'); steady: "
+          f"{COUNTED_STEPS} steps with every row live, after {WARM_STEPS})")
+    print("| kind | tok/s | mean γ | syncs / step, whole call | syncs / step, steady |\n|---|---|---|---|---|")
+    cells, where = [], {}
+    for kind in SYNC_KINDS:
+        spec = engine(target, drafter, kind, rows, 16 + 256 + 1, "auto", args, torch.bfloat16)
         spec.generate(prompts, SamplingParams(max_new_tokens=4, temperature=0))  # warm-up and calibration
         before = spec.stats.totals()
         started = time.perf_counter()
-        syncs = count_syncs(lambda spec=spec: spec.generate(prompts, params), args.device)
+        spec.generate(prompts, params)
         seconds = time.perf_counter() - started
         stats = spec.stats.since(before)
-        per_step = "n/a (cpu)" if syncs is None else f"{syncs / max(stats.steps, 1):.2f}"
-        print(f"| {kind} | {stats.generated_tokens / seconds:.0f} | {stats.mean_gamma:.2f} | "
-              f"{'n/a' if syncs is None else syncs} | {stats.steps} | {per_step} |", flush=True)
-        cells.append({"kind": kind, "syncs": syncs, "steps": stats.steps})
+        whole = count_syncs(lambda spec=spec: spec.generate(prompts, params), args.device)
+        where[kind] = collections.Counter()
+        steps = spec.generate_steps(prompts, steady)
+        for _ in range(WARM_STEPS):
+            next(steps)
+        live = []
+        counted = count_syncs(lambda live=live, steps=steps: live.extend(next(steps) for _ in range(COUNTED_STEPS)),
+                              args.device,
+                              where[kind] if args.sync_sites else None)
+        steps.close()
+        if live != [rows] * COUNTED_STEPS:
+            raise RuntimeError(f"the sync cell's counted steps were not all at full batch: {live}")
+        per_call = "n/a (cpu)" if whole is None else f"{whole / max(stats.steps, 1):.2f}"
+        per_step = "n/a (cpu)" if counted is None else f"{counted / COUNTED_STEPS:.2f}"
+        print(f"| {kind} | {stats.generated_tokens / seconds:.0f} | {stats.mean_gamma:.2f} | {per_call} | "
+              f"{per_step} |", flush=True)
+        cells.append({"kind": kind, "syncs": whole, "steps": stats.steps, "steady_syncs": counted})
+    for kind, sites in where.items():
+        if sites:
+            print(f"\nsteady-state sync sites, {kind} (count over {COUNTED_STEPS} steps: the call that synced < "
+                  "specroll's frames, innermost first)")
+            for site, count in sites.most_common(12):
+                print(f"  {count:4d}  {site}")
     return cells
 
 
@@ -200,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-budget", type=float, default=8.0, help="auto-γ calibration seconds per engine")
     parser.add_argument("--calibration-cache", default=None, help="folder of the calibration cache (default ~/.cache)")
     parser.add_argument("--cell-rows", type=int, default=64, help="rows of the sync cell")
+    parser.add_argument("--sync-sites", action="store_true", help="print where the sync cell's steady syncs come from")
+    parser.add_argument("--stages", default="exact,bf16,sync,grid", help="which of exact,bf16,sync,grid to run")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stages that would start past it are skipped")
     args = parser.parse_args(argv)
     args.gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
@@ -212,11 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu_check on {name}; target {sum(p.numel() for p in target.parameters()) / 1e6:.0f}M, drafter "
           f"{sum(p.numel() for p in drafter.parameters()) / 1e6:.0f}M params (random init); "
           f"load average {load[0]:.2f}; torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
-    ok = check_exact(target, drafter, args)
-    ok &= check_bf16(target, drafter, args)
-    if within_budget(args, "sync cell"):
+    stages = set(args.stages.split(","))
+    ok = check_exact(target, drafter, args) if "exact" in stages else True
+    ok &= check_bf16(target, drafter, args) if "bf16" in stages else True
+    if "sync" in stages and within_budget(args, "sync cell"):
         sync_cell(target, drafter, args)
-    grid(target, drafter, args)
+    if "grid" in stages:
+        grid(target, drafter, args)
     print(f"\n{'all checks passed' if ok else 'CHECKS FAILED'} in {time.perf_counter() - started:.0f}s "
           f"(budget {args.budget_s:.0f}s)")
     return 0 if ok else 1

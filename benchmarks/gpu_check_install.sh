@@ -10,7 +10,9 @@
 # torch==2.13.0 and transformers>=5.20. So the script lays the source tree out as the `specroll` package
 # (pyproject's package-dir: `rollout/` is `specroll.rollout`, ...) with symbolic links in a folder of its own
 # ($SPECROLL_VIEW, default a fresh temporary folder), checks the versions it finds, imports gpu_check once,
-# and prints the `export PYTHONPATH=...` that makes it importable (everything else goes to stderr).
+# and prints the `export PYTHONPATH=... PYTHONSAFEPATH=1` that makes it importable (everything else goes to
+# stderr). PYTHONSAFEPATH (Python >= 3.11) keeps the current folder off sys.path: run from the repository root,
+# `python -m` would otherwise find the source tree's own `specroll/` folder first, which lacks the subpackages.
 #
 # Wheels for anything the machine lacks: download them here into a git-ignored folder, e.g.
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .gpu_check_wheels <package>==<version>
@@ -47,7 +49,7 @@ for package, folder in package_dir.items():  # the subpackages kept in folders o
 print(f"specroll laid out under {view} from {root}")
 PY
 
-PYTHONPATH="$view${PYTHONPATH:+:$PYTHONPATH}" "$python" - >&2 <<'PY'
+PYTHONSAFEPATH=1 PYTHONPATH="$view${PYTHONPATH:+:$PYTHONPATH}" "$python" - >&2 <<'PY'
 import re
 
 import torch
@@ -68,4 +70,4 @@ print(f"gpu_check imports: torch {torch.__version__} (CUDA {torch.cuda.is_availa
       f"transformers {transformers.__version__}")
 PY
 
-echo "export PYTHONPATH=$view\${PYTHONPATH:+:\$PYTHONPATH}"
+echo "export PYTHONSAFEPATH=1 PYTHONPATH=$view\${PYTHONPATH:+:\$PYTHONPATH}"

@@ -12,8 +12,11 @@ import importlib
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
+
+import torch
 
 import specroll.rollout.engine as engine_module
 import specroll.rollout.models.weights as weights_module
@@ -31,7 +34,7 @@ def test_gpu_check_passes_with_tiny_settings(tmp_path, capsys):
     assert "bf16 greedy" in out and "(ok," in out and "all checks passed" in out
     assert "fp32 rotary after the bf16 cast: ok" in out
     cell = [line for line in out.splitlines() if line.startswith("| ") and line.endswith("| n/a (cpu) |")]
-    assert [line.split(" | ")[0] for line in cell] == [f"| {kind}" for kind in gpu_check.DRAFTERS]
+    assert [line.split(" | ")[0] for line in cell] == [f"| {kind}" for kind in gpu_check.SYNC_KINDS]
     table = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 4 |"))]
     assert len(table) == 2 and all(line.count("×") == 4 for line in table)
 
@@ -97,3 +100,29 @@ def gpu_check_args(tmp_path):
         bf16_tol = 0.05
 
     return Args()
+
+
+def test_install_script_makes_gpu_check_importable_from_the_repository_root(tmp_path):
+    """Run from the repository root as its doc says (where `python -m` put the source tree's own `specroll/`
+    folder, which lacks the subpackages, first on sys.path): the printed exports import gpu_check from its view."""
+    root = Path(gpu_check.__file__).resolve().parents[1]
+    script = (f'eval "$(SPECROLL_VIEW={tmp_path} PYTHON={sys.executable} bash benchmarks/gpu_check_install.sh)" && '
+              f'{sys.executable} -m specroll.benchmarks.gpu_check --help >/dev/null && '
+              f'{sys.executable} -c "import specroll.benchmarks.gpu_check as g; print(g.__file__)"')
+    done = subprocess.run(["bash", "-c", script], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "specroll" / "benchmarks" / "gpu_check.py")
+
+
+def test_sync_site_names_specroll_frames_innermost_first_and_the_call_below_them():
+    def inner():
+        return traceback.extract_stack()
+
+    def outer():
+        return inner()
+
+    stack = outer()
+    stack.append(traceback.FrameSummary(torch.__file__, 7, "item"))  # as if torch's own frame synced below them
+    site = gpu_check.sync_site(stack, depth=2)
+    assert site.startswith("__init__.py:7 item < tests/test_gpu_check.py:")
+    assert " inner < tests/test_gpu_check.py:" in site and site.endswith(" outer")
