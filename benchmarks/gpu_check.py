@@ -43,9 +43,11 @@ from collections.abc import Callable
 
 import torch
 import transformers
+from torch.nn.attention import SDPBackend
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.heads import EagleHead
+from specroll.rollout.models import lean
 
 from .grpo_bench import DRAFTERS, race_repeat
 from .shapes import build
@@ -164,7 +166,8 @@ def sync_site(stack: traceback.StackSummary, depth: int = 3) -> str:
 
 
 SYNC_KINDS = (*DRAFTERS, "eagle")  # the issue's bar: plain, model, EAGLE and suffix + model
-WARM_STEPS, COUNTED_STEPS = 3, 12  # with max_gamma 8 the counted steps emit ≤ 135 of 256 tokens: no row ends
+# With max_gamma 8 the counted steps emit ≤ 135 of 256 tokens: no row ends.
+WARM_STEPS, COUNTED_STEPS, PROFILED_STEPS = 3, 12, 16
 
 
 def sync_cell(target, drafter, args) -> list[dict]:
@@ -242,6 +245,80 @@ def grid(target, drafter, args) -> list[dict]:
     return rows_out
 
 
+def profile_step(target, drafter, args) -> None:
+    """Where a plain decode step's time goes at `--profile-rows` live rows in bf16: torch's profiler over
+    `PROFILED_STEPS` steady steps (after `WARM_STEPS`), the ops by their own host time and the device's busy time."""
+    rows = args.profile_rows
+    spec = engine(target, drafter, "plain", rows, 16 + 256 + 1, 0, args, torch.bfloat16)
+    steps = spec.generate_steps(prompts_for(rows, target.config.vocab_size, seed=5),
+                                SamplingParams(max_new_tokens=256, temperature=0))
+    for _ in range(WARM_STEPS):
+        next(steps)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if args.device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(PROFILED_STEPS):
+            next(steps)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    steps.close()
+    events = prof.key_averages()
+    device_us = sum(getattr(e, "self_device_time_total", 0.0) for e in events)
+    ops = sum(e.count for e in events) // PROFILED_STEPS
+    print(f"\nplain step profile, bf16, b = {rows}: {1e3 * seconds / PROFILED_STEPS:.1f} ms a step under the "
+          f"profiler; device busy {device_us / 1e3 / PROFILED_STEPS:.1f} ms a step; {ops} profiled ops a step",
+          flush=True)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60), flush=True)
+
+
+def sdpa_ab(target, drafter, args) -> list[dict]:
+    """Plain decoding in bf16 with the lean forward's CUDA attention backends (`lean.CUDA_SDPA_BACKENDS`: no cuDNN)
+    against torch's own choice (all backends allowed: cuDNN was its pick on the H200), two engines stepped
+    alternately (paired), per batch size:
+    tokens/s and the ratio. The backends are swapped around each step of each engine."""
+    chosen = lean.CUDA_SDPA_BACKENDS
+    torch_order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                   SDPBackend.MATH]
+    print("\nSDPA backends, plain bf16, stepped alternately: no cuDNN (the engine's) vs torch's choice (all allowed)")
+    print("| b | no cuDNN tok/s | torch's choice tok/s | no cuDNN ÷ torch's |\n|---|---|---|---|")
+    out = []
+    try:
+        for rows in (int(b) for b in args.batch_sizes.split(",")):
+            if not within_budget(args, f"sdpa row b = {rows}"):
+                continue
+            prompts = prompts_for(rows, target.config.vocab_size, seed=6)
+            params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0)
+            sides = {name: (backends, engine(target, drafter, "plain", rows, 16 + args.max_new_tokens + 1, 0, args,
+                                             torch.bfloat16)) for name, backends in (("engine", chosen),
+                                                                                     ("torch", torch_order))}
+            seconds = dict.fromkeys(sides, 0.0)
+            for warm in (True, False):
+                running = {name: spec.generate_steps(prompts, params) for name, (_, spec) in sides.items()}
+                while running:
+                    for name in list(running):
+                        lean.CUDA_SDPA_BACKENDS = sides[name][0]
+                        started = time.perf_counter()
+                        try:
+                            next(running[name])
+                        except StopIteration:
+                            del running[name]
+                        if args.device.startswith("cuda"):
+                            torch.cuda.synchronize()
+                        seconds[name] += 0.0 if warm else time.perf_counter() - started
+            tokens = rows * args.max_new_tokens
+            rate = {name: tokens / seconds[name] for name in sides}
+            print(f"| {rows} | {rate['engine']:.0f} | {rate['torch']:.0f} | {rate['engine'] / rate['torch']:.2f}× |",
+                  flush=True)
+            out.append({"batch": rows, **rate})
+    finally:
+        lean.CUDA_SDPA_BACKENDS = chosen
+    return out
+
+
 def within_budget(args, stage: str) -> bool:
     """False (and says so) when `stage` would start less than `BUDGET_RESERVE_S` before `--budget-s` ends."""
     elapsed = time.perf_counter() - args.started
@@ -264,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-cache", default=None, help="folder of the calibration cache (default ~/.cache)")
     parser.add_argument("--cell-rows", type=int, default=64, help="rows of the sync cell")
     parser.add_argument("--sync-sites", action="store_true", help="print where the sync cell's steady syncs come from")
-    parser.add_argument("--stages", default="exact,bf16,sync,grid", help="which of exact,bf16,sync,grid to run")
+    parser.add_argument("--stages", default="exact,bf16,sync,grid",
+                        help="which of exact,bf16,sync,grid,profile,sdpa to run (profile, sdpa: not by default)")
+    parser.add_argument("--profile-rows", type=int, default=1, help="live rows of the profiled plain steps")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stages that would start past it are skipped")
     args = parser.parse_args(argv)
     args.gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
@@ -284,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         sync_cell(target, drafter, args)
     if "grid" in stages:
         grid(target, drafter, args)
+    if "sdpa" in stages:
+        sdpa_ab(target, drafter, args)
+    if "profile" in stages and within_budget(args, "profile"):
+        profile_step(target, drafter, args)
     print(f"\n{'all checks passed' if ok else 'CHECKS FAILED'} in {time.perf_counter() - started:.0f}s "
           f"(budget {args.budget_s:.0f}s)")
     return 0 if ok else 1
