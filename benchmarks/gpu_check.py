@@ -47,7 +47,7 @@ from torch.nn.attention import SDPBackend
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.heads import EagleHead
-from specroll.rollout.models import lean
+from specroll.rollout.models import attention
 
 from .grpo_bench import DRAFTERS, race_repeat
 from .shapes import build
@@ -276,11 +276,11 @@ def profile_step(target, drafter, args) -> None:
 
 
 def sdpa_ab(target, drafter, args) -> list[dict]:
-    """Plain decoding in bf16 with the lean forward's CUDA attention backends (`lean.CUDA_SDPA_BACKENDS`: no cuDNN)
+    """Plain decoding in bf16 with the engine's CUDA attention backends (`attention.CUDA_SDPA_BACKENDS`: no cuDNN)
     against torch's own choice (all backends allowed: cuDNN was its pick on the H200), two engines stepped
     alternately (paired), per batch size:
     tokens/s and the ratio. The backends are swapped around each step of each engine."""
-    chosen = lean.CUDA_SDPA_BACKENDS
+    chosen = attention.CUDA_SDPA_BACKENDS
     torch_order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                    SDPBackend.MATH]
     print("\nSDPA backends, plain bf16, stepped alternately: no cuDNN (the engine's) vs torch's choice (all allowed)")
@@ -300,7 +300,7 @@ def sdpa_ab(target, drafter, args) -> list[dict]:
                 running = {name: spec.generate_steps(prompts, params) for name, (_, spec) in sides.items()}
                 while running:
                     for name in list(running):
-                        lean.CUDA_SDPA_BACKENDS = sides[name][0]
+                        attention.CUDA_SDPA_BACKENDS = sides[name][0]
                         started = time.perf_counter()
                         try:
                             next(running[name])
@@ -315,7 +315,7 @@ def sdpa_ab(target, drafter, args) -> list[dict]:
                   flush=True)
             out.append({"batch": rows, **rate})
     finally:
-        lean.CUDA_SDPA_BACKENDS = chosen
+        attention.CUDA_SDPA_BACKENDS = chosen
     return out
 
 

@@ -131,9 +131,9 @@ def test_sync_site_names_specroll_frames_innermost_first_and_the_call_below_them
 def test_the_profile_and_sdpa_stages_run(tmp_path, capsys):
     """Off by default (GPU questions); on a CPU the backends are not consulted, so the ratio only checks the loop."""
     args = ["--tiny", "--device", "cpu", "--stages", "sdpa,profile", "--batch-sizes", "1,4", "--max-new-tokens", "8"]
-    engine_backends = gpu_check.lean.CUDA_SDPA_BACKENDS
+    engine_backends = gpu_check.attention.CUDA_SDPA_BACKENDS
     assert gpu_check.main(args) == 0
     out = capsys.readouterr().out
     assert len([line for line in out.splitlines() if line.startswith(("| 1 |", "| 4 |"))]) == 2
     assert "plain step profile, bf16, b = 1" in out and "aten::" in out
-    assert gpu_check.lean.CUDA_SDPA_BACKENDS is engine_backends  # the engine's list put back after the A/B
+    assert gpu_check.attention.CUDA_SDPA_BACKENDS is engine_backends  # the engine's list put back after the A/B

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.attention import attention
 from ..models.lean import rotate_half
 from .eagle3_head import _value
 from .heads import _normed
@@ -174,10 +175,7 @@ class BlockHead(nn.Module):
             q = _normed(attn.q_norm, attn.q_proj(h).view(n, q_len, attn.num_heads, attn.head_dim)).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin  # [n, Hq, Q, D]
             k, v = kv(i, *attn.keys_values(h, cos, sin))  # [n, Hkv, K, D]
-            groups = attn.num_heads // attn.num_kv_heads
-            if groups > 1:
-                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [n, Hq, Q, D]
+            out = attention(q, k, v, mask, attn.num_heads // attn.num_kv_heads)  # [n, Hq, Q, D]
             x = x + attn.o_proj(out.transpose(1, 2).reshape(n, q_len, -1))
             x = x + layer.mlp(_normed(layer.post_attention_layernorm, x))
         return _normed(self.norm, x)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.attention import attention
 from ..models.lean import rotate_half
 
 # kv(k, v) → (keys, values) to attend over: the ragged cache's update, or None for a causal pass.
@@ -115,11 +116,8 @@ def attend(head: nn.Module, h: torch.Tensor, positions: torch.Tensor, kv: KVWrit
     q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
     if kv is not None:
         k, v = kv(k, v)  # [n, Hkv, K, D]
-    groups = head.num_heads // head.num_kv_heads
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     causal = kv is None and mask is None
-    attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)  # [n, Hq, Q, D]
+    attn = attention(q, k, v, mask, head.num_heads // head.num_kv_heads, causal=causal)  # [n, Hq, Q, D]
     return attn.transpose(1, 2).reshape(n, q_len, -1)
 
 

@@ -17,14 +17,13 @@ architectures, eager attention, sliding windows, non-SiLU MLPs) run through HF's
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedModel
 
+from .attention import attention
 from .cache import RaggedKVCache
 
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -181,36 +180,12 @@ class LeanDecoder:
         return logits[:, 0] if logits_at is not None else logits
 
 
-# On CUDA, cuDNN's SDPA (torch's first choice for bf16 with a mask on Hopper) plans a graph for every new shape,
-# and a decode step's key length is new at every step: on an H200 (torch 2.11) it took 1.6 ms of host time per
-# call, 38 ms of a 42 ms plain step of a 0.5B model whose device was busy 4 ms of it. The memory-efficient kernel
-# takes a boolean mask and any length with no planning; flash serves the mask-free calls, math what neither takes.
-CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
 def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, groups: int,
                scaling: float) -> torch.Tensor:
-    with sdpa_kernel(CUDA_SDPA_BACKENDS) if q.is_cuda else contextlib.nullcontext():
-        return _sdpa(q, keys, values, mask, groups, scaling)
-
-
-def _sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, groups: int,
-          scaling: float) -> torch.Tensor:
-    """SDPA over the cache; returns [n, Q, Hq * D].
-
-    GQA without copying K/V: the `groups` query heads of one K/V head are folded into its query axis
-    ([n, Hkv, groups·Q, D]; query head h = kv·groups + g, as HF's `repeat_kv` pairs them), the mask repeated
-    along that axis (bool [n, 1, groups·Q, K], small) instead of K/V along heads (at Qwen2.5-7B, B = 256, 8k
-    context, a repeated K was ~14 GiB per layer for every verification and prefill)."""
+    """SDPA over the cache (`attention.attention`: GQA folded, no K/V copies); returns [n, Q, Hq * D]."""
     n, heads, q_len, dim = q.shape
-    if groups == 1:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)  # [n, Hq, Q, D]
-        return out.transpose(1, 2).reshape(n, q_len, heads * dim)
-    folded = q.reshape(n, heads // groups, groups * q_len, dim)  # [n, Hkv, groups·Q, D]
-    if mask is not None and mask.shape[-2] > 1:
-        mask = mask.repeat(1, 1, groups, 1)  # [n, 1, groups·Q, K]: query (g, q) sees what query q sees
-    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scaling)
-    return out.reshape(n, heads, q_len, dim).transpose(1, 2).reshape(n, q_len, heads * dim)
+    out = attention(q, keys, values, mask, groups, scale=scaling)  # [n, Hq, Q, D]
+    return out.transpose(1, 2).reshape(n, q_len, heads * dim)
 
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:

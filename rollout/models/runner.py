@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
+from .attention import backends
 from .cache import STATE_HISTORY, HybridShape, RaggedKVCache, StateShape, probe_layer_shapes
 from .hf_compat import cache_kwargs
 from .lean import lean_decoder, unsupported_reason
@@ -169,26 +170,29 @@ class ModelRunner:
                                                          position_ids.clamp_max(hidden.shape[1] - 1))
         position_ids = position_ids if tree is None else tree.positions  # rotary positions (slots stay the writes')
         try:
-            if self.lean is not None:
-                return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out, head,
-                                 capture=self.capture_layers if hidden_out is not None else None)
-            if num_layers is not None:
-                raise ValueError(f"num_layers={num_layers} needs the lean forward, which does not run "
-                                 f"{self.model.config.model_type!r} here ({unsupported_reason(self.model)})")
-            if hidden_out is not None or head is not None:
-                base = getattr(self.model, self.model.base_model_prefix)
-                capture = self.capture_layers is not None and hidden_out is not None
-                out = base(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
-                           output_hidden_states=capture, **cache_kwargs(base, self.cache))
-                states = out.last_hidden_state  # [n, Q, H], final-normed
-                if hidden_out is not None:  # [n, Q, H] or [n, Q, k·H]: the chosen layers' inputs
-                    layers = self.capture_layers if capture else ()
-                    hidden_out(torch.cat([out.hidden_states[i] for i in layers], -1) if capture else states)
-                logits = (head or self.model.get_output_embeddings())(states)
-            else:
-                logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                                    use_cache=True, **cache_kwargs(self.model, self.cache)).logits
-            return logits if logits_at is None else logits[torch.arange(logits.shape[0], device=self.device), logits_at]
+            with backends(self.device):  # on CUDA: no cuDNN attention (`attention` module)
+                if self.lean is not None:
+                    return self.lean(input_ids, position_ids, mask, self.cache, logits_at, num_layers, hidden_out, head,
+                                     capture=self.capture_layers if hidden_out is not None else None)
+                if num_layers is not None:
+                    raise ValueError(f"num_layers={num_layers} needs the lean forward, which does not run "
+                                     f"{self.model.config.model_type!r} here ({unsupported_reason(self.model)})")
+                if hidden_out is not None or head is not None:
+                    base = getattr(self.model, self.model.base_model_prefix)
+                    capture = self.capture_layers is not None and hidden_out is not None
+                    out = base(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+                               output_hidden_states=capture, **cache_kwargs(base, self.cache))
+                    states = out.last_hidden_state  # [n, Q, H], final-normed
+                    if hidden_out is not None:  # [n, Q, H] or [n, Q, k·H]: the chosen layers' inputs
+                        layers = self.capture_layers if capture else ()
+                        hidden_out(torch.cat([out.hidden_states[i] for i in layers], -1) if capture else states)
+                    logits = (head or self.model.get_output_embeddings())(states)
+                else:
+                    logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                                        use_cache=True, **cache_kwargs(self.model, self.cache)).logits
+                if logits_at is None:
+                    return logits
+                return logits[torch.arange(logits.shape[0], device=self.device), logits_at]
         finally:
             self.cache.plan = None
             self.num_forwards += 1
