@@ -14,12 +14,20 @@ from specroll.jobs.train_config import TrainConfig, load_train_config, resolved_
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "demo_chars.yaml", "demo_eagle.yaml", "demo_tiny.yaml",
-                                  "gpu_qwen2.5_7b.yaml"])
-def test_shipped_demo_configs_load(name):
+@pytest.mark.parametrize("name", sorted(path.name for path in CONFIGS.glob("*.yaml")))
+def test_shipped_configs_load(name):
     config = load_train_config(CONFIGS / name)
     assert isinstance(config, TrainConfig)
     assert resolved_dict(config)["grpo"]["steps"] == config.grpo.steps
+
+
+def test_the_frozen_vocabulary_arm_is_the_main_job_but_for_its_subset():
+    """configs/demo_frozen_vocab.yaml is compared with the main job paired (`benchmarks.probe_compare`): only
+    `learner.draft_vocab_updates` (and where the report goes) may differ."""
+    main, arm = (resolved_dict(load_train_config(CONFIGS / name)) for name in ("demo.yaml", "demo_frozen_vocab.yaml"))
+    assert main["learner"].pop("draft_vocab_updates") is True and arm["learner"].pop("draft_vocab_updates") is False
+    main["report"].pop("out_dir"), arm["report"].pop("out_dir")
+    assert main == arm
 
 
 @pytest.mark.parametrize(("data", "field"), [
