@@ -56,6 +56,7 @@ class Tally:
     ceiling_seconds: float = 0.0  # Σ over its steps of their calibrated forward time (0: no cost model given)
     steps: int = 0
     by_drafter: dict = field(default_factory=dict)
+    tree_steps: int = 0  # of `steps`, those that verified a token tree
     by_live_rows: dict[int, LiveBatchTally] = field(default_factory=dict)
     last_live_rows: int = 0
 
@@ -130,6 +131,7 @@ def race_repeat(engines: dict[str, SpecEngine], prompts: list[list[int]], params
     for name, engine in engines.items():
         tallies[name].tokens = engine.stats.generated_tokens
         tallies[name].steps = engine.stats.steps
+        tallies[name].tree_steps = engine.stats.tree_steps
         tallies[name].by_drafter = {k: v.to_dict() for k, v in engine.stats.by_drafter.items()}
     return tallies
 

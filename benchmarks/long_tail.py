@@ -13,10 +13,12 @@ costs about the same for 1 or 5 tokens per row at a small live batch), so this w
 - contenders: plain decoding (γ = 0), each drafter kind at `gamma: "auto"` (model, suffix, suffix+model,
   layer_skip, and the EAGLE / Medusa heads where trained ones are cached beside the demo models —
   `python -m specroll.benchmarks.head_training` trains them; `--models tiny` runs fresh ones), and the model
-  drafter at a fixed γ for reference. They run in lockstep (`grpo_bench.race_repeat`: always the one that has
-  generated the fewest tokens steps next, each timed on its own steps), fresh engines every repeat, in lockstep
-  groups sized to the memory available (an engine's KV cache is 4.3 GB for the demo target at the defaults:
-  `long_tail_contenders`), plain in every group, so each ratio to plain is paired within its group and repeat.
+  drafter at a fixed γ for reference, and with `--long-tail-trees W` the model drafter with `tree_width: "auto"` up
+  to W nodes a level (token trees where the cost model finds they pay: the drained tail). They run in lockstep
+  (`grpo_bench.race_repeat`: always the one that has generated the fewest tokens steps next, each timed on its own
+  steps), fresh engines every repeat, in lockstep groups sized to the memory available (an engine's KV cache is
+  4.3 GB for the demo target at the defaults: `long_tail_contenders`), plain in every group, so each ratio to
+  plain is paired within its group and repeat.
 
 Per contender (`long_tail_report`): tokens/s, × plain (paired, with a 95 % interval where there are ≥ 2 pairs),
 acceptance and mean γ, and by the live batch each step ran at (the rows the engine stepped, as the previous
@@ -81,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="drafter kinds at gamma auto (plain always runs): from " + ", ".join(list(KINDS)[1:]))
     group.add_argument("--long-tail-fixed-gamma", type=int, default=4,
                        help="the model drafter at this fixed γ, for reference (0: none)")
+    group.add_argument("--long-tail-trees", type=int, default=0,
+                       help="also the model drafter with tree_width auto up to this many nodes a level (0: none)")
     group.add_argument("--long-tail-layer-skip", type=int, default=0,
                        help="layers of the layer-skip drafter (0: EngineConfig's default, half the target's)")
     group.add_argument("--long-tail-group", type=int, default=0,
@@ -112,12 +116,15 @@ class Settings:
     fixed_gamma: int
     layer_skip: int | None
     group: int
+    trees: int = 0
 
     @property
     def contenders(self) -> list[Contender]:
         out = [Contender("plain", "plain", 0)] + [Contender(kind, kind, "auto") for kind in self.kinds]
         if self.fixed_gamma:
             out.append(Contender(f"model_gamma{self.fixed_gamma}", "model", self.fixed_gamma))
+        if self.trees:
+            out.append(Contender(f"model_trees{self.trees}", "model", "auto", "auto", self.trees))
         return out
 
 
@@ -142,9 +149,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
         if getattr(args, f"long_tail_{flag}") < 0:
             raise _invalid(f"--long-tail-{flag.replace('_', '-')}={getattr(args, f'long_tail_{flag}')} is invalid: "
                            "an int >= 0")
+    from specroll.rollout.config import MAX_TREE_WIDTH
+
+    if args.long_tail_trees != 0 and not 2 <= args.long_tail_trees <= MAX_TREE_WIDTH:
+        raise _invalid(f"--long-tail-trees={args.long_tail_trees} is invalid: 0 (no trees) or an int in "
+                       f"[2, {MAX_TREE_WIDTH}] (nodes a tree level may have)")
     return Settings(**ints, median=args.long_tail_median, sigma=args.long_tail_sigma,
                     temperature=args.long_tail_temperature, kinds=kinds, fixed_gamma=args.long_tail_fixed_gamma,
-                    layer_skip=args.long_tail_layer_skip or None, group=args.long_tail_group)
+                    layer_skip=args.long_tail_layer_skip or None, group=args.long_tail_group,
+                    trees=args.long_tail_trees)
 
 
 def lognormal_quantile(median: float, sigma: float, q: float) -> float:

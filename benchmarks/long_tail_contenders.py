@@ -41,6 +41,8 @@ class Contender:
     name: str
     kind: str
     gamma: int | str
+    tree_width: int | str = 1  # "auto": token trees where the cost model finds they pay (`EngineConfig.tree_width`)
+    max_tree_width: int = 4
 
 
 @dataclass
@@ -60,7 +62,7 @@ class Engines:
         drafters = KINDS[c.kind]
         config = EngineConfig(max_batch_size=self.slots, max_seq_len=self.max_seq_len, gamma=c.gamma,
                               drafters=drafters, sampler=self.sampler, layer_skip_layers=self.layer_skip,
-                              stats_trace_steps=1)
+                              stats_trace_steps=1, tree_width=c.tree_width, max_tree_width=c.max_tree_width)
         weights = self.models.drafter if drafters and "model" in drafters else self.heads.get(c.kind)
         return SpecEngine(self.models.target, weights, config)
 

@@ -76,7 +76,8 @@ def summarize(runs: list[dict], small_batch: int) -> dict[str, dict]:
         everything = phase(buckets, list(buckets))
         entry = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
                  "per_run_tokens_per_s": [t.tokens / t.seconds for t in tallies],
-                 "steps": sum(t.steps for t in tallies), "acceptance_rate": everything["acceptance_rate"],
+                 "steps": sum(t.steps for t in tallies), "tree_steps": sum(t.tree_steps for t in tallies),
+                 "acceptance_rate": everything["acceptance_rate"],
                  "mean_gamma": everything["mean_gamma"], "by_drafter": by_drafter(tallies),
                  "share_of_time_small_batch": split["small_batch"]["share_of_time"],
                  "share_of_steps_small_batch": split["small_batch"]["share_of_steps"], "phases": split,
@@ -108,14 +109,15 @@ def _acceptance(r: dict) -> str:
 
 def print_table(summary: dict[str, dict], small_batch: int) -> None:
     k = small_batch
-    print(f"\n| contender | tokens/s | × plain [95% CI] | acceptance | mean γ | wall time at live ≤ {k} | "
+    print(f"\n| contender | tokens/s | × plain [95% CI] | acceptance | mean γ | tree steps | wall time at live ≤ {k} | "
           f"steps at live ≤ {k} | tokens/s at live ≤ {k} (× plain) | tokens/s at live > {k} (× plain) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in summary.items():
         small, rest = r["phases"]["small_batch"], r["phases"]["rest"]
+        trees = f"{100 * r['tree_steps'] / r['steps']:.0f}%" if r["tree_steps"] else "—"
         print(f"| {name} | {r['tokens_per_s']:.0f} | {_ratio(r.get('vs_plain'))} | {_acceptance(r)} | "
-              f"{r['mean_gamma']:.2f} | {100 * small['share_of_time']:.0f}% | {100 * small['share_of_steps']:.0f}% | "
-              f"{_phase_rate(small)} | {_phase_rate(rest)} |")
+              f"{r['mean_gamma']:.2f} | {trees} | {100 * small['share_of_time']:.0f}% | "
+              f"{100 * small['share_of_steps']:.0f}% | {_phase_rate(small)} | {_phase_rate(rest)} |")
 
 
 def _phase_rate(p: dict) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -16,8 +17,9 @@ REQUESTS, SLOTS, SMALL_BATCH = 16, 6, 2
 SHRUNK = ["--models", "tiny", "--threads", "1", "--long-tail-requests", str(REQUESTS), "--long-tail-samples", "4",
           "--long-tail-slots", str(SLOTS), "--long-tail-max-seq-len", "80", "--long-tail-median", "6",
           "--long-tail-sigma", "1.2", "--long-tail-small-batch", str(SMALL_BATCH), "--long-tail-fixed-gamma", "2",
-          "--long-tail-repeats", "2", "--long-tail-group", "3"]
-CONTENDERS = ["plain", "model", "suffix", "suffix+model", "layer_skip", "eagle", "medusa", "model_gamma2"]
+          "--long-tail-repeats", "2", "--long-tail-group", "3", "--long-tail-trees", "2"]
+CONTENDERS = ["plain", "model", "suffix", "suffix+model", "layer_skip", "eagle", "medusa", "model_gamma2",
+              "model_trees2"]
 
 
 def _log_steps(monkeypatch) -> list[tuple[SpecEngine, int, int | None]]:
@@ -96,9 +98,13 @@ def test_long_tail_workload_races_every_contender_in_lockstep_to_its_budgets(tmp
         if name == "plain":
             assert r["by_drafter"] == {} and r["mean_gamma"] == 0 and "vs_plain" not in r
         else:
-            assert r["vs_plain"]["repeats"] == 2 and set(r["by_drafter"]) == set(name.split("_gamma")[0].split("+"))
+            kinds = re.sub(r"_(gamma|trees)\d+$", "", name).split("+")
+            assert r["vs_plain"]["repeats"] == 2 and set(r["by_drafter"]) == set(kinds)
             assert 0 <= r["acceptance_rate"] <= 1 and r["mean_gamma"] > 0
     assert contenders["model_gamma2"]["mean_gamma"] == 2
+    # Only the tree contender may verify trees (whether auto finds them worth it on tiny models is the cost model's).
+    assert all(r["tree_steps"] == 0 for name, r in contenders.items() if name != "model_trees2")
+    assert 0 <= contenders["model_trees2"]["tree_steps"] <= contenders["model_trees2"]["steps"]
 
     printed = capsys.readouterr().out
     assert all(f"| {name} |" in printed for name in CONTENDERS)
@@ -119,3 +125,5 @@ def test_budgets_are_the_lognormal_quantiles_and_p99_is_nearest_rank():
 def test_a_bad_flag_is_one_line_and_exit_code_2(capsys):
     assert main(["bench", "--workload", "long-tail", "--long-tail-requests", "8", "--long-tail-slots", "8"]) == 2
     assert "--long-tail-requests=8 is invalid" in capsys.readouterr().err
+    assert main(["bench", "--workload", "long-tail", "--long-tail-trees", "1"]) == 2
+    assert "--long-tail-trees=1 is invalid: 0 (no trees) or an int in [2, 16]" in capsys.readouterr().err
