@@ -13,7 +13,8 @@ drafts a row's length budget can still use. Time comes from a `CostModel` measur
 and corrected online from the steps run (drafts and the rest of the step separately, per batch size
 and γ). Near the top the predicted rates differ by less than their error, so the policy keeps its last
 γ unless another is predicted `STICK_WITHIN` better, and every `TRY_EVERY` steps runs a γ predicted
-within `TRY_WITHIN` of the best, so that γ's own step time gets measured. γ = 0 (plain decoding)
+within `TRY_WITHIN` of the best, so that γ's own step time gets measured (and plain decoding every
+`PLAIN_CHECK_EVERY` speculative steps: its overhead is learnt apart from theirs). γ = 0 (plain decoding)
 wins whenever the drafter's cost or a low acceptance does not pay — as it does for large live
 batches, where a forward of γ + 1 tokens per row is no longer nearly free. There is no hard-coded
 batch threshold. `"auto_simple"` selects `simple.SimpleGamma`, which leaves most of this out.
@@ -35,6 +36,8 @@ TRY_EVERY = 16  # steps between runs of a γ predicted close to the best, to mea
 TRY_WITHIN = 0.05  # ... close: within this fraction of the best
 EXPLORE_EVERY = 32  # plain steps between probes of the best γ > 0, so stale α estimates can recover
 EXPLORE_WITHIN = 0.75  # ... probed only if predicted to reach this fraction of plain throughput
+PLAIN_CHECK_EVERY = 64  # speculative steps at one live batch size between plain steps run to time plain decoding
+PLAIN_CHECK_FIRST = 8  # ... before the first one there (a rollout phase's full batch lasts few steps)
 
 
 class AutoGamma:
@@ -51,6 +54,7 @@ class AutoGamma:
         self.last: dict[bool, int] = {}  # the γ chosen last, per mode
         self.steps = 0
         self.tried: dict[tuple[int, int], int] = {}  # (live rows, γ) → the step it was last run at
+        self.since_plain: dict[int, int] = {}  # live rows → speculative steps there since the last plain one
         self._raw: tuple[int, int, tuple[list[float], list[float]]] | None = None
 
     def state_dict(self) -> dict:
@@ -59,7 +63,7 @@ class AutoGamma:
         return {"estimates": {mode: estimate.state_dict() for mode, estimate in self.estimates.items()},
                 "cost": self.cost.corrections_state(),
                 "plain_steps": self.plain_steps, "last": dict(self.last), "steps": self.steps,
-                "tried": dict(self.tried)}
+                "tried": dict(self.tried), "since_plain": dict(self.since_plain)}
 
     def load_state_dict(self, state: dict) -> None:
         for mode, estimate in self.estimates.items():
@@ -68,6 +72,7 @@ class AutoGamma:
         self.plain_steps, self.steps = int(state["plain_steps"]), int(state["steps"])
         self.last = {bool(mode): int(g) for mode, g in state["last"].items()}
         self.tried = {(int(rows), int(g)): int(step) for (rows, g), step in state["tried"].items()}
+        self.since_plain = {int(rows): int(n) for rows, n in state.get("since_plain", {}).items()}
 
     def _raw_step_times(self, rows: int, context: int) -> tuple[list[float], list[float]]:
         """Calibrated (verify, draft) seconds for every γ. The grid lookups are cached per live batch
@@ -123,10 +128,22 @@ class AutoGamma:
             if near:
                 pick = min(near, key=lambda g: self.tried.get((shape.rows, g), -1))
                 self.tried[shape.rows, pick] = self.steps
+                if pick:  # a speculative step too, for the plain check below
+                    self.since_plain[shape.rows] = self.since_plain.get(shape.rows, 0) + 1
                 return pick
         self.tried[shape.rows, best] = self.steps
         if best > 0:
+            # Plain decoding's own step time is measured only by running it (`CostModel.step_overheads`): where
+            # speculation runs on, one plain step after PLAIN_CHECK_FIRST speculative ones at a batch size, then
+            # every PLAIN_CHECK_EVERY, keeps it measured, at a cost of at most that share of a step's gain.
+            due = self.since_plain.get(shape.rows, 0) + 1
+            limit = PLAIN_CHECK_EVERY if (shape.rows, 0) in self.tried else PLAIN_CHECK_FIRST
+            self.since_plain[shape.rows] = 0 if due >= limit else due
+            if due >= limit:
+                self.tried[shape.rows, 0] = self.steps
+                return 0
             return best
+        self.since_plain[shape.rows] = 0
         # Acceptance is only measured while speculating: an estimate that talked us into plain
         # decoding would never be corrected. Probe the runner-up now and then, at bounded cost.
         self.plain_steps += 1

@@ -54,7 +54,8 @@ class CostModel:
     target_long: ForwardTimes | None = None  # at `contexts[1]`; None: context-independent
     contexts: tuple[int, int] = (CALIBRATION_CONTEXT, CALIBRATION_CONTEXT)
     draft_scale: float | None = None  # measured / calibrated drafting time; None until measured
-    overhead: dict[int, float] = field(default_factory=dict)  # live rows → step seconds beyond the forwards
+    overhead: dict[int, float] = field(default_factory=dict)  # live rows → step seconds beyond the forwards (γ ≥ 1)
+    plain_overhead: dict[int, float] = field(default_factory=dict)  # live rows → the same of plain steps (γ = 0)
     overhead_offsets: dict[int, list[float]] = field(default_factory=dict)  # live rows → per-γ offsets from it
     ema: float = 0.8
     _gamma_parts: dict[tuple[int, int], tuple[list[float], list[float], list[float]]] = field(
@@ -64,12 +65,15 @@ class CostModel:
         """The online corrections learnt from the steps run (not the calibration), for a resumed run
         (`rollout.engine_state`): they go on adapting from there, on whatever hardware it runs."""
         return {"draft_scale": self.draft_scale, "overhead": dict(self.overhead),
+                "plain_overhead": dict(self.plain_overhead),
                 "overhead_offsets": {batch: list(offsets) for batch, offsets in self.overhead_offsets.items()}}
 
     def load_corrections_state(self, state: dict) -> None:
         scale = state["draft_scale"]
         self.draft_scale = None if scale is None else float(scale)
         self.overhead = {int(batch): float(extra) for batch, extra in state["overhead"].items()}
+        # A state saved before plain steps were kept apart has none: they are learnt again from the next ones.
+        self.plain_overhead = {int(batch): float(extra) for batch, extra in state.get("plain_overhead", {}).items()}
         self.overhead_offsets = {int(batch): [float(o) for o in offsets]
                                  for batch, offsets in state["overhead_offsets"].items()}
 
@@ -120,18 +124,23 @@ class CostModel:
 
     def step_overheads(self, batch: int, max_gamma: int) -> list[float]:
         """Measured seconds a step spends beyond its calibrated forwards at `batch` live rows, for
-        γ = 0..max_gamma: the batch size's (the nearest measured one's; 0 before any step) plus each
-        (batch, γ)'s own offset where one was measured."""
-        if batch in self.overhead:
-            pooled = self.overhead[batch]
-        elif self.overhead:
-            pooled = self.overhead[min(self.overhead, key=lambda b: abs(b - batch))]
-        else:
-            pooled = 0.0
-        offsets = self.overhead_offsets.get(batch)
-        if offsets is None:
-            return [pooled] * (max_gamma + 1)
-        return [pooled + (offsets[g] if g < len(offsets) else 0.0) for g in range(max_gamma + 1)]
+        γ = 0..max_gamma. Speculative steps (γ ≥ 1): the batch size's overhead learnt from them (the nearest
+        measured one's; before any, plain steps' as the prior) plus each (batch, γ)'s own offset where one was
+        measured. Plain steps: their own (`plain_overhead`), where measured; before that, the speculative steps'.
+
+        The two are kept apart because at a real vocabulary they differ by more than an offset: a speculative
+        step samples and verifies γ + 1 positions of the vocabulary and rolls back, which the calibrated forwards
+        do not time (subword demo world, one live row: tens of ms). Pooled, plain decoding inherited that cost and
+        auto-γ kept drafting at 0.79× plain (docs/benchmarks.md, the long-tail workload with trees)."""
+        pooled = _nearest(self.overhead, batch)
+        plain = _nearest(self.plain_overhead, batch)
+        if pooled is None:
+            pooled = plain if plain is not None else 0.0
+        offsets = self.overhead_offsets.get(batch) or []
+        out = [pooled + (offsets[g] if g < len(offsets) else 0.0) for g in range(max_gamma + 1)]
+        if plain is not None:
+            out[0] = plain
+        return out
 
     def corrected(self, batch: int, verify: list[float], draft: list[float]) -> list[float]:
         """Predicted step seconds for γ = 0, 1, … from their calibrated (verify, draft) parts."""
@@ -159,6 +168,11 @@ class CostModel:
                 ratio = self.ema * old + (1 - self.ema) * min(max(ratio, old / 2), old * 2)
             self.draft_scale = ratio
         extra = seconds - draft_seconds - verify
+        if gamma == 0:  # a plain step: its own overhead (`step_overheads`)
+            old = self.plain_overhead.get(batch)
+            self.plain_overhead[batch] = extra if old is None else self.ema * old + (1 - self.ema) * min(
+                max(extra, -verify / 2), 2 * max(old, 0.0) + verify / 10)
+            return
         old = self.overhead.get(batch)
         if old is None:
             self.overhead[batch] = extra
@@ -319,3 +333,10 @@ def _forward_times(raw: dict) -> ForwardTimes:
     if not all(isinstance(t, (int, float)) and math.isfinite(t) for row in times.times for t in row):
         raise ValueError("times must be finite numbers")
     return times
+
+
+def _nearest(table: dict[int, float], batch: int) -> float | None:
+    """`table`'s value at `batch`, else at the nearest batch size it has, else None."""
+    if batch in table:
+        return table[batch]
+    return table[min(table, key=lambda b: abs(b - batch))] if table else None
