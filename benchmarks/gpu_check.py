@@ -37,9 +37,6 @@ import collections
 import os
 import sys
 import time
-import traceback
-import warnings
-from collections.abc import Callable
 
 import torch
 import transformers
@@ -51,9 +48,8 @@ from specroll.rollout.models import attention
 
 from .grpo_bench import DRAFTERS, race_repeat
 from .shapes import build
+from .sync_count import SYNC_WARNING, count_sync_warnings, count_syncs, sync_site  # noqa: F401  (gpu_check's API)
 
-SYNC_WARNING = "called a synchronizing CUDA operation"  # what torch's sync debug mode warns at each sync
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the repository (benchmarks/..)
 BUDGET_RESERVE_S = 60.0  # a stage starting later than this before the budget's end is skipped
 
 
@@ -118,51 +114,6 @@ def check_fp32_rotary(modules: dict[str, torch.nn.Module]) -> bool:
     print(f"fp32 rotary after the bf16 cast: {'ok' if found and not wrong else 'FAIL'} "
           f"({len(found)} inv_freq buffers{', not fp32: ' + str(wrong) if wrong else ''})", flush=True)
     return bool(found) and not wrong
-
-
-def count_syncs(run: Callable[[], object], device: str,
-                sites: collections.Counter[str] | None = None) -> int | None:
-    """Host↔device syncs while `run()` runs, as torch's sync debug mode reports them (None on a CPU); with
-    `sites`, each sync is also counted there by the specroll source lines that made it (`sync_site`)."""
-    if not device.startswith("cuda"):
-        run()
-        return None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")  # every sync, not the first per call site
-        record = getattr(warnings, "_showwarnmsg_impl", None)  # catch_warnings(record=True)'s appender
-        if sites is not None and record is not None:
-            def record_with_site(message, record=record):
-                record(message)
-                if SYNC_WARNING in str(message.message):
-                    sites[sync_site(traceback.extract_stack()[:-1])] += 1
-            warnings._showwarnmsg_impl = record_with_site
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            run()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()  # the call's work done (with the mode off: this sync is not counted)
-    return count_sync_warnings(caught)
-
-
-def count_sync_warnings(caught: list[warnings.WarningMessage]) -> int:
-    return sum(SYNC_WARNING in str(w.message) for w in caught)
-
-
-def sync_site(stack: traceback.StackSummary, depth: int = 3) -> str:
-    """The innermost `depth` frames of specroll's own code in `stack` (innermost first), and the torch or
-    transformers call below them that synced: where to look."""
-    def own(frame: traceback.FrameSummary) -> bool:  # a file of the repository's, not of a venv inside it
-        path = os.path.realpath(frame.filename)
-        return path.startswith(PACKAGE_ROOT + os.sep) and "site-packages" not in path
-
-    ours = [f for f in stack if own(f)]
-    below = next((f for f in reversed(stack) if not own(f) and "warnings" not in f.filename), None)
-    named = [f"{os.path.relpath(os.path.realpath(f.filename), PACKAGE_ROOT)}:{f.lineno} {f.name}"
-             for f in reversed(ours[-depth:])]
-    inner = f"{os.path.basename(below.filename)}:{below.lineno} {below.name} < " if below is not None and ours and \
-        stack.index(below) > stack.index(ours[-1]) else ""
-    return inner + (" < ".join(named) or "outside specroll")
 
 
 SYNC_KINDS = (*DRAFTERS, "eagle")  # the issue's bar: plain, model, EAGLE and suffix + model
