@@ -3,8 +3,9 @@
 Builds a random-init Qwen2 pair from configs (no downloads, `shapes.SHAPES`): a ~0.5B target (Qwen2.5-0.5B's
 shape) and a ~50M-class drafter over the same vocabulary, then
 
-1. greedy exactness in fp32: plain decoding vs the model drafter, the suffix drafter and both
-   (`EngineConfig.drafters`), token for token, two calls (the second drafts from the first's history);
+1. greedy exactness in fp32: plain decoding vs the model drafter, the suffix drafter, both
+   (`EngineConfig.drafters`), and fresh EAGLE, EAGLE-3 and block heads, token for token, two calls (the second
+   drafts from the first's history);
 2. a bf16 check: greedy speculative decoding in bf16, where each emitted token's target logit (from
    one full bf16 forward over prompt + completion) must lie within `--bf16-tol` of that position's
    max (bf16 rounding may flip near-ties; anything more is a bug); and the engine's bf16 cast must
@@ -50,6 +51,8 @@ from .grpo_bench import DRAFTERS, race_repeat
 from .shapes import build
 from .sync_count import SYNC_WARNING, count_sync_warnings, count_syncs, sync_site  # noqa: F401  (gpu_check's API)
 
+TORCH_SDPA_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.MATH]  # every kernel allowed: torch's own choice among them
 BUDGET_RESERVE_S = 60.0  # a stage starting later than this before the budget's end is skipped
 
 
@@ -61,15 +64,20 @@ def prompts_for(rows: int, vocab: int, seed: int, length: int = 16) -> list[list
     return [p for p in base for _ in range(samples)]
 
 
+HEAD_KINDS = ("eagle", "eagle3", "block")  # fresh heads on the target's features (EAGLE-1-like, EAGLE-3, block)
+
+
 def engine(target, drafter, kind: str, rows: int, max_seq: int, gamma: int | str, args, dtype) -> SpecEngine:
-    """An engine of drafter `kind`: one of `DRAFTERS`, or "eagle" (a fresh EAGLE head on the target's features)."""
-    drafters = DRAFTERS.get(kind)
+    """An engine of drafter `kind`: one of `DRAFTERS`, or one of `HEAD_KINDS` (a fresh head, random init)."""
+    drafters = (kind,) if kind in HEAD_KINDS else DRAFTERS.get(kind)
     speculates = kind != "plain"
     config = EngineConfig(max_batch_size=rows, max_seq_len=max_seq, gamma=gamma if speculates else 0,
                           drafters=drafters, device=args.device, dtype=dtype, stats_trace_steps=1,
                           cost_model_budget_s=args.calibration_budget, calibration_cache=args.calibration_cache)
     if kind == "eagle":
         return SpecEngine(target, EagleHead.for_target(target.config, seed=3), config)
+    if kind in HEAD_KINDS:  # the engine makes a fresh head of the kind
+        return SpecEngine(target, None, config)
     return SpecEngine(target, drafter if drafters and "model" in drafters else None, config)
 
 
@@ -80,7 +88,7 @@ def check_exact(target, drafter, args) -> bool:
     reference = [r.completion_ids for r in
                  engine(target, drafter, "plain", 8, max_seq, 0, args, torch.float32).generate(prompts, params)]
     ok = True
-    for kind in ("model", "suffix", "suffix+model"):
+    for kind in ("model", "suffix", "suffix+model", *HEAD_KINDS):
         spec = engine(target, drafter, kind, 8, max_seq, 4, args, torch.float32)
         same = all([r.completion_ids for r in spec.generate(prompts, params)] == reference for _ in range(2))
         print(f"greedy fp32 exactness, {kind}: {'ok' if same else 'MISMATCH'} "
@@ -223,6 +231,10 @@ def profile_step(target, drafter, args) -> None:
     print(f"\nplain step profile, bf16, b = {rows}: {1e3 * seconds / PROFILED_STEPS:.1f} ms a step under the "
           f"profiler; device busy {device_us / 1e3 / PROFILED_STEPS:.1f} ms a step; {ops} profiled ops a step",
           flush=True)
+    kernels = {e.key: e.count // PROFILED_STEPS for e in events
+               if any(word in e.key.lower() for word in ("cudnn_attention", "flash_attention", "efficient_attention",
+                                                         "scaled_dot_product_attention_math"))}
+    print(f"attention kernels a step (--sdpa {args.sdpa}): {kernels or 'none seen'}", flush=True)
     print(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60), flush=True)
 
 
@@ -232,8 +244,7 @@ def sdpa_ab(target, drafter, args) -> list[dict]:
     alternately (paired), per batch size:
     tokens/s and the ratio. The backends are swapped around each step of each engine."""
     chosen = attention.CUDA_SDPA_BACKENDS
-    torch_order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                   SDPBackend.MATH]
+    torch_order = TORCH_SDPA_ORDER
     print("\nSDPA backends, plain bf16, stepped alternately: no cuDNN (the engine's) vs torch's choice (all allowed)")
     print("| b | no cuDNN tok/s | torch's choice tok/s | no cuDNN ÷ torch's |\n|---|---|---|---|")
     out = []
@@ -296,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="which of exact,bf16,sync,grid,profile,sdpa to run (profile, sdpa: not by default)")
     parser.add_argument("--profile-rows", type=int, default=1, help="live rows of the profiled plain steps")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stages that would start past it are skipped")
+    parser.add_argument("--sdpa", choices=("engine", "torch"), default="engine",
+                        help="CUDA attention kernels of every stage: the engine's (no cuDNN) or torch's own choice")
     args = parser.parse_args(argv)
+    if args.sdpa == "torch":
+        attention.CUDA_SDPA_BACKENDS = TORCH_SDPA_ORDER
     args.gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
     started = args.started = time.perf_counter()
     prefix = "tiny_" if args.tiny else ""

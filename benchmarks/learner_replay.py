@@ -35,7 +35,7 @@ import torch
 import yaml
 
 from specroll.integrations.yaml_config import from_dict
-from specroll.online_drafter import DraftLearner, LearnerConfig
+from specroll.online_drafter import DraftLearner, LearnerConfig, autocast
 from specroll.online_drafter.heads.block_learner import BlockLearner
 from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.online_drafter.learner_config import BufferConfig
@@ -89,10 +89,13 @@ def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
         learner = kind(copy.deepcopy(init["drafter"]), reads["embed"], reads["lm_head"], config)
     else:
         learner = DraftLearner(copy.deepcopy(init["drafter"]), config)
-    if not head and config.compute_dtype != "float32" and not (train_cost_ms and eval_cost_ms):
+    dtype = config.compute_dtype  # "auto": what the learner resolves it to on this machine
+    if dtype == "auto":
+        dtype = "float32" if autocast.resolve(dtype, config.device) is None else "bfloat16"
+    if not head and dtype != "float32" and not (train_cost_ms and eval_cost_ms):
         raise ValueError(f"compute_dtype={config.compute_dtype!r}: the drafter LM's costs are measured in float32 "
                          "only; pass --train-cost and --eval-cost")
-    head_train, head_eval = HEAD_COSTS_MS[config.compute_dtype, config.train_depths == 1]
+    head_train, head_eval = HEAD_COSTS_MS[dtype, config.train_depths == 1]
     train_cost_ms = train_cost_ms or (head_train if head else TRAIN_COST_MS)
     eval_cost_ms = eval_cost_ms or (head_eval if head else EVAL_COST_MS)
     clock = [0.0]

@@ -6,9 +6,19 @@ computes rewards and updates the policy, when rollout workers would sit idle. It
 it has, bounded by a share of the rollout it is meant to speed up, counted over the whole run:
 
     budget = min(rollout_share × rollout seconds so far − round seconds so far,
-                 update_share × last update seconds)
+                 update_share × the update's predicted seconds)
 
-(the update's length is only known from the second step on). Counting the share cumulatively lets a
+The update the round overlaps trains on the batch just rolled out, and its length follows that batch's tokens
+(the demo's: 9–47 s a step as completions shrink and grow), so it is predicted as the last update's seconds per
+rollout token times this batch's tokens (with no token counts: the last update's seconds; the update's length is
+only known from the second step on). Sized on the last update alone, a round after a long update overran the
+next short one and the trainer waited for it. A cold start (`speculation_events`: the engine drafts
+only once a version's held-out acceptance passes break-even) is the exception while its rollouts decode plainly:
+then a round is bounded by `update_share` of the update alone (`cold_uses_update`). The rollouts pay nothing for
+it — rounds run in the update, while the worker idles — and a head from nothing needs minutes of training where
+a quarter of the char world's 2–6 s rollouts gives it about a second a step (measured: a fresh EAGLE head went
+0.07 → 0.25 held out in 20 steps, never near break-even). Those rounds' seconds are counted apart
+(`LearnerTimes.cold_round_s`), not against the share. Counting the share cumulatively lets a
 round use what earlier rounds left (a round that stopped early, one that only scored), so the
 learner's total stays at `rollout_share` of the rollout time without each round being cut to the
 last, possibly short, rollout's share. Every `ProbeSet.every` steps the round
@@ -75,6 +85,7 @@ class LearnerTimes:
 
     wait_s: float = 0.0  # the hook blocked on a round (its serial share)
     round_s: float = 0.0  # rounds ran, in the background
+    cold_round_s: float = 0.0  # rounds of a cold start while its rollouts decoded plainly (not under the share)
     probe_s: float = 0.0  # the learner's probe scoring, in the background (a measurement, not learning)
     rollout_s: float = 0.0  # training rollouts
     wall_s: float = 0.0  # from the first training rollout to the last collection
@@ -91,27 +102,53 @@ class LearnerSchedule:
     update_share: float = 0.9
     max_budget_s: float | None = None
     speculation_events: bool = False
+    cold_uses_update: bool = True
     probes: list[dict[str, float]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     times: LearnerTimes = field(default_factory=LearnerTimes)
     _started_at: float | None = None
     _first_rollout_at: float | None = None
     _update_s: float | None = None  # from a round's start to its collection: the trainer's update
+    _update_tokens: int | None = None  # the rollout tokens of the batch that update trained on
+    _batch_tokens: int | None = None  # the rollout tokens of the batch the next round's update trains on
     _pending_probe: int | None = None  # the policy version of the probe in flight
     num_rounds: int = 0
     num_published: int = 0  # rounds that published a drafter version (the gate's or the watchdog's)
     _speculating: bool | None = None  # whether the last training step's rollouts drafted
     _last_acceptance: float | None = None  # the last gated round's held-out acceptance of the served drafter
+    _round_cold: bool = False  # the round in flight was budgeted as a cold start's (`cold`)
+    _round_tokens: int | None = None  # the rollout tokens of the batch whose update the round in flight overlaps
+
+    def predicted_update_s(self) -> float | None:
+        """Seconds the update the next round overlaps should take (module docstring); None before the first."""
+        if self._update_s is None:
+            return None
+        if self._update_tokens and self._batch_tokens:
+            return self._update_s * self._batch_tokens / self._update_tokens
+        return self._update_s
+
+    @property
+    def cold(self) -> bool:
+        """A cold start whose last training rollouts decoded plainly, with the update's length known: the next
+        round is bounded by the update alone (module docstring)."""
+        return (self.speculation_events and self.cold_uses_update and self._speculating is False
+                and self._update_s is not None)
 
     def budget(self) -> float:
         """Seconds the next round may take (see the module docstring)."""
-        budget = max(0.0, self.rollout_share * self.times.rollout_s - self.times.round_s)
-        if self._update_s is not None:
-            budget = min(budget, self.update_share * self._update_s)
+        update_s = self.predicted_update_s()
+        if self.cold:
+            budget = self.update_share * update_s
+        else:
+            budget = max(0.0, self.rollout_share * self.times.rollout_s - self.times.round_s)
+            if update_s is not None:
+                budget = min(budget, self.update_share * update_s)
         return budget if self.max_budget_s is None else min(budget, self.max_budget_s)
 
-    def rollout_done(self, rollout_s: float, started_at: float) -> None:
+    def rollout_done(self, rollout_s: float, started_at: float, tokens: int | None = None) -> None:
+        """A training batch's rollouts took `rollout_s` and generated `tokens` (None: not counted)."""
         self.times.rollout_s += rollout_s
+        self._batch_tokens = tokens or None
         if self._first_rollout_at is None:
             self._first_rollout_at = started_at
 
@@ -138,11 +175,14 @@ class LearnerSchedule:
 
     def round_started(self) -> None:
         self._started_at = time.perf_counter()
+        self._round_cold = self.cold
+        self._round_tokens = self._batch_tokens  # the batch whose update this round overlaps
 
     def round_collected(self, done: LearnerRound | None) -> dict[str, float]:
         """Account for a collected round; returns the metrics to log (empty when nothing ran)."""
         now = time.perf_counter()
         self._update_s = now - self._started_at if self._started_at is not None else None
+        self._update_tokens = self._round_tokens
         if done is None:
             return {}
         self.times.wait_s += done.wait_s
@@ -150,7 +190,10 @@ class LearnerSchedule:
         metrics = {"drafter/learner_wait_s": done.wait_s}
         report = done.report
         if report is not None:
-            self.times.round_s += report.round_time_s
+            if self._round_cold:
+                self.times.cold_round_s += report.round_time_s
+            else:
+                self.times.round_s += report.round_time_s
             # nan (a round without steps has no loss) would reach the loggers as a hole: left out instead
             metrics.update({f"drafter/{name}": float(getattr(report, name)) for name in REPORT_FIELDS
                             if not math.isnan(float(getattr(report, name)))})

@@ -63,12 +63,13 @@ from specroll.rollout import Rollout
 from specroll.rollout.drafters.draft_vocab import STATE_KEY as VOCAB_STATE_KEY
 from specroll.rollout.models.weights import copy_into
 
+from . import autocast
 from .alarms import LearnerAlarms
 from .buffer import BufferEntry, ReplayBuffer
 from .candidate import Candidate, TrainResult, smoothed, weights_of
 from .divergence import LOSSES
 from .holdout import GroupKey, HoldoutSet
-from .learner_config import COMPUTE_DTYPES, LearnerConfig
+from .learner_config import LearnerConfig
 from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
 from .scorer import Scorer
@@ -320,7 +321,7 @@ class Learner:
 
     def _compute(self) -> contextlib.AbstractContextManager:
         """Where training and the gate's scoring run: autocast to `config.compute_dtype`, or as they are."""
-        dtype = COMPUTE_DTYPES[self.config.compute_dtype]
+        dtype = autocast.resolve(self.config.compute_dtype, self.device)
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
     def _oldest_weighed_version(self) -> int | None:

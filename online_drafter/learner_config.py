@@ -47,10 +47,11 @@ class LearnerConfig:
     distribution): q is the drafter's softmax at that temperature, as the engine does. `buffer`: the replay store's
     bounds and weights (YAML `learner.buffer:`). `compute_dtype` "bfloat16": training forwards and backwards and the
     gate's scoring run under autocast (weights, gradients and the optimizer stay fp32; `probe` and `score` always
-    score in fp32, they are the measure). `train_depths`: a head learner trains the first n of the draft depths it
-    scores (None: all; the EAGLE head's 1: the first draft only, over the target's real features, in one pass
-    instead of two). `record_dir`: a folder to save every input the learner gets
-    (`recording.RecordingLearner`; a drafter LM's or a head's learner), for
+    score in fp32, they are the measure); "auto": bf16 only where the device runs it faster than fp32
+    (`online_drafter.autocast`: a CPU without AVX512-BF16/AMX emulates it, ~8× slower). `train_depths`: a head
+    learner trains the first n of the draft depths it scores (None: all; the EAGLE head's 1: the first draft only,
+    over the target's real features, in one pass instead of two). `record_dir`: a folder to save every input the
+    learner gets (`recording.RecordingLearner`; a drafter LM's or a head's learner), for
     `python -m specroll.benchmarks.learner_replay`. `alarm_rounds`, `alarm_min_steps`, `alarm_publish_rounds`: when
     the learner says it stopped learning (`alarms.LearnerAlarms`): fewer than `alarm_min_steps` optimizer steps over
     `alarm_rounds` rounds, or no version for `alarm_publish_rounds` rounds while the probe's frozen drafter falls (the
@@ -121,7 +122,8 @@ class LearnerConfig:
             ("min_improvement", self.min_improvement >= 0, "a number >= 0"),
             ("eval_batch_size", isinstance(self.eval_batch_size, int) and self.eval_batch_size >= 1,
              "an int >= 1"),
-            ("compute_dtype", self.compute_dtype in COMPUTE_DTYPES, f"one of {sorted(COMPUTE_DTYPES)}"),
+            ("compute_dtype", self.compute_dtype in (*COMPUTE_DTYPES, "auto"),
+             f"one of {sorted((*COMPUTE_DTYPES, 'auto'))}"),
             ("train_depths",
              self.train_depths is None or (isinstance(self.train_depths, int) and self.train_depths >= 1),
              "None (every depth the head scores) or an int >= 1"),

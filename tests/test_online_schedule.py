@@ -122,6 +122,51 @@ def test_the_rollout_share_counts_over_the_run_so_a_round_uses_what_earlier_ones
     assert schedule.budget() == 0.0  # spent: the total stays at a quarter of the rollout time
 
 
+def test_the_update_a_round_overlaps_is_predicted_from_its_batch_tokens():
+    schedule = LearnerSchedule(rollout_share=1.0, update_share=0.5)
+    schedule.rollout_done(100.0, started_at=0.0, tokens=1000)
+    schedule.round_started()
+    schedule._started_at -= 20.0  # the update of that 1000-token batch took 20 s
+    schedule.round_collected(None)
+    schedule.rollout_done(100.0, started_at=30.0, tokens=400)  # a batch of 400 tokens: an update of ~8 s
+    assert schedule.predicted_update_s() == pytest.approx(8.0, rel=0.05)
+    assert schedule.budget() == pytest.approx(4.0, rel=0.05)
+    schedule.rollout_done(100.0, started_at=60.0)  # no token count: the last update's length
+    assert schedule.predicted_update_s() == pytest.approx(20.0, rel=0.05)
+
+
+def test_a_cold_start_decoding_plainly_trains_in_the_whole_update_and_apart_from_the_share():
+    from types import SimpleNamespace
+
+    from specroll.integrations.backend import LearnerRound
+    from specroll.integrations.learner_schedule import REPORT_FIELDS
+
+    def step(schedule, drafted: bool, round_s: float) -> float:
+        schedule.rollout_done(4.0, started_at=0.0)
+        schedule.speculation_seen(1, SimpleNamespace(spec_row_steps=int(drafted), drafter_forwards=int(drafted)))
+        budget = schedule.budget()
+        schedule.round_started()
+        report = SimpleNamespace(**{**dict.fromkeys(REPORT_FIELDS, 0.0), "round_time_s": round_s, "gated": False,
+                                    "published": False, "event": None, "alarms": [], "alarms_active": 0,
+                                    "budget_s": budget, "policy_version": 1})
+        schedule._started_at -= 20.0  # the policy update took 20 s
+        schedule.round_collected(LearnerRound(report=report, probe=None, wait_s=0.0, events=[]))
+        return budget
+
+    cold = LearnerSchedule(rollout_share=0.25, update_share=0.9, speculation_events=True)
+    assert step(cold, drafted=False, round_s=1.0) == pytest.approx(1.0)  # no update measured yet: the share
+    assert cold._update_s == pytest.approx(20.0, abs=0.5)
+    assert step(cold, drafted=False, round_s=17.0) == pytest.approx(0.9 * cold._update_s, rel=0.05)  # plain: the update
+    assert cold.times.cold_round_s == pytest.approx(17.0) and cold.times.round_s == pytest.approx(1.0)
+    # speculating: the share again, which the cold rounds did not spend (0.25 * 12 s - 1 s)
+    assert step(cold, drafted=True, round_s=0.5) == pytest.approx(2.0)
+    for shared in (LearnerSchedule(rollout_share=0.25, update_share=0.9),  # not a cold start
+                   LearnerSchedule(rollout_share=0.25, update_share=0.9, speculation_events=True,
+                               cold_uses_update=False)):
+        step(shared, drafted=False, round_s=1.0)
+        assert step(shared, drafted=False, round_s=1.0) == pytest.approx(0.25 * 8.0 - 1.0)
+
+
 def test_ray_controller_runs_the_round_and_the_probe_on_its_actors(ray_cluster, tiny_model_paths):
     controller = RolloutController(make_config(tiny_model_paths, num_workers=1, online_learning=True))
     try:

@@ -116,7 +116,7 @@ class SpecrollRolloutFunc:
         if learns and self.backend.serves_all_ranks():
             trainer.accelerator.wait_for_everyone()  # every rank's rollouts are in the shared learner's buffer
         if learns and drives:
-            self.schedule.rollout_done(seconds, started)
+            self.schedule.rollout_done(seconds, started, stats.generated_tokens)
             probe = self.schedule.probe_request(step, self._probe_prompt_ids(trainer), params,
                                                 last_step=trainer.state.max_steps - 1)
             self.backend.start_learner_round(self.schedule.budget(), probe)

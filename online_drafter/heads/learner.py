@@ -13,9 +13,10 @@ carries the target's hidden states and top-k p; backends reach it as an `OnlineL
 The learner (`learner.Learner`: the same rounds, candidate, held-out set, gate, watchdog, probe, alarms,
 `LearnerConfig` and reports as the drafter LM's) on the head's data (`heads.data`: the policy's hidden states
 and top-k p, in the one replay buffer) and scorer (`heads.scorer`, `heads.objectives`: log q at each draft
-depth; training at the first `train_depths`, under bf16 autocast with `compute_dtype` — the main job's, ~2.8x
-cheaper a step). The embedding and LM head are the policy's, read live and never trained: on the policy's
-side a sync updates them in place. Memory: `buffer.max_positions` bounds the training sequences,
+depth; training at the first `train_depths`, under bf16 autocast with `compute_dtype` — ~2.8x
+cheaper a step on a CPU that multiplies in bf16, several times dearer on one that emulates it: "auto" asks).
+The embedding and LM head are the policy's, read live and never trained: on the policy's side a sync updates
+them in place. Memory: `buffer.max_positions` bounds the training sequences,
 `max_holdout_positions` the held-out ones (bytes per position: `heads.data`).
 
 It has no `save`/`load` of its own (a drafter LM's learner has: `lm.learner.DraftLearner`); a resumed

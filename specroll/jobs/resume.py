@@ -124,7 +124,7 @@ def capture(trainer: Any, rollout_func: SpecrollRolloutFunc, schedule: LearnerSc
         "hook": {"num_calls": rollout_func.num_calls},
         "schedule": {"probes": schedule.probes, "events": schedule.events, "times": asdict(schedule.times),
                      "num_rounds": schedule.num_rounds, "num_published": schedule.num_published,
-                     "update_s": schedule._update_s},
+                     "update_s": schedule._update_s, "update_tokens": schedule._update_tokens},
         # Logged by the collection above, after TRL logged this step: GRPOTrainer.log averages them into the next.
         "pending_metrics": {key: list(values) for key, values in trainer._metrics["train"].items()},
         "resumes": resumes,
@@ -139,9 +139,10 @@ def restore_run(saved: SavedRun, trainer: Any, rollout_func: SpecrollRolloutFunc
     kept = run["schedule"]
     schedule.probes = list(kept["probes"])
     schedule.events = list(kept["events"])
-    schedule.times = LearnerTimes(**{f.name: float(kept["times"][f.name]) for f in fields(LearnerTimes)})
+    schedule.times = LearnerTimes(**{f.name: float(kept["times"].get(f.name, 0.0))  # a field newer than the state: 0
+                                     for f in fields(LearnerTimes)})
     schedule.num_rounds, schedule.num_published = int(kept["num_rounds"]), int(kept["num_published"])
-    schedule._update_s = kept["update_s"]
+    schedule._update_s, schedule._update_tokens = kept["update_s"], kept.get("update_tokens")  # older states: none
     schedule._first_rollout_at = time.perf_counter() - schedule.times.wall_s  # the run's wall clock goes on
     for key, values in run["pending_metrics"].items():
         trainer._metrics["train"][key].extend(float(v) for v in values)

@@ -196,7 +196,8 @@ def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None 
         probe = ProbeSet(probe_prompts(task, config.probe.prompts, grpo.seed + 2, dataset["prompt"]),
                          config.probe.every, config.probe.samples)
     schedule = LearnerSchedule(probe, config.learner_schedule.rollout_share, config.learner_schedule.update_share,
-                               speculation_events=config.engine.speculation == "when_learned")
+                               speculation_events=config.engine.speculation == "when_learned",
+                               cold_uses_update=config.learner_schedule.cold_uses_update)
     rollout_func = SpecrollRolloutFunc(backend, learn=config.online_learning, schedule=schedule)
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(sources.paths.target), reward_funcs=task.reward_funcs, args=args,

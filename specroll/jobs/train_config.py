@@ -175,10 +175,13 @@ class ProbeSettings:
 @dataclass
 class LearnerScheduleSettings:
     """A background learner round may take `rollout_share` of the last rollout's seconds and
-    `update_share` of the last policy update's (whichever is smaller)."""
+    `update_share` of the last policy update's (whichever is smaller); with `cold_uses_update`, a cold start's
+    rounds while its rollouts decode plainly (`engine.speculation: when_learned`) only the latter
+    (`integrations.learner_schedule`)."""
 
     rollout_share: float = 0.25
     update_share: float = 0.9
+    cold_uses_update: bool = True
 
     def __post_init__(self) -> None:
         for name in ("rollout_share", "update_share"):
