@@ -39,6 +39,12 @@ def resolve(name: str, device: torch.device | str) -> torch.dtype | None:
     return _RESOLVED[device.type]
 
 
+def context(name: str, device: torch.device | str) -> contextlib.AbstractContextManager:
+    """Where the learner trains and gates: autocast to `resolve(name, device)`, or as it is (fp32)."""
+    dtype, device = resolve(name, device), torch.device(device)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
 def race_cpu(rows: int = 512, width: int = 512, repeats: int = 3) -> tuple[float, float]:
     """Seconds of one linear [rows, width] → [rows, 4·width] forward + backward on the CPU, in fp32 and under
     bf16 autocast (the median of `repeats`, interleaved, after a warm-up each)."""

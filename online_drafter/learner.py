@@ -320,9 +320,8 @@ class Learner:
             self.clock)
 
     def _compute(self) -> contextlib.AbstractContextManager:
-        """Where training and the gate's scoring run: autocast to `config.compute_dtype`, or as they are."""
-        dtype = autocast.resolve(self.config.compute_dtype, self.device)
-        return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
+        """Where training and the gate's scoring run: `autocast.context` of `config.compute_dtype`."""
+        return autocast.context(self.config.compute_dtype, self.device)
 
     def _oldest_weighed_version(self) -> int | None:
         """The oldest policy version whose held-out groups still weigh `holdout_min_weight` or more."""

@@ -36,3 +36,10 @@ def test_auto_is_a_valid_setting_and_others_are_refused_naming_it():
     assert LearnerConfig(compute_dtype="auto").compute_dtype == "auto"
     with pytest.raises(ValueError, match=r"compute_dtype='float16' is invalid: one of .*'auto'"):
         LearnerConfig(compute_dtype="float16")
+
+
+def test_the_context_autocasts_only_to_a_resolved_dtype():
+    with autocast.context("float32", "cpu"):
+        assert not torch.is_autocast_enabled("cpu")
+    with autocast.context("bfloat16", "cpu"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") is torch.bfloat16
