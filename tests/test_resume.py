@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from train_runs import REPO
 
 from specroll.benchmarks import resume_check
@@ -87,6 +89,26 @@ def test_a_killed_run_resumed_ends_as_the_uninterrupted_one(local_run):
 
 def test_a_resumed_run_continues_the_report(local_run):
     check_report(local_run)
+
+
+def test_a_run_resumed_from_its_last_checkpoint_takes_no_step(local_run, tiny_demo_cache, tmp_path):
+    """Killed while it wrote its report, after its last checkpoint: the resume trains no step more (the
+    trainer's loop alone would take one) and writes the uninterrupted run's report again."""
+    folder = tmp_path / "finished"
+    shutil.copytree(local_run.whole / "trainer", folder / "trainer")
+    env = {"SPECROLL_CACHE": str(tiny_demo_cache),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    job, log = resume_check.start("finished", local_run.whole.parent / "run.yaml", folder, env,
+                                  "--resume", str(folder))
+    assert job.wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert f"checkpoint {STEPS} is at or past grpo.steps={STEPS}: no step left" in log.read_text()
+    assert [e["step"] for e in steps(folder)] == list(range(1, STEPS + 1)), log.read_text()[-3000:]
+    assert [e["reward"] for e in steps(folder)] == [e["reward"] for e in steps(local_run.whole)]
+    whole, resumed = resume_check.policy(local_run.whole), resume_check.policy(folder)
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[n], resumed[n]) for n in whole)
+    probes = [[json.loads(line)["step"] for line in (f / "probes.jsonl").read_text().splitlines()]
+              for f in (local_run.whole, folder)]
+    assert probes[0] == probes[1], probes
 
 
 def test_a_checkpoint_of_other_models_is_refused_in_one_line(local_run, tmp_path, capsys):

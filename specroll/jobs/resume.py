@@ -3,7 +3,7 @@
     callback = ResumeCallback(trainer, rollout_func, schedule, backend, config)   # saves at every checkpoint
     saved = find_checkpoint(args.resume); check_matches(saved, config)           # before any model is built
     backend.load_state_dict(saved.backend_state()); restore_run(saved, trainer, rollout_func, schedule)
-    trainer.train(resume_from_checkpoint=str(saved.path))
+    trainer.train(resume_from_checkpoint=str(saved.path))   # or load_finished_run at or past grpo.steps
 
 TRL's checkpoint (`checkpoint.every`) holds the policy, its optimizer and scheduler, the trainer's RNG states
 and the log history (`trainer_state.json`: the report's metrics.jsonl continues from it). Beside it, at
@@ -146,6 +146,17 @@ def restore_run(saved: SavedRun, trainer: Any, rollout_func: SpecrollRolloutFunc
     schedule._first_rollout_at = time.perf_counter() - schedule.times.wall_s  # the run's wall clock goes on
     for key, values in run["pending_metrics"].items():
         trainer._metrics["train"][key].extend(float(v) for v in values)
+
+
+def load_finished_run(saved: SavedRun, trainer: Any) -> None:
+    """A checkpoint at or past `grpo.steps` (a run killed while it wrote its report) has no step left, but the
+    trainer's loop checks `max_steps` only after a step: resumed there, it would train one more. Instead the
+    policy and the trainer's state (its log history: the report's metrics) are loaded as that resume would."""
+    from transformers import TrainerState
+    from transformers.trainer import TRAINER_STATE_NAME
+
+    trainer._load_from_checkpoint(str(saved.path))
+    trainer.state = TrainerState.load_from_json(str(saved.path / TRAINER_STATE_NAME))
 
 
 def resumes_of(saved: SavedRun) -> list[dict[str, Any]]:

@@ -176,7 +176,7 @@ def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None 
     from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
     from specroll.integrations.trl_hook import SpecrollRolloutFunc
 
-    from .resume import ResumeCallback, restore_run, resumes_of
+    from .resume import ResumeCallback, load_finished_run, restore_run, resumes_of
     from .task_source import probe_prompts
 
     grpo = config.grpo
@@ -210,7 +210,12 @@ def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None 
                                             resumes_of(saved) if saved is not None else []))
     if saved is not None:
         restore_run(saved, trainer, rollout_func, schedule)
-    trainer.train(resume_from_checkpoint=None if saved is None else str(saved.path))
+    if saved is not None and saved.step >= grpo.steps:
+        print(f"specroll train: checkpoint {saved.step} is at or past grpo.steps={grpo.steps}: no step left, "
+              "the report is written from it", flush=True)
+        load_finished_run(saved, trainer)
+    else:
+        trainer.train(resume_from_checkpoint=None if saved is None else str(saved.path))
     return trainer, schedule
 
 
