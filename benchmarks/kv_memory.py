@@ -4,11 +4,12 @@
 
 Memory: 64 slots at max_seq_len 8,192, 64 requests (8 prompts x 8 samples) with lognormal completion budgets
 (median 96, sigma 1.35, as the long-tail workload; no stop token), plain decoding. Each cache runs in a fresh
-child process, which samples its RSS every step; the paged run also counts the tokens its rows hold. Printed:
-peak RSS of each, the paged run's growth over its RSS after construction against 1.3 x (peak tokens held x
-bytes per token) plus a constant (the dense run's RSS beside its cache and weights, and its growth while
-decoding), and the dense cache's size. The model is a random 2-layer Llama shaped so that its K/V is
-the point (2 K/V heads of 64 dims: 1 KiB per token per layer in fp32).
+child process; its peak RSS is the kernel's high-water mark (`VmHWM`, reset after construction), so a forward's
+transients count; the paged run also counts the tokens its rows hold every step. Printed: peak RSS of each, the
+paged run's growth over its RSS after construction against 1.3 x (peak tokens held x bytes per token) plus a
+constant (the dense run's RSS beside its cache and weights, and its growth while decoding), and the dense cache's
+size. The model is a random 2-layer Llama shaped so that its K/V is the point (2 K/V heads of 64 dims: 1 KiB per
+token per layer in fp32).
 
 Speed: the demo's shapes (target Llama 512 x 8 layers, 8 heads; drafter 192 x 2 layers; random init, a
 128-token vocabulary), 16 requests (prompts of 20-59 tokens) through 16 slots, 48 new tokens, greedy, plain
@@ -45,6 +46,22 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _reset_peak() -> None:
+    """Reset the kernel's high-water mark of this process's RSS (`VmHWM`) to its current RSS (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss() -> int:
+    """The kernel's high-water mark of this process's RSS since the last `_reset_peak`: what a forward's
+    transients (freed before the step returns) reach too, which a sample between steps would miss."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def memory_child(kind: str) -> dict:
     """One cache's run (in its own process): RSS after construction, peak RSS, peak tokens and blocks held."""
     import torch
@@ -66,6 +83,7 @@ def memory_child(kind: str) -> dict:
     per_token = engine.memory.target_kv // (engine.memory.kv_blocks * BLOCK_SIZE) if kind == "paged" else \
         engine.memory.target_kv // (SLOTS * engine.config.cache_len)
     base = _rss()
+    _reset_peak()
     peak_rss, peak_tokens, peak_blocks, steps_run = base, 0, 0, 0
     cache = engine.target.cache
     started = time.perf_counter()
@@ -81,6 +99,7 @@ def memory_child(kind: str) -> dict:
                 peak_blocks = max(peak_blocks, cache.capacity_blocks - len(cache.free))
     except StopIteration as done:
         generated = sum(len(r.completion_ids) for r in done.value)
+    peak_rss = max(peak_rss, _peak_rss())
     return dict(kind=kind, weights=weights, per_token=per_token, base_rss=base, peak_rss=peak_rss,
                 peak_tokens=peak_tokens, peak_blocks=peak_blocks, target_kv=engine.memory.target_kv, steps=steps_run,
                 generated=generated, seconds=time.perf_counter() - started)

@@ -161,7 +161,9 @@ def test_paged_engine_releases_and_allocates():
     target = tiny_lm("llama", "sdpa")
     engine = SpecEngine(target, None, paged_config(gamma=0))
     expected = engine.generate(PROMPTS, GREEDY)
+    assert engine.target.cache.space.buffers  # the gather workspace a forward reuses
     engine.release()
+    assert not engine.target.cache.space.buffers  # freed with the pools
     engine.allocate()
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == [r.completion_ids for r in expected]
 

@@ -23,15 +23,25 @@ class WritePlan:
     same_start: int | None = None  # every row writes at this slot (then a slice copy replaces the scatter)
     first_snapshot: int = 0  # linear-attention layers snapshot their state from this query index on
     write_slots: torch.Tensor | None = None  # [n, Q] pool slots of the writes (paged cache only)
-    read_slots: torch.Tensor | None = None  # [n, K] pool slots attention reads (paged cache only)
+    read_blocks: torch.Tensor | None = None  # [n, nb] blocks attention reads, nb · block_size ≥ K (paged cache only)
     _index: dict[torch.Size, torch.Tensor] = field(default_factory=dict)
     _ring: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    _reads: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def scatter_index(self, shape: torch.Size) -> torch.Tensor:
         """`positions` broadcast to [n, H, Q, D], built once per forward and shape (K and V may differ)."""
         index = self._index.get(shape)
         if index is None:
             index = self._index[shape] = self.positions[:, None, :, None].expand(shape)
+        return index
+
+    def read_index(self, heads: int, num_blocks: int) -> torch.Tensor:
+        """[heads · n · nb]: `read_blocks` in a pool viewed as [heads · num_blocks, block] (head h's block b at
+        h · num_blocks + b), built once per forward and head count."""
+        index = self._reads.get(heads)
+        if index is None:
+            offsets = torch.arange(heads, device=self.read_blocks.device)[:, None] * num_blocks
+            index = self._reads[heads] = (offsets + self.read_blocks.reshape(1, -1)).reshape(-1)
         return index
 
     def ring_slots(self, size: int, offset: int = 0) -> torch.Tensor:
