@@ -72,7 +72,7 @@ from .holdout import GroupKey, HoldoutSet
 from .learner_config import LearnerConfig
 from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
-from .scorer import Scorer
+from .scorer import SCORE_COLUMNS, Scorer
 from .token_counts import DraftVocabs, TokenCounts
 from .watchdog import watchdog_reason
 
@@ -246,6 +246,11 @@ class Learner:
         """The published drafter's expected acceptance on the held-out positions (nan before any is held out)."""
         return self._cached("published").mean if self.holdout else math.nan
 
+    def served_invariant_estimate(self) -> float:
+        """The published drafter's acceptance under the invariant sampler on the held-out positions, bounded
+        below per position (`scorer.invariant_bound`; nan before any is held out)."""
+        return self._cached("published").invariant_mean if self.holdout else math.nan
+
     def revert_served(self, reason: str) -> str:
         """The rollouts showed the served drafter collapsed where its held-out score says it should not: the
         watchdog's revert without it — publish the better of the frozen drafter and the candidate as a new
@@ -332,7 +337,7 @@ class Learner:
 
     def _cached(self, name: str) -> GroupScores:
         """The published or frozen drafter's held-out scores, scoring only entries not scored before."""
-        known = self._entry_scores.get(name, torch.zeros(0, 2, dtype=torch.float64))
+        known = self._entry_scores.get(name, torch.zeros(0, SCORE_COLUMNS, dtype=torch.float64))
         missing = self.holdout.entries[len(known):]
         if missing:
             model = self.frozen if name == "frozen" else self.published

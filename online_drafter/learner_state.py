@@ -22,6 +22,7 @@ from specroll.rollout.models.weights import copy_into
 
 from .candidate import weights_of
 from .reports import LearnerReport, ProbeReport
+from .scorer import SCORE_COLUMNS
 
 if TYPE_CHECKING:
     from .alarms import LearnerAlarms
@@ -77,7 +78,9 @@ def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
     if vocab is not None:
         learner.set_draft_vocab(vocab["frozen"], vocab["counts"].shape[0])
         learner.vocab.load(vocab)
-    learner._entry_scores = {name: scores.clone() for name, scores in state["entry_scores"].items()}
+    # Scores saved before the invariant-bound column (`scorer.SCORE_COLUMNS`) are rescored when next read.
+    learner._entry_scores = {name: scores.clone() for name, scores in state["entry_scores"].items()
+                             if scores.shape[-1] == SCORE_COLUMNS}
     timing = state["timing"]
     learner._scoring_s_per_entry = float(timing["scoring_s_per_entry"])
     learner._trained_since_gate_s = float(timing["trained_since_gate_s"])

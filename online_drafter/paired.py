@@ -30,6 +30,7 @@ class GroupScores:
     sums: torch.Tensor  # [G] float64
     counts: torch.Tensor  # [G] float64
     weights: torch.Tensor | None = None  # [G] float64, 1 if None
+    bound_sums: torch.Tensor | None = None  # [G] float64: sums of the invariant sampler's per-position bound
 
     def weighted(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w = self.weights if self.weights is not None else torch.ones_like(self.counts)
@@ -40,6 +41,16 @@ class GroupScores:
         sums, counts, _ = self.weighted()
         total = float(counts.sum())
         return float(sums.sum()) / total if total else math.nan
+
+    @property
+    def invariant_mean(self) -> float:
+        """The mean of the positions' invariant-sampler bounds (`scorer.invariant_bound`), weighted as `mean`
+        (nan where not scored)."""
+        if self.bound_sums is None:
+            return math.nan
+        w = self.weights if self.weights is not None else torch.ones_like(self.counts)
+        total = float((self.counts * w).sum())
+        return float((self.bound_sums * w).sum()) / total if total else math.nan
 
     @property
     def num_positions(self) -> int:

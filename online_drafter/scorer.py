@@ -2,7 +2,8 @@
 
 The learner asks its scorer three things, the same for every family: `loss(drafter, batch, loss_fn)`,
 a batch's distillation loss; `score_entries(drafter, entries)`, each entry's expected-acceptance sum
-Σ min(p, q) and position count, for the held-out set and probes; `group(per_entry, keys)`, those sums
+Σ min(p, q), position count and sum of the invariant sampler's per-position bound (`invariant_bound`), for the
+held-out set and probes; `group(per_entry, keys)`, those sums
 per prompt group for the paired decisions of `paired.py`, a group of policy version v weighed
 `recency_decay ** (newest − v)`. A family (`lm.scorer.DrafterScorer`, `heads.scorer.HeadScorer`) says
 how its drafter is trained on a batch (`loss`) and scored there (`acceptance`, per position); scoring
@@ -27,6 +28,17 @@ from .holdout import GroupKey
 from .paired import GroupScores
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (log q, top-k ids, p) -> per position
+SCORE_COLUMNS = 3  # `score_entries`' columns: acceptance sum, position count, invariant-bound sum
+
+
+def invariant_bound(acceptance: torch.Tensor) -> torch.Tensor:
+    """The invariant sampler's acceptance at a position, bounded below from its expected acceptance a = Σ min(p, q)
+    = 1 − TV: it keeps a draft iff the draft is the position's Gumbel-max token under both p and q, with
+    probability ≥ (1 − TV) / (1 + TV) = a / (2 − a). Per position, then averaged: a / (2 − a) is convex, so the
+    mean of the positions' bounds is at least (and, where acceptance is bimodal as a trained head's is, well
+    above) the bound of the mean."""
+    a = acceptance.clamp(0.0, 1.0)
+    return a / (2 - a)
 
 
 class Scorer(ABC):
@@ -107,24 +119,26 @@ class Scorer(ABC):
 
     @torch.inference_mode()
     def score_entries(self, drafter: nn.Module, entries: list[BufferEntry]) -> torch.Tensor:
-        """Expected acceptance sum and completion-position count of each entry: [N, 2] float64."""
-        per_entry = torch.zeros(len(entries), 2, dtype=torch.float64)  # [N, (sum, count)]
+        """Each entry's expected acceptance sum, completion-position count and sum of the invariant sampler's
+        per-position bound (`invariant_bound`): [N, 3] float64."""
+        per_entry = torch.zeros(len(entries), SCORE_COLUMNS, dtype=torch.float64)  # [N, (sum, count, bound sum)]
         for chunk in length_batches([e.token_ids.shape[0] for e in entries], self.batch_size):
             rows = torch.tensor(chunk)  # [B] entry indices, batched by length
             batch = self.collate([entries[i] for i in rows.tolist()]).to(self.device)
             acc = self.acceptance(drafter, batch)  # [B, N]
             per_entry[rows, 0] = (acc * batch.weights).sum(1).double().cpu()
             per_entry[rows, 1] = batch.weights.sum(1).double().cpu()
+            per_entry[rows, 2] = (invariant_bound(acc) * batch.weights).sum(1).double().cpu()
         return per_entry
 
     def group(self, per_entry: torch.Tensor, keys: list[GroupKey]) -> GroupScores:
-        """Per-entry scores [N, 2] summed per group (in order of first appearance), recency-weighted."""
+        """Per-entry scores [N, 3] summed per group (in order of first appearance), recency-weighted."""
         index: dict[GroupKey, int] = {}
         group_of = torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)  # [N]
-        groups = torch.zeros(len(index), 2, dtype=torch.float64).index_add_(0, group_of, per_entry)
+        groups = torch.zeros(len(index), SCORE_COLUMNS, dtype=torch.float64).index_add_(0, group_of, per_entry)
         newest = max(version for version, _ in index)
         weights = torch.tensor([self.recency_decay ** (newest - version) for version, _ in index], dtype=torch.float64)
-        return GroupScores(groups[:, 0], groups[:, 1], weights)
+        return GroupScores(groups[:, 0], groups[:, 1], weights, bound_sums=groups[:, 2])
 
     def score_groups(self, drafter: nn.Module, entries: list[BufferEntry], keys: list[GroupKey]) -> GroupScores:
         """`group(score_entries(...))`: one drafter's scores per group."""

@@ -4,8 +4,10 @@ A drafter that starts from nothing (a fresh EAGLE head: the cold start of `docs/
 cost nothing while it is useless. The learner knows how good it is without drafting — expected acceptance
 Σ min(p, q) on held-out recorded positions — and the engine knows where drafting starts to pay
 (`SpecEngine.break_even_acceptance`). This wrapper hands the first to the second: every state dict it
-publishes carries the served version's held-out acceptance under `engine.ACCEPTANCE_STATE_KEY`, and an engine
-with `EngineConfig(speculation="when_learned")` drafts only while that number reaches its break-even.
+publishes carries the served version's held-out acceptance under `engine.ACCEPTANCE_STATE_KEY` — two numbers, in
+parts per million: Σ min(p, q) (what rejection sampling keeps) and the mean of the positions' invariant-sampler
+bounds (`scorer.invariant_bound`) — and an engine with `EngineConfig(speculation="when_learned")` drafts only while
+the one for its sampler reaches its break-even.
 
 `make_online_learner` wraps a learner in it when `LearnerConfig.publish_acceptance` is set. The served version's
 acceptance is the learner's own `served_estimate()` after every gated round and every call that moved the version
@@ -34,6 +36,7 @@ class ServedAcceptance:
         self.learner = learner
         self.config = learner.config
         self.acceptance: float | None = None  # the served version's held-out expected acceptance (None: unscored)
+        self.invariant: float | None = None  # ... and its per-position invariant-sampler bound
         self._scored_version: int | None = None  # the version `acceptance` belongs to
 
     @property
@@ -78,10 +81,12 @@ class ServedAcceptance:
             self._note()
         if self.acceptance is None or self._scored_version != self.learner.version:
             return state
-        return {**state, ACCEPTANCE_STATE_KEY: torch.tensor([round(self.acceptance * 1e6)], dtype=torch.int64)}
+        return {**state, ACCEPTANCE_STATE_KEY: torch.tensor([round(self.acceptance * 1e6), round(self.invariant * 1e6)],
+                                                            dtype=torch.int64)}
 
     def _note(self) -> None:
         """Take the served version's held-out acceptance (none while nothing is held out)."""
-        acceptance = self.learner.served_estimate()
+        acceptance, invariant = self.learner.served_estimate(), self.learner.served_invariant_estimate()
         if not math.isnan(acceptance):
-            self.acceptance, self._scored_version = float(acceptance), self.learner.version
+            self.acceptance, self.invariant = float(acceptance), float(invariant)
+            self._scored_version = self.learner.version

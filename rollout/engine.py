@@ -125,6 +125,7 @@ class SpecEngine(EngineMemory, EngineWeights):
         self.policy_version = 0
         self.drafter_version = 0
         self.drafter_acceptance: float | None = None  # the served version's held-out acceptance, if it came with one
+        self.drafter_invariant_acceptance: float | None = None  # ... its bound under the invariant sampler
         self._drafting = False  # this generate call drafts (`speculating` at its start)
         self._generating = False
         self._drafting_steps = 0
@@ -232,12 +233,12 @@ class SpecEngine(EngineMemory, EngineWeights):
     def speculating(self) -> bool:
         """Whether a generate call starting now drafts: always with `speculation` "always" (and a drafter); with
         "when_learned" once the served drafter version's held-out acceptance reaches the break-even acceptance (under
-        the invariant sampler its lower bound: Σ min(p, q) = 1 − TV, and the rule keeps ≥ (1 − TV) / (1 + TV))."""
+        the invariant sampler a lower bound: at a position with Σ min(p, q) = 1 − TV the rule keeps a draft with
+        probability ≥ (1 − TV) / (1 + TV); the learner publishes the mean of the positions' bounds)."""
         if self.drafter is None or self.config.speculation == "always":
             return self.drafter is not None
-        accept, break_even = self.drafter_acceptance, self.break_even_acceptance()
-        if accept is not None and self.config.sampler == "invariant":
-            accept = accept / (2 - accept)
+        accept = self.drafter_invariant_acceptance if self.config.sampler == "invariant" else self.drafter_acceptance
+        break_even = self.break_even_acceptance()
         return accept is not None and break_even is not None and accept >= break_even
 
     # ------------------------------------------------------------------ the step

@@ -16,7 +16,8 @@ from .models.weights import copy_into
 
 # the drafters with an LM head to cut
 VOCAB_DRAFTER_KINDS = ("model", "eagle", "eagle3", "medusa", "layer_skip", "block")
-# A drafter state dict's held-out expected acceptance, in parts per million (an int64 [1]: no weight cast moves it);
+# A drafter state dict's held-out acceptance, in parts per million (an int64 [1] or [2]: no weight cast moves it):
+# expected acceptance Σ min(p, q), then (optional) the mean of the positions' bounds under the invariant sampler;
 # with `EngineConfig.speculation = "when_learned"` it decides whether the engine drafts at all (`speculating`).
 ACCEPTANCE_STATE_KEY = "specroll.held_out_acceptance_ppm"
 
@@ -28,6 +29,7 @@ class EngineWeights:
     policy_version: int
     drafter_version: int
     drafter_acceptance: float | None
+    drafter_invariant_acceptance: float | None
 
     def set_draft_vocab(self, ids: torch.Tensor | Sequence[int] | None) -> None:
         """Draft over these target ids only (None: the whole vocabulary), between `generate` calls. The
@@ -63,7 +65,10 @@ class EngineWeights:
         if self.drafter is None or not self.drafter.trainable:
             raise ValueError("update_drafter called on an engine without a drafter that has weights "
                              f"(drafters: {self.drafter.names if self.drafter else None})")
-        acceptance = state_dict.get(ACCEPTANCE_STATE_KEY)
-        self.drafter_acceptance = None if acceptance is None else int(acceptance.reshape(-1)[0]) / 1e6
+        ppm = state_dict.get(ACCEPTANCE_STATE_KEY)
+        ppm = [] if ppm is None else [int(x) / 1e6 for x in ppm.reshape(-1).tolist()]
+        self.drafter_acceptance = ppm[0] if ppm else None
+        # Without its own bound (a one-number tag), the bound of the mean: a / (2 - a) (see `speculating`).
+        self.drafter_invariant_acceptance = ppm[1] if len(ppm) > 1 else ppm[0] / (2 - ppm[0]) if ppm else None
         self.drafter.load_weights({k: v for k, v in state_dict.items() if k != ACCEPTANCE_STATE_KEY})
         self.drafter_version = version

@@ -19,10 +19,12 @@ from tiny_models import make_prompts, tiny_lm
 from specroll.integrations.backend import learner_round
 from specroll.integrations.local_backend import LocalBackend
 from specroll.online_drafter import LearnerConfig
+from specroll.online_drafter.scorer import invariant_bound
 from specroll.online_drafter.served_acceptance import ServedAcceptance
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.heads import EagleHead
 from specroll.rollout.engine import ACCEPTANCE_STATE_KEY
+from specroll.rollout.sampling.noise import gumbel_max
 
 PROMPTS = make_prompts(6, 2, 6)
 PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
@@ -75,6 +77,28 @@ def test_under_the_invariant_sampler_the_acceptance_is_its_lower_bound():
     assert engines["invariant"].speculating
 
 
+def test_the_per_position_invariant_bound_holds_and_beats_the_bound_of_the_mean():
+    """The invariant rule keeps a draft iff it is the Gumbel-max token under p and under q with the same noise
+    (`noise.draw_draft`, `gumbel_max`): at every position the kept share is at least a / (2 − a), a = Σ min(p, q),
+    and, where positions differ, the mean of those bounds is above the bound of the mean a's. 24 positions (half
+    near-certain, half uncertain, as a trained head's are), 20,000 coupled draws each: a bound off by the ~0.01
+    by which the simplest wrong one (a alone) overstates the kept share fails by ≥ 4 standard errors."""
+    generator = torch.Generator().manual_seed(0)
+    sharp = torch.randn(12, 16, generator=generator) * 6
+    soft = torch.randn(12, 16, generator=generator)
+    logits = torch.cat([sharp, soft])
+    p = logits.softmax(-1)
+    q = (logits + torch.randn(logits.shape, generator=generator) * 0.8).softmax(-1)
+    a = torch.minimum(p, q).sum(-1)  # [24]
+    draws = 20_000
+    noise = -torch.log(-torch.log(torch.rand(draws, *p.shape, generator=generator)))
+    kept = (gumbel_max(p.expand(draws, -1, -1), noise) == gumbel_max(q.expand(draws, -1, -1), noise)).double()
+    share, se = kept.mean(0), kept.std(0) / draws**0.5
+    assert torch.all(share >= invariant_bound(a) - 4 * se), (share, invariant_bound(a))
+    assert (share < a - 4 * se).any()  # the rule keeps less than Σ min(p, q) somewhere: a bound is needed
+    assert invariant_bound(a).mean() > invariant_bound(a.mean()) + 0.02
+
+
 def test_a_version_without_acceptance_keeps_speculation_off():
     target = tiny_lm("llama", "sdpa")
     head = EagleHead.for_target(target.config, seed=0)
@@ -105,6 +129,10 @@ def test_published_versions_carry_the_learners_own_held_out_score():
     assert learner.version > 0  # 90 steps at a high lr beat a random head (gate_z 0)
     served = learner.learner.score(learner.learner.published, learner.draft_vocab())
     assert backend.engine.drafter_acceptance == pytest.approx(served, abs=2e-6)
+    # the invariant sampler's number: the mean of the positions' bounds, between a / (2 - a) and a
+    invariant = backend.engine.drafter_invariant_acceptance
+    assert invariant == pytest.approx(learner.learner.served_invariant_estimate(), abs=2e-6)
+    assert served / (2 - served) - 2e-6 <= invariant <= served + 2e-6
     assert backend.engine.drafter_version == learner.version
 
 
