@@ -69,6 +69,7 @@ from .engine_memory import EngineMemory
 from .engine_weights import ACCEPTANCE_STATE_KEY, VOCAB_DRAFTER_KINDS, EngineWeights
 from .gamma.factory import make_gamma_policy
 from .gamma.policy import GammaPolicy, StepOutcome, StepShape
+from .gamma.speculation_gate import SpeculationGate
 from .models.architectures import check_architecture
 from .models.paged import PagedLayout
 from .models.runner import ModelRunner
@@ -126,6 +127,7 @@ class SpecEngine(EngineMemory, EngineWeights):
         self.drafter_version = 0
         self.drafter_acceptance: float | None = None  # the served version's held-out acceptance, if it came with one
         self.drafter_invariant_acceptance: float | None = None  # ... its bound under the invariant sampler
+        self.speculation_gate = SpeculationGate()  # "when_learned": that number, checked by what rollouts accept
         self._drafting = False  # this generate call drafts (`speculating` at its start)
         self._generating = False
         self._drafting_steps = 0
@@ -186,6 +188,7 @@ class SpecEngine(EngineMemory, EngineWeights):
         scheduler.add(requests)
         nonfinite_before = self.stats.drafter_nonfinite_rows
         self._drafting = self.drafter is not None and self.speculating
+        drafted_before, accepted_before = self.stats.drafted, self.stats.accepted
         self._prefill(scheduler.admit(), scheduler)
         while not scheduler.done:
             shape = self._shape(scheduler.num_live_rows)
@@ -199,6 +202,9 @@ class SpecEngine(EngineMemory, EngineWeights):
             started = time.perf_counter()
         self._pause_clock(started)
         self._warn_nonfinite_drafter(self.stats.drafter_nonfinite_rows - nonfinite_before)
+        if self._drafting and self.config.speculation == "when_learned":
+            self.speculation_gate.observe(self.drafter_version, self._served_acceptance(),
+                                          self.stats.drafted - drafted_before, self.stats.accepted - accepted_before)
         return [req.rollout for req in requests]
 
     def _shape(self, live: int) -> StepShape:
@@ -232,14 +238,20 @@ class SpecEngine(EngineMemory, EngineWeights):
     @property
     def speculating(self) -> bool:
         """Whether a generate call starting now drafts: always with `speculation` "always" (and a drafter); with
-        "when_learned" once the served drafter version's held-out acceptance reaches the break-even acceptance (under
-        the invariant sampler a lower bound: at a position with Σ min(p, q) = 1 − TV the rule keeps a draft with
-        probability ≥ (1 − TV) / (1 + TV); the learner publishes the mean of the positions' bounds)."""
+        "when_learned" once the served drafter version's acceptance reaches the break-even acceptance: its held-out
+        number (under the invariant sampler a lower bound: at a position with Σ min(p, q) = 1 − TV the rule keeps a
+        draft with probability ≥ (1 − TV) / (1 + TV); the learner publishes the mean of the positions' bounds),
+        replaced by what its drafts kept once it has drafted enough, and lowered by the last measured version's
+        shortfall until then (`gamma.speculation_gate`)."""
         if self.drafter is None or self.config.speculation == "always":
             return self.drafter is not None
-        accept = self.drafter_invariant_acceptance if self.config.sampler == "invariant" else self.drafter_acceptance
+        accept = self.speculation_gate.acceptance(self.drafter_version, self._served_acceptance())
         break_even = self.break_even_acceptance()
         return accept is not None and break_even is not None and accept >= break_even
+
+    def _served_acceptance(self) -> float | None:
+        """The served version's held-out acceptance for this engine's sampler."""
+        return self.drafter_invariant_acceptance if self.config.sampler == "invariant" else self.drafter_acceptance
 
     # ------------------------------------------------------------------ the step
 

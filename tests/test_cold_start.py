@@ -99,6 +99,31 @@ def test_the_per_position_invariant_bound_holds_and_beats_the_bound_of_the_mean(
     assert invariant_bound(a).mean() > invariant_bound(a.mean()) + 0.02
 
 
+def test_what_the_drafts_kept_overrules_the_held_out_number():
+    """A version whose held-out number just passes break-even but drafts badly is turned off after the rollouts
+    that showed it, and the next version's held-out number is lowered by that shortfall until it drafts itself."""
+    target = tiny_lm("llama", "sdpa")
+    head = EagleHead.for_target(target.config, seed=0)  # random: keeps almost nothing
+    engine = SpecEngine(target, head, COLD)
+    break_even = engine.break_even_acceptance()
+    if break_even >= 1:
+        pytest.skip(f"break-even acceptance {break_even} on this machine: speculation never pays here")
+    claim = min(1.0, break_even + 1e-3)  # just enough to turn it on
+    engine.update_drafter(tagged(head, claim), version=1)
+    assert engine.speculating
+    engine.generate(make_prompts(8, 2, 6), PARAMS)
+    gate = engine.speculation_gate
+    assert gate.version == 1 and gate.drafted > 0 and gate.accepted / gate.drafted < claim - 0.2
+    estimate = (gate.accepted + gate.prior_drafts * gate.claimed) / (gate.drafted + gate.prior_drafts)
+    assert estimate < break_even and gate.gap == pytest.approx(gate.claimed - estimate)
+    assert not engine.speculating
+    forwards = engine.stats.drafter_forwards
+    engine.generate(PROMPTS, PARAMS)
+    assert engine.stats.drafter_forwards == forwards  # off: no draft forwards
+    engine.update_drafter(tagged(head, claim), version=2)  # the same claim: believed only up to claim - gap
+    assert engine.speculation_gate.acceptance(2, gate.claimed) == pytest.approx(estimate) and not engine.speculating
+
+
 def test_a_version_without_acceptance_keeps_speculation_off():
     target = tiny_lm("llama", "sdpa")
     head = EagleHead.for_target(target.config, seed=0)
