@@ -178,8 +178,9 @@ class EngineConfig:
     plain decoding — no drafts, no draft forwards — until a drafter version arrives with its held-out expected
     acceptance (`update_drafter`, key `ACCEPTANCE_STATE_KEY`: the online learner measures it on recorded
     positions, without drafting) at or above `SpecEngine.break_even_acceptance`, and off again while a later
-    version's is below; it needs an adaptive `gamma` (the cost model says where break-even is). "always": draft
-    whenever there is a drafter (γ as `gamma` says).
+    version's is below; once a version drafts, what its drafts kept overrules that number (`gamma.speculation_gate`).
+    It needs an adaptive `gamma` (the cost model says where break-even is). "always": draft whenever there is a
+    drafter (γ as `gamma` says).
     """
 
     max_batch_size: int = 16
