@@ -76,8 +76,10 @@ class RolloutBackend(Protocol):
         and return at once. A no-op without a learner."""
         ...
 
-    def finish_learner_round(self) -> LearnerRound | None:
-        """Wait for the round `start_learner_round` began and publish its drafter to every engine if
+    def finish_learner_round(self, stop: bool = False) -> LearnerRound | None:
+        """Wait for the round `start_learner_round` began — `stop`: telling it to end its training now and gate
+        what it has (the trainer needs the next rollouts: any later learner second is one it waits) — and
+        publish its drafter to every engine if
         the version moved. None when no round is running (or there is no learner)."""
         ...
 

@@ -14,7 +14,10 @@ rollout token times this batch's tokens (with no token counts: the last update's
 only known from the second step on). Sized on the last update alone, a round after a long update overran the
 next short one and the trainer waited for it. A cold start (`speculation_events`: the engine drafts
 only once a version's held-out acceptance passes break-even) is the exception while its rollouts decode plainly:
-then a round is bounded by `update_share` of the update alone (`cold_uses_update`). The rollouts pay nothing for
+then a round may take up to `COLD_UPDATE_FACTOR` x the predicted update, and the hook stops it when it collects the
+round (`finish_learner_round(stop=True)`): the round ends with the update, however long that turned out
+(`cold_uses_update`; measured before the stop: rounds sized at 0.9 x the prediction made the trainer wait 79-87 s
+of a 540 s run, 15%, for updates shorter than predicted). The rollouts pay nothing for
 it — rounds run in the update, while the worker idles — and a head from nothing needs minutes of training where
 a quarter of the char world's 2–6 s rollouts gives it about a second a step (measured: a fresh EAGLE head went
 0.07 → 0.25 held out in 20 steps, never near break-even). Those rounds' seconds are counted apart
@@ -54,6 +57,7 @@ from specroll.rollout.core.stats import BatchStats
 
 from .backend import LearnerRound, ProbeRequest
 
+COLD_UPDATE_FACTOR = 2.0  # a cold round's budget, x the predicted update (the collection stops it earlier)
 REPORT_FIELDS = ("loss", "acceptance_before", "acceptance_after", "acceptance_frozen_shadow", "gain", "gain_se",
                  "train_time_s", "round_time_s", "num_steps", "num_holdout_groups", "gated")
 # ProbeReport field -> logged name (the served drafter is "online": the one online learning produced)
@@ -137,8 +141,8 @@ class LearnerSchedule:
     def budget(self) -> float:
         """Seconds the next round may take (see the module docstring)."""
         update_s = self.predicted_update_s()
-        if self.cold:
-            budget = self.update_share * update_s
+        if self.cold:  # the update's length varies 2x a step: the collection's stop, not the prediction, ends it
+            budget = COLD_UPDATE_FACTOR * update_s
         else:
             budget = max(0.0, self.rollout_share * self.times.rollout_s - self.times.round_s)
             if update_s is not None:

@@ -67,6 +67,7 @@ class LocalBackend:
         self.total_rollouts = 0  # returned by generate since the run began (a resumed run's from its checkpoint)
         self._round: threading.Thread | None = None
         self._round_result: dict[str, Any] | None = None  # the last round's, until finish_learner_round
+        self._round_stop = threading.Event()  # set: the running round stops training (finish_learner_round(stop=True))
         self.drafter = drafter
         self.watch = DrafterWatch()
         self._published_digest: tuple[int | None, str] = (None, "")  # (learner version, its digest)
@@ -138,22 +139,25 @@ class LocalBackend:
             raise RuntimeError("start_learner_round called twice: finish_learner_round collects the running round")
         break_even = self.engine.break_even_acceptance()
         result = self._round_result = {}
+        stop = self._round_stop = threading.Event()
 
         def run() -> None:
             try:
                 if probe is not None:  # not handed to the learner's buffer: a probe is never trained on
                     result["probe"] = self.learner.probe(self.engine.generate(probe.prompts, probe.params, probe.n))
-                result["report"] = self.learner.train_round(budget_s, break_even)
+                result["report"] = self.learner.train_round(budget_s, break_even, stop.is_set)
             except BaseException as err:  # re-raised in the caller's thread by finish_learner_round
                 result["error"] = err
 
         self._round = threading.Thread(target=run, name="specroll-learner", daemon=True)
         self._round.start()
 
-    def finish_learner_round(self) -> LearnerRound | None:
+    def finish_learner_round(self, stop: bool = False) -> LearnerRound | None:
         if self._round_result is None:
             return None
         started = time.perf_counter()
+        if stop:
+            self._round_stop.set()
         self._join_round()
         result, self._round_result = self._round_result, None
         if "error" in result:

@@ -46,9 +46,11 @@ class Candidate:
         self.step_s = 0.0  # the mean optimizer step of the last round that took one
 
     def train(self, draw: Callable[[int], list[Any]], loss: Callable[[nn.Module, Any], torch.Tensor],
-              deadline: float | None, clock: Callable[[], float] = time.perf_counter) -> TrainResult:
-        """Optimizer steps until `config.max_steps` or before one would end past `deadline` (`clock()`
-        seconds); `draw(n)` returns n batches, `loss(model, batch)` a scalar."""
+              deadline: float | None, clock: Callable[[], float] = time.perf_counter,
+              stop: Callable[[], bool] | None = None) -> TrainResult:
+        """Optimizer steps until `config.max_steps`, before one would end past `deadline` (`clock()`
+        seconds), or once `stop()` says so (checked before every step); `draw(n)` returns n batches,
+        `loss(model, batch)` a scalar."""
         cfg, result = self.config, TrainResult()
         started = clock()
         batches: list[Any] = []
@@ -57,7 +59,7 @@ class Candidate:
             # Judged by the mean step so far, or before this round's first by the last round's (a round
             # with too little budget for one step takes none).
             per_step = (clock() - started) / step if step else self.step_s
-            if deadline is not None and clock() + per_step >= deadline:
+            if (deadline is not None and clock() + per_step >= deadline) or (stop is not None and stop()):
                 break
             if not batches:
                 batches = draw(BATCHES_PER_DRAW)

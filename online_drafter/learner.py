@@ -134,12 +134,14 @@ class Learner:
         for name, scores in self._entry_scores.items():
             self._entry_scores[name] = scores[len(dropped):]
 
-    def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
+    def train_round(self, budget_s: float | None = None, break_even: float | None = None,
+                    stop: Callable[[], bool] | None = None) -> LearnerReport:
         """Train the candidate within the budget, gate it against the published drafter, run the watchdog.
 
         `budget_s` caps this round (with `config.time_budget_s`, whichever is smaller), evaluation
         included; `break_even` is the acceptance below which speculation stops paying (from the γ
-        policy), for the watchdog.
+        policy), for the watchdog; `stop()` true ends the training early (the trainer wants the round now:
+        checked before every step), the gate as planned.
         """
         if not self.holdout:
             raise ValueError("no held-out rollouts yet: add_rollouts(...) before train_round()")
@@ -160,7 +162,7 @@ class Learner:
         eval_cost = 1.2 * self._scoring_s_per_entry * (len(self.holdout) + unscored)
         gate = budget is None or self._trained_since_gate_s + max(0.0, budget - eval_cost) >= eval_cost
         deadline = None if budget is None else started + max(0.0, budget - (eval_cost if gate else 0.0))
-        trained = self._train(deadline)
+        trained = self._train(deadline, stop)
         self._trained_since_gate_s += trained.seconds
         self._candidate_changed = self._candidate_changed or bool(trained.losses)
         gate = gate and self._candidate_changed
@@ -310,7 +312,7 @@ class Learner:
 
     # ------------------------------------------------------------------ internals
 
-    def _train(self, deadline: float | None) -> TrainResult:
+    def _train(self, deadline: float | None, stop: Callable[[], bool] | None = None) -> TrainResult:
         if len(self.buffer) == 0:
             return TrainResult()
         loss_fn = LOSSES[self.config.loss]
@@ -322,7 +324,7 @@ class Learner:
 
         return self.candidate.train(
             lambda n: self.buffer.sample_batches(n, self.config.batch_size, self._generator), loss, deadline,
-            self.clock)
+            self.clock, stop)
 
     def _compute(self) -> contextlib.AbstractContextManager:
         """Where training and the gate's scoring run: `autocast.context` of `config.compute_dtype`."""

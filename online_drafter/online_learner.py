@@ -10,6 +10,7 @@ never asks which one it holds; `make_online_learner` picks the one that trains a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -45,9 +46,10 @@ class OnlineLearner(Protocol):
         """Buffer training rollouts (generated with `record_signals=True`), holding a stride of groups out."""
         ...
 
-    def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
-        """Train within `budget_s`, gate the candidate against the published drafter, run the watchdog
-        (`break_even`: the acceptance below which speculation stops paying)."""
+    def train_round(self, budget_s: float | None = None, break_even: float | None = None,
+                    stop: Callable[[], bool] | None = None) -> LearnerReport:
+        """Train within `budget_s` (or until `stop()`), gate the candidate against the published drafter, run the
+        watchdog (`break_even`: the acceptance below which speculation stops paying)."""
         ...
 
     def probe(self, rollouts: list[Rollout]) -> ProbeReport:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -78,9 +79,12 @@ class RecordingLearner:
         self._record("add", list(rollouts))
         self.learner.add_rollouts(rollouts)
 
-    def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
+    def train_round(self, budget_s: float | None = None, break_even: float | None = None,
+                    stop: Callable[[], bool] | None = None) -> LearnerReport:
         self._save_reads_if_changed()  # the round is saved after it ran (with its time): the weights it read, before
-        report = self.learner.train_round(budget_s=budget_s, break_even=break_even)
+        report = self.learner.train_round(budget_s=budget_s, break_even=break_even, stop=stop)
+        if stop is not None and stop():  # stopped early: a replay gets the time it had
+            budget_s = report.round_time_s
         self._save("round", {"budget_s": budget_s, "break_even": break_even, "round_time_s": report.round_time_s})
         return report
 

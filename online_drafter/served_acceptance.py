@@ -19,6 +19,7 @@ acceptance is taken when it is first published.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -52,8 +53,9 @@ class ServedAcceptance:
     def add_rollouts(self, rollouts: list[Rollout]) -> None:
         self.learner.add_rollouts(rollouts)
 
-    def train_round(self, budget_s: float | None = None, break_even: float | None = None) -> LearnerReport:
-        report = self.learner.train_round(budget_s, break_even)
+    def train_round(self, budget_s: float | None = None, break_even: float | None = None,
+                    stop: Callable[[], bool] | None = None) -> LearnerReport:
+        report = self.learner.train_round(budget_s, break_even, stop)
         if report.gated or report.version != self._scored_version:
             self._note()
         return report

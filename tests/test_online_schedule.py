@@ -5,8 +5,10 @@ trainer's logs — through a real GRPOTrainer on the in-process backend, and on 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -21,7 +23,7 @@ from specroll.demo.model_cache import load_or_build_demo_models
 from specroll.demo.recipe import DemoRecipe
 from specroll.demo.task import make_prompts
 from specroll.integrations.backend import ProbeRequest
-from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
+from specroll.integrations.learner_schedule import COLD_UPDATE_FACTOR, LearnerSchedule, ProbeSet
 from specroll.integrations.local_backend import LocalBackend
 from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc
@@ -62,6 +64,30 @@ def test_the_round_runs_while_the_caller_goes_on(demo):
     assert done is not None and done.report.num_steps > 0 and done.probe is None
     assert backend.finish_learner_round() is None  # collected once
     assert backend.engine.drafter_version == backend.learner.version
+
+
+def test_collecting_with_stop_ends_the_rounds_training_now(demo):
+    """`finish_learner_round(stop=True)` (what the TRL hook calls: the trainer wants its next rollouts) ends a
+    round that had 10 minutes and 10^6 steps to train within a poll of its stop, and the round still gates."""
+    backend = LocalBackend.from_models(copy.deepcopy(demo.target), copy.deepcopy(demo.drafter),
+                                       EngineConfig(max_batch_size=8, max_seq_len=64, gamma=2),
+                                       LearnerConfig(lr=1e-3, max_steps=1_000_000, batch_size=4, holdout_fraction=0.5))
+    backend.generate([[1, 5, 6], [1, 7, 8]], SamplingParams(max_new_tokens=8, temperature=1.0, seed=0), n=2)
+    trained = threading.Event()
+    train = backend.learner.candidate.train
+
+    def watched(draw, loss, *args):
+        def counted(model, batch):
+            trained.set()
+            return loss(model, batch)
+        return train(draw, counted, *args)
+
+    backend.learner.candidate.train = watched
+    backend.start_learner_round(budget_s=600.0)
+    assert trained.wait(timeout=60)  # it is training
+    done = backend.finish_learner_round(stop=True)
+    assert 0 < done.report.num_steps < 1_000_000 and done.report.train_time_s < 300
+    assert done.report.gated  # what it trained is judged
 
 
 def test_a_probe_is_scored_but_never_trained_on(demo):
@@ -156,7 +182,7 @@ def test_a_cold_start_decoding_plainly_trains_in_the_whole_update_and_apart_from
     cold = LearnerSchedule(rollout_share=0.25, update_share=0.9, speculation_events=True)
     assert step(cold, drafted=False, round_s=1.0) == pytest.approx(1.0)  # no update measured yet: the share
     assert cold._update_s == pytest.approx(20.0, abs=0.5)
-    assert step(cold, drafted=False, round_s=17.0) == pytest.approx(0.9 * cold._update_s, rel=0.05)  # plain: the update
+    assert step(cold, drafted=False, round_s=17.0) == pytest.approx(COLD_UPDATE_FACTOR * cold._update_s, rel=0.05)
     assert cold.times.cold_round_s == pytest.approx(17.0) and cold.times.round_s == pytest.approx(1.0)
     # speculating: the share again, which the cold rounds did not spend (0.25 * 12 s - 1 s)
     assert step(cold, drafted=True, round_s=0.5) == pytest.approx(2.0)
@@ -165,6 +191,30 @@ def test_a_cold_start_decoding_plainly_trains_in_the_whole_update_and_apart_from
                                cold_uses_update=False)):
         step(shared, drafted=False, round_s=1.0)
         assert step(shared, drafted=False, round_s=1.0) == pytest.approx(0.25 * 8.0 - 1.0)
+
+
+def test_ray_collecting_with_stop_ends_the_actors_round_now(ray_cluster, tiny_model_paths):
+    """The stop reaches a round running on the learner actor (`round_stop`: the cluster's key-value store): a
+    round with 10 minutes and 10^6 steps returns within minutes (the stop may land before its first step on a
+    loaded machine: then it trains none); its key is gone after."""
+    from ray.experimental import internal_kv
+
+    from specroll.integrations.ray_backend import round_stop
+
+    config = make_config(tiny_model_paths, num_workers=1, online_learning=True)
+    config = dataclasses.replace(config, learner=LearnerConfig(max_steps=1_000_000, batch_size=4))
+    controller = RolloutController(config)
+    try:
+        params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=0)
+        controller.generate([[1, 5, 6], [1, 7, 8], [2, 3, 4]], params, n=2)
+        controller.start_learner_round(600.0)
+        key = controller.learner_driver._stop_key
+        time.sleep(5.0)  # the actor takes the round and trains
+        done = controller.finish_learner_round(stop=True)
+        assert done.report.num_steps < 1_000_000 and done.report.train_time_s < 300
+        assert internal_kv._internal_kv_get(key, namespace=round_stop.NAMESPACE) is None
+    finally:
+        controller.shutdown()
 
 
 def test_ray_controller_runs_the_round_and_the_probe_on_its_actors(ray_cluster, tiny_model_paths):

@@ -206,13 +206,14 @@ class RolloutController:
         break_even = self.workers[0].break_even_acceptance.remote()  # resolved by Ray before the round runs
         self.learner_driver.start(budget_s, probe_refs, break_even)
 
-    def finish_learner_round(self) -> LearnerRound | None:
-        """Wait for the queued round; sync its drafter to the workers if the version moved. A learner that died
-        meanwhile is brought back from its last state (the round is lost: `LearnerRound.report` None)."""
+    def finish_learner_round(self, stop: bool = False) -> LearnerRound | None:
+        """Wait for the queued round (`stop`: telling it to stop training now); sync its drafter to the workers if
+        the version moved. A learner that died meanwhile is brought back from its last state (the round is lost:
+        `LearnerRound.report` None)."""
         if self.learner_driver is None:
             return None
         started = time.perf_counter()
-        done = self.learner_driver.finish(self.workers[0])
+        done = self.learner_driver.finish(self.workers[0], stop)
         if done is None:
             return None
         if done.lost is not None:

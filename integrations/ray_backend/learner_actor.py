@@ -41,6 +41,7 @@ from specroll.rollout.drafters.draft_vocab import initial_ids
 from specroll.rollout.models.weights import copy_into
 
 from .metrics import LearnerMetrics
+from .round_stop import StopPoll
 
 
 @ray.remote
@@ -68,10 +69,11 @@ class LearnerActor:
         self.num_rollouts += len(rollouts)
         return len(rollouts)
 
-    def train_round(self, budget_s: float | None, break_even: float | None) -> Any:
-        """One distillation round; returns the learner's `LearnerReport`."""
+    def train_round(self, budget_s: float | None, break_even: float | None, stop_key: str | None = None) -> Any:
+        """One distillation round; returns the learner's `LearnerReport`. `stop_key`: the round's key in
+        `round_stop` — its training ends once the controller writes it."""
         self.num_rounds += 1
-        report = self.learner.train_round(budget_s, break_even)
+        report = self.learner.train_round(budget_s, break_even, None if stop_key is None else StopPoll(stop_key))
         self.metrics.record_round(report)
         return report
 

@@ -24,6 +24,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
+from . import round_stop
 from .sync.protocol import RESTART_PROBE_INTERVAL_S
 
 
@@ -46,9 +47,10 @@ class LearnerDriver:
         self.unsaved: list[list[ray.ObjectRef]] = []  # batches given since `state` was taken
         self.in_round: list[list[ray.ObjectRef]] = []  # those the running round's state will hold
         self.state: ray.ObjectRef | None = None  # the learner's state after its last collected round
-        # (adds, probe, round, state, sentinel) in flight between `start` and `finish`
+        # (adds, probe, round, state, sentinel) in flight between `start` and `finish`, and the round's stop key
         self._round: tuple[list[ray.ObjectRef], ray.ObjectRef | None, ray.ObjectRef, ray.ObjectRef | None,
                            ray.ObjectRef] | None = None
+        self._stop_key: str | None = None
 
     @property
     def running(self) -> bool:
@@ -66,17 +68,29 @@ class LearnerDriver:
         adds, self.pending_adds = self.pending_adds, []
         self.in_round, self.unsaved = self.unsaved, []
         probe = self.actor.probe.remote(probe_refs) if probe_refs is not None else None
-        round_ref = self.actor.train_round.remote(budget_s, break_even)
+        self._stop_key = round_stop.new_key()
+        round_ref = self.actor.train_round.remote(budget_s, break_even, self._stop_key)
         state = self.actor.state_dict.remote() if self.restorable else None
         self._round = (adds, probe, round_ref, state, self.actor.counts.remote())  # counts: the state is whole
 
-    def finish(self, policy_source: Any) -> CollectedRound | None:
-        """Wait for the queued round (None if none); if the learner died meanwhile, bring it back from its last
-        state (`policy_source`: a worker whose served policy a head learner reads) and say so in `lost`."""
+    def finish(self, policy_source: Any, stop: bool = False) -> CollectedRound | None:
+        """Wait for the queued round (None if none) — `stop`: after telling it to stop training now
+        (`round_stop`) —; if the learner died meanwhile, bring it back from its last state (`policy_source`: a
+        worker whose served policy a head learner reads) and say so in `lost`."""
         if self._round is None:
             return None
         adds, probe_ref, round_ref, state, sentinel = self._round
-        self._round = None
+        self._round, key, self._stop_key = None, self._stop_key, None
+        if stop:
+            round_stop.request_stop(key)
+        try:
+            return self._collect(policy_source, adds, probe_ref, round_ref, state, sentinel)
+        finally:
+            if stop:
+                round_stop.forget(key)
+
+    def _collect(self, policy_source: Any, adds: list[ray.ObjectRef], probe_ref: ray.ObjectRef | None,
+                 round_ref: ray.ObjectRef, state: ray.ObjectRef | None, sentinel: ray.ObjectRef) -> CollectedRound:
         try:
             ray.get(adds)  # a failed add raises here, not silently
             report = ray.get(round_ref)

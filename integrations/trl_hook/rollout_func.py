@@ -160,8 +160,9 @@ class SpecrollRolloutFunc:
         return seconds
 
     def collect_learner_round(self, trainer: Any) -> None:
-        """Wait for the background learner round (publishing its drafter if the version moved); log it."""
-        self._log(trainer, "train", self.schedule.round_collected(self.backend.finish_learner_round()))
+        """Collect the background learner round — stopping its training: the trainer wants its next rollouts, so
+        every learner second from here on is one it waits — publishing its drafter if the version moved; log it."""
+        self._log(trainer, "train", self.schedule.round_collected(self.backend.finish_learner_round(stop=True)))
 
     def _probe_prompt_ids(self, trainer: Any) -> list[list[int]] | None:
         if self.schedule.probe is None:

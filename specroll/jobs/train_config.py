@@ -176,8 +176,8 @@ class ProbeSettings:
 class LearnerScheduleSettings:
     """A background learner round may take `rollout_share` of the last rollout's seconds and
     `update_share` of the last policy update's (whichever is smaller); with `cold_uses_update`, a cold start's
-    rounds while its rollouts decode plainly (`engine.speculation: when_learned`) only the latter
-    (`integrations.learner_schedule`)."""
+    rounds while its rollouts decode plainly (`engine.speculation: when_learned`) take the whole update: the
+    trainer stops them when it collects them (`integrations.learner_schedule`)."""
 
     rollout_share: float = 0.25
     update_share: float = 0.9
