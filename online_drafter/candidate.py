@@ -49,8 +49,10 @@ class Candidate:
               deadline: float | None, clock: Callable[[], float] = time.perf_counter,
               stop: Callable[[], bool] | None = None) -> TrainResult:
         """Optimizer steps until `config.max_steps`, before one would end past `deadline` (`clock()`
-        seconds), or once `stop()` says so (checked before every step); `draw(n)` returns n batches,
-        `loss(model, batch)` a scalar."""
+        seconds), or once `stop()` says so (checked before every step but the first: a round the trainer
+        collects before its first step still takes one — stopped before it, a learner whose probe outlasts a
+        short update never trained, and the silent-learner alarm fired; one step is 0.1-0.5 s against updates of
+        seconds); `draw(n)` returns n batches, `loss(model, batch)` a scalar."""
         cfg, result = self.config, TrainResult()
         started = clock()
         batches: list[Any] = []
@@ -59,7 +61,7 @@ class Candidate:
             # Judged by the mean step so far, or before this round's first by the last round's (a round
             # with too little budget for one step takes none).
             per_step = (clock() - started) / step if step else self.step_s
-            if (deadline is not None and clock() + per_step >= deadline) or (stop is not None and stop()):
+            if (deadline is not None and clock() + per_step >= deadline) or (step and stop is not None and stop()):
                 break
             if not batches:
                 batches = draw(BATCHES_PER_DRAW)

@@ -141,7 +141,7 @@ class Learner:
         `budget_s` caps this round (with `config.time_budget_s`, whichever is smaller), evaluation
         included; `break_even` is the acceptance below which speculation stops paying (from the γ
         policy), for the watchdog; `stop()` true ends the training early (the trainer wants the round now:
-        checked before every step), the gate as planned.
+        checked before every step after the first), the gate as planned.
         """
         if not self.holdout:
             raise ValueError("no held-out rollouts yet: add_rollouts(...) before train_round()")

@@ -99,16 +99,17 @@ def test_the_per_position_invariant_bound_holds_and_beats_the_bound_of_the_mean(
     assert invariant_bound(a).mean() > invariant_bound(a.mean()) + 0.02
 
 
-def test_what_the_drafts_kept_overrules_the_held_out_number():
+def test_what_the_drafts_kept_overrules_the_held_out_number(monkeypatch):
     """A version whose held-out number just passes break-even but drafts badly is turned off after the rollouts
     that showed it, and the next version's held-out number is lowered by that shortfall until it drafts itself."""
     target = tiny_lm("llama", "sdpa")
     head = EagleHead.for_target(target.config, seed=0)  # random: keeps almost nothing
     engine = SpecEngine(target, head, COLD)
-    break_even = engine.break_even_acceptance()
-    if break_even >= 1:
-        pytest.skip(f"break-even acceptance {break_even} on this machine: speculation never pays here")
-    claim = min(1.0, break_even + 1e-3)  # just enough to turn it on
+    # Break-even held at 0.5: what is tested is the gate, and the live cost model's number moves with the machine's
+    # load (0.59-0.81 after this call on a quiet machine, ~1e-9 with two busy processes beside it).
+    break_even = 0.5
+    monkeypatch.setattr(engine, "break_even_acceptance", lambda: break_even)
+    claim = break_even + 1e-3  # just enough to turn it on
     engine.update_drafter(tagged(head, claim), version=1)
     assert engine.speculating
     engine.generate(make_prompts(8, 2, 6), PARAMS)

@@ -90,6 +90,26 @@ def test_collecting_with_stop_ends_the_rounds_training_now(demo):
     assert done.report.gated  # what it trained is judged
 
 
+def test_a_round_stopped_before_its_first_step_still_takes_one(demo):
+    """A stop that lands before the round's first step (the tiny world: the probe outlasts a 50 ms update) leaves
+    the round one step, and the gate judges it: stopped before it, the learner never trained (CI: 0 steps a
+    round, the silent-learner alarm on)."""
+    backend = LocalBackend.from_models(copy.deepcopy(demo.target), copy.deepcopy(demo.drafter),
+                                       EngineConfig(max_batch_size=8, max_seq_len=64, gamma=2),
+                                       LearnerConfig(lr=1e-3, max_steps=1_000, batch_size=4, holdout_fraction=0.5))
+    backend.generate([[1, 5, 6], [1, 7, 8]], SamplingParams(max_new_tokens=8, temperature=1.0, seed=0), n=2)
+    train = backend.learner.candidate.train
+
+    def stopped_already(draw, loss, deadline, clock, stop):
+        assert stop is not None  # the round's stop reaches the candidate
+        return train(draw, loss, deadline, clock, lambda: True)
+
+    backend.learner.candidate.train = stopped_already
+    backend.start_learner_round(budget_s=600.0)
+    done = backend.finish_learner_round(stop=True)
+    assert done.report.num_steps == 1 and done.report.gated and done.report.alarms == ()
+
+
 def test_a_probe_is_scored_but_never_trained_on(demo):
     backend = backend_for(demo)
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=0)
@@ -195,8 +215,8 @@ def test_a_cold_start_decoding_plainly_trains_in_the_whole_update_and_apart_from
 
 def test_ray_collecting_with_stop_ends_the_actors_round_now(ray_cluster, tiny_model_paths):
     """The stop reaches a round running on the learner actor (`round_stop`: the cluster's key-value store): a
-    round with 10 minutes and 10^6 steps returns within minutes (the stop may land before its first step on a
-    loaded machine: then it trains none); its key is gone after."""
+    round with 10 minutes and 10^6 steps returns within minutes (at least one step: a stop before the first
+    leaves it one); its key is gone after."""
     from ray.experimental import internal_kv
 
     from specroll.integrations.ray_backend import round_stop
@@ -211,7 +231,7 @@ def test_ray_collecting_with_stop_ends_the_actors_round_now(ray_cluster, tiny_mo
         key = controller.learner_driver._stop_key
         time.sleep(5.0)  # the actor takes the round and trains
         done = controller.finish_learner_round(stop=True)
-        assert done.report.num_steps < 1_000_000 and done.report.train_time_s < 300
+        assert 1 <= done.report.num_steps < 1_000_000 and done.report.train_time_s < 300
         assert internal_kv._internal_kv_get(key, namespace=round_stop.NAMESPACE) is None
     finally:
         controller.shutdown()
