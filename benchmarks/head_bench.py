@@ -1,8 +1,13 @@
 """The drafters that read the policy against plain decoding and the independent drafter, on the demo models.
 
 Contenders (one `SpecEngine` each, γ auto unless `--gamma`): plain decoding, the independent drafter
-("model"), layer-skip at k layers, the EAGLE-style head, the Medusa heads (their first version from
-`benchmarks.head_training`, cached), and the suffix drafter combined with the model and with the head.
+("model"), layer-skip at k layers, the EAGLE-style head, the Medusa heads, the EAGLE-3 head, the block
+(DFlash-style) drafter, and the suffix drafter combined with the model and with a head. The heads: with
+`--heads DIR`, the `<kind>.pt` files `specroll distill --kind <kind> --out DIR` wrote (each kind its own folder
+is fine: `--heads` takes several, comma-separated); without it (character world only) the EAGLE and Medusa
+first versions from `benchmarks.head_training`, cached. A contender named `<kind>+dv` drafts over the
+`--draft-vocab` ids the target's own plain rollouts of other prompts use most (`draft_vocab.top_ids`, as the
+online learner counts them).
 Two workloads, every contender stepped in lockstep (`grpo_bench.race_repeat`: always the one that has
 generated the fewest tokens runs next) so that machine noise hits them alike:
 
@@ -32,28 +37,81 @@ from .grpo_bench import print_table, race_repeat, summarize
 from .head_training import HeadTrainingSettings, load_or_train_heads, training_prompts
 from .models import BenchModels, load_bench_models
 
+HEADS = ("eagle", "eagle3", "block", "medusa")
 KINDS = {
     "plain": None, "model": ("model",), "layer_skip": ("layer_skip",), "eagle": ("eagle",), "medusa": ("medusa",),
-    "suffix+model": ("suffix", "model"), "suffix+eagle": ("suffix", "eagle"),
+    "eagle3": ("eagle3",), "block": ("block",),
+    "suffix+model": ("suffix", "model"), "suffix+eagle": ("suffix", "eagle"), "suffix+eagle3": ("suffix", "eagle3"),
+    "suffix+block": ("suffix", "block"),
 }
+DV = "+dv"  # a contender's suffix: the same drafter over the draft vocabulary
+DV_KINDS = ("model", "eagle", "eagle3", "medusa")  # those with an LM head to cut
+
+
+def drafters_of(name: str) -> tuple[str, ...] | None:
+    """`name`'s drafters (None: plain); ValueError for a name this benchmark does not know."""
+    base = name.removesuffix(DV)
+    if base not in KINDS or (name.endswith(DV) and base not in DV_KINDS):
+        raise ValueError(f"contender {name!r} is invalid: one of {list(KINDS)}, or {list(DV_KINDS)} with {DV!r}")
+    return KINDS[base]
 
 
 class Contenders:
     def __init__(self, models: BenchModels, heads: dict[str, torch.nn.Module], layer_skip_layers: int,
-                 gamma: int | str):
+                 gamma: int | str, draft_ids: torch.Tensor | None = None):
         self.models, self.heads, self.layers, self.gamma = models, heads, layer_skip_layers, gamma
+        self.draft_ids = draft_ids
 
     def build(self, kind: str, slots: int, max_seq_len: int) -> SpecEngine:
-        drafters = KINDS[kind]
+        drafters = drafters_of(kind)
         gamma = 0 if drafters is None else self.gamma
         config = EngineConfig(max_batch_size=slots, max_seq_len=max_seq_len, gamma=gamma, drafters=drafters,
                               layer_skip_layers=self.layers, stats_trace_steps=1)
         weights = None
         if drafters and "model" in drafters:
             weights = self.models.drafter
-        elif drafters and ("eagle" in drafters or "medusa" in drafters):
-            weights = self.heads["eagle" if "eagle" in drafters else "medusa"]
-        return SpecEngine(self.models.target, weights, config)
+        elif drafters:
+            weights = next((self.heads[k] for k in HEADS if k in drafters), None)
+        engine = SpecEngine(self.models.target, weights, config)
+        if kind.endswith(DV):
+            engine.set_draft_vocab(self.draft_ids)
+        return engine
+
+
+def load_heads(models: BenchModels, folders: list[str], kinds: list[str]) -> dict[str, torch.nn.Module]:
+    """Each head kind the contenders name from the first of `folders` holding its `<kind>.pt` (what
+    `specroll distill` writes), shaped after the target as `specroll train` shapes it (`models.head`)."""
+    from pathlib import Path
+
+    from specroll.integrations.model_source import ModelPaths, load_drafter
+
+    heads = {}
+    wanted = {k for name in kinds for k in (drafters_of(name) or ()) if k in HEADS}
+    for kind in sorted(wanted):
+        path = next((Path(f) / f"{kind}.pt" for f in folders if (Path(f) / f"{kind}.pt").is_file()), None)
+        if path is None:
+            raise SystemExit(f"--heads: no {kind}.pt in {folders} (specroll distill --kind {kind} writes one)")
+        # the target folder serves only a checkpoint folder's tokenizer check: these are state dicts
+        paths = ModelPaths(target=str(models.path / "target") if models.path else "(in memory)", head=str(path))
+        heads[kind] = load_drafter(paths, EngineConfig(drafters=(kind,)), models.target)
+        print(f"  {kind}: {path}", flush=True)
+    return heads
+
+
+def rollout_ids(models: BenchModels, models_kind: str, size: int, prompts: int, max_new_tokens: int) -> torch.Tensor:
+    """The `size` ids the target's plain T = 1 rollouts of `prompts` prompts the benchmark does not race on use
+    most (the stop ids always in)."""
+    from specroll.rollout.drafters.draft_vocab import top_ids
+
+    engine = SpecEngine(models.target, None, EngineConfig(max_batch_size=32, max_seq_len=512, gamma=0))
+    others = load_bench_models(models_kind, prompts, seed=1).prompts
+    done = engine.generate(others, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=1,
+                                                  stop_token_ids=models.stop_token_ids))
+    counts = torch.zeros(engine.vocab_size)
+    for out in done:
+        counts.index_add_(0, torch.as_tensor(out.completion_ids, dtype=torch.long),
+                          torch.ones(len(out.completion_ids)))
+    return top_ids(counts, size, always=models.stop_token_ids)
 
 
 def race(contenders: Contenders, kinds: list[str], prompts: list[list[int]], params: list[SamplingParams],
@@ -81,13 +139,13 @@ def draft_costs(contenders: Contenders, kinds: list[str]) -> dict[str, dict]:
     """Per drafter: parameters and ms per draft token at batch 1 and 16 (γ = 4), from its own timing."""
     out = {}
     for kind in kinds:
-        if KINDS[kind] is None or len(KINDS[kind]) > 1:
+        drafters = drafters_of(kind)
+        if drafters is None or len(drafters) > 1:
             continue
         engine = contenders.build(kind, 16, 192)
         times = engine.drafter.time_drafts([1, 16], time.perf_counter() + 10)
         per_token = {b: 1000 * (row[1] + 3 * row[0]) / 4 for b, row in zip(times.batch_sizes, times.times)}
-        params = {"model": contenders.models.drafter, "eagle": contenders.heads["eagle"],
-                  "medusa": contenders.heads["medusa"]}.get(kind)
+        params = contenders.models.drafter if drafters[0] == "model" else contenders.heads.get(drafters[0])
         out[kind] = {"parameters": sum(p.numel() for p in params.parameters()) if params is not None else 0,
                      "ms_per_draft_token_b1": per_token[1], "ms_per_draft_token_b16": per_token[16]}
         print(f"  {kind}: {out[kind]['parameters'] / 1e6:.2f}M parameters, {per_token[1]:.2f} ms/draft token at "
@@ -97,7 +155,7 @@ def draft_costs(contenders: Contenders, kinds: list[str]) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--contenders", default=",".join(KINDS))
+    parser.add_argument("--contenders", default="plain,model,layer_skip,eagle,medusa,suffix+model,suffix+eagle")
     parser.add_argument("--batch-sizes", default="1,4,16")
     parser.add_argument("--modes", default="greedy,sampled")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -108,23 +166,40 @@ def main() -> None:
     parser.add_argument("--layer-skip-layers", type=int, default=4)
     parser.add_argument("--gamma", default="auto")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", choices=("demo", "demo-bpe", "tiny"), default="demo")
+    parser.add_argument("--heads", default=None, help="comma-separated folders with `specroll distill`'s <kind>.pt")
+    parser.add_argument("--draft-vocab", type=int, default=2048, help="N of the `<kind>+dv` contenders")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     kinds = args.contenders.split(",")
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        raise SystemExit(f"--contenders: {unknown} not in {list(KINDS)}")
-    from specroll.demo.model_cache import load_or_build_demo_models, models_dir
+    try:
+        for kind in kinds:
+            drafters_of(kind)
+    except ValueError as e:
+        raise SystemExit(f"--contenders: {e}") from None
+    models = load_bench_models(args.models, max(64, args.grpo_prompts))
+    if args.heads:
+        heads = load_heads(models, args.heads.split(","), kinds)
+    elif args.models == "demo":
+        from specroll.demo.model_cache import load_or_build_demo_models, models_dir
 
-    models = load_bench_models("demo", max(64, args.grpo_prompts))
-    settings = HeadTrainingSettings()
-    prompts = training_prompts(load_or_build_demo_models().tokenizer, settings.prompts)
-    heads = load_or_train_heads(models.target, prompts, models.stop_token_ids, models_dir(), settings)
+        settings = HeadTrainingSettings()
+        prompts = training_prompts(load_or_build_demo_models().tokenizer, settings.prompts)
+        heads = load_or_train_heads(models.target, prompts, models.stop_token_ids, models_dir(), settings)
+    else:
+        heads = {}
+    missing = sorted({k for name in kinds for k in (drafters_of(name) or ()) if k in HEADS} - set(heads))
+    if missing:
+        raise SystemExit(f"--heads: no trained {missing} for --models {args.models} (specroll distill writes them)")
+    draft_ids = None
+    if any(k.endswith(DV) for k in kinds):
+        draft_ids = rollout_ids(models, args.models, args.draft_vocab, 64, args.max_new_tokens)
     gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
-    contenders = Contenders(models, heads, args.layer_skip_layers, gamma)
+    contenders = Contenders(models, heads, args.layer_skip_layers, gamma, draft_ids)
     print(f"{models.description}; layer-skip at {args.layer_skip_layers} of "
-          f"{models.target.config.num_hidden_layers} layers; gamma={gamma}", flush=True)
+          f"{models.target.config.num_hidden_layers} layers; gamma={gamma}; draft vocabulary {args.draft_vocab} "
+          f"ids for the {DV} contenders", flush=True)
     results: dict = {"draft_costs": draft_costs(contenders, kinds), "grid": [], "grpo": None}
     for batch in map(int, args.batch_sizes.split(",")):
         for mode in args.modes.split(","):
