@@ -195,9 +195,11 @@ def summarize(per_repeat: dict[str, list[Tally]]) -> dict[str, dict]:
                  "ceiling_tokens_per_s": tokens / sum(t.ceiling_seconds for t in tallies),
                  "tokens_per_step": tokens / sum(t.steps for t in tallies),
                  "per_repeat_tokens_per_s": rates[name], "by_drafter": shares}
-        for base in ("plain", "model"):
+        # the drafter LM's column: the full-vocabulary one, else the one over a draft vocabulary (head_bench's +dv)
+        model = "model" if "model" in rates else "model+dv"
+        for key, base in (("plain", "plain"), ("model", model)):
             if base in rates and base != name:
-                entry[f"vs_{base}"] = paired_ratio(rates[name], rates[base])
+                entry[f"vs_{key}"] = paired_ratio(rates[name], rates[base])
         out[name] = entry
     return out
 

@@ -45,7 +45,7 @@ KINDS = {
     "suffix+block": ("suffix", "block"),
 }
 DV = "+dv"  # a contender's suffix: the same drafter over the draft vocabulary
-DV_KINDS = ("model", "eagle", "eagle3", "medusa")  # those with an LM head to cut
+DV_KINDS = ("model", "eagle", "eagle3", "medusa", "block")  # those with an LM head to cut
 
 
 def drafters_of(name: str) -> tuple[str, ...] | None:
@@ -201,7 +201,7 @@ def main() -> None:
           f"{models.target.config.num_hidden_layers} layers; gamma={gamma}; draft vocabulary {args.draft_vocab} "
           f"ids for the {DV} contenders", flush=True)
     results: dict = {"draft_costs": draft_costs(contenders, kinds), "grid": [], "grpo": None}
-    for batch in map(int, args.batch_sizes.split(",")):
+    for batch in (int(b) for b in args.batch_sizes.split(",") if b):  # "": the GRPO-shaped workload only
         for mode in args.modes.split(","):
             params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0 if mode == "greedy" else 1.0,
                                     stop_token_ids=models.stop_token_ids)

@@ -3,11 +3,11 @@
 The engine (`rollout.drafters.block`) anchors a block at the row's last kept token a: the anchor and k − 1 mask
 positions, attending over the target's captured states at positions < a (the context) and bidirectionally
 within the block; the output at a + j gives q for token a + j. Teacher-forced, every block of a sequence is one
-pass (`block_log_q`): the fused context once, A blocks side by side, each query seeing the context before its
-own anchor and its own block (DFlash's training layout). Anchors lie where the engine puts them — at the last
-prompt token and at completion positions — so the tokens a block drafts are completion tokens, and draft j of
-a block is trained against the target's recorded p for token a + j (`divergence`; over the draft vocabulary
-when one is set, `Scorer.over`).
+pass (`block_log_q`): the fused context once (scoring: once for all its chunks of anchors), A blocks side by side,
+each query seeing the context before its own anchor and its own block (DFlash's training layout). Anchors lie
+where the engine puts them — at the last prompt token and at completion positions — so the tokens a block drafts
+are completion tokens, and draft j of a block is trained against the target's recorded p for token a + j
+(`divergence`; over the draft vocabulary when one is set, `Scorer.over`).
 
 Training samples `anchors` anchors per sequence uniformly over those positions (`loss`: each sampled block's
 k − 1 drafts weighted by their positions' weights); scoring takes every anchor (in chunks) and gives each
@@ -63,9 +63,10 @@ class BlockScorer(Scorer):
         size, length = valid.shape
         total = torch.zeros(size, length, device=valid.device)
         count = torch.zeros(size, length, device=valid.device)
+        context_kv = self.context_kv(head, batch)  # once for every chunk of anchors
         for lo in range(0, length - 1, SCORE_CHUNK):
             anchors = torch.arange(lo, min(lo + SCORE_CHUNK, length - 1), device=valid.device)[None].expand(size, -1)
-            log_q, ids, probs, _ = self._drafts(head, batch, anchors)
+            log_q, ids, probs, _ = self._drafts(head, batch, anchors, context_kv)
             accepted = expected_acceptance(log_q, ids, probs)  # [B, A·(k−1)]
             at, used = self._targets(anchors, head.block_size, length)
             used = used & valid.gather(1, anchors).repeat_interleave(head.block_size - 1, 1)
@@ -78,25 +79,33 @@ class BlockScorer(Scorer):
         at = (anchors[:, :, None] + torch.arange(1, block_size, device=anchors.device)).flatten(1)
         return at.clamp_max(length - 1), at < length
 
-    def _drafts(self, head: BlockHead, batch: FeatureBatch, anchors: torch.Tensor):
+    def _drafts(self, head: BlockHead, batch: FeatureBatch, anchors: torch.Tensor, context_kv: list | None = None):
         """The blocks anchored at `anchors` [B, A]: (log q [B, A·(k−1), N or V], p's top-k ids in q's columns and
         probabilities [B, A·(k−1), k'], the drafted positions' weights [B, A·(k−1)])."""
-        log_q = self.block_log_q(head, batch, anchors)
+        log_q = self.block_log_q(head, batch, anchors, context_kv)
         at, real = self._targets(anchors, head.block_size, batch.token_ids.shape[1])
         gather = lambda t: t.gather(1, at[..., None].expand(-1, -1, t.shape[-1]))
         ids = self.local_ids(gather(batch.topk_ids), self.lm_head.weight.shape[0])
         return log_q, ids, gather(batch.topk_probs), batch.weights.gather(1, at) * real
 
-    def block_log_q(self, head: BlockHead, batch: FeatureBatch, anchors: torch.Tensor) -> torch.Tensor:
+    def context_kv(self, head: BlockHead, batch: FeatureBatch) -> list:
+        """The fused context's K/V per block layer (`BlockHead.context_kv`) over the whole sequence [B, C = L − 1]:
+        what every block of it attends to, the part before its anchor."""
+        hidden = batch.hidden.to(head.fc.weight.dtype)  # [B, L−1, m·H]
+        size, context_len = hidden.shape[:2]
+        positions = torch.arange(context_len, device=hidden.device)[None].expand(size, -1)
+        return head.context_kv(head.fuse(hidden), positions)
+
+    def block_log_q(self, head: BlockHead, batch: FeatureBatch, anchors: torch.Tensor,
+                    context_kv: list | None = None) -> torch.Tensor:
         """log q [B, A·(k−1), N or V] of the drafts of the blocks anchored at `anchors` [B, A] (sequence positions
-        < L − 1), teacher-forced: each block sees the context before its anchor and itself, as in the engine."""
+        < L − 1), teacher-forced: each block sees the context before its anchor and itself, as in the engine.
+        `context_kv`: `self.context_kv(head, batch)` if already computed (scoring reuses it across anchor chunks)."""
         size, num_anchors = anchors.shape
         k, device = head.block_size, anchors.device
         dtype = head.fc.weight.dtype
-        hidden = batch.hidden.to(dtype)  # [B, L−1, m·H]
-        context_len = hidden.shape[1]
-        context = head.fuse(hidden)  # [B, C, H]
-        context_kv = head.context_kv(context, torch.arange(context_len, device=device)[None].expand(size, -1))
+        context_kv = self.context_kv(head, batch) if context_kv is None else context_kv
+        context_len = batch.hidden.shape[1]
         tokens = batch.token_ids.gather(1, anchors)  # [B, A]
         embeds = F.embedding(tokens, self.embed.weight.detach().to(device, dtype))
         x = head.block_inputs(embeds).flatten(1, 2)  # [B, A·k, H]

@@ -11,6 +11,7 @@ online). `specroll train` measures the real speed at the end of its run.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,9 @@ def write_report(path: Path, settings: dict[str, Any], rounds: list[dict[str, An
              "| round | lr | steps | loss | candidate | served before | phase start | published |",
              "|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rounds, 1):
-        lines.append(f"| {i} | {r['lr']:g} | {r['num_steps']} | {r['loss']:.4f} | {r['acceptance_after']:.4f} | "
-                     f"{r['acceptance_before']:.4f} | {r['acceptance_frozen_shadow']:.4f} | "
-                     f"{'yes' if r['published'] else 'no'} |")
+        scores = " | ".join(_score(r[k]) for k in ("acceptance_after", "acceptance_before", "acceptance_frozen_shadow"))
+        published = "yes" if r["published"] else "no" if r.get("gated", True) else "no (not scored: the budget ran out)"
+        lines.append(f"| {i} | {r['lr']:g} | {r['num_steps']} | {r['loss']:.4f} | {scores} | {published} |")
     final = rounds[-1]["served"] if rounds else float("nan")
     lines += ["", f"Final (published) held-out expected acceptance: **{final:.4f}**.", "",
               "## Predicted speed against plain decoding (calibrated cost model)", "",
@@ -73,3 +74,8 @@ def write_report(path: Path, settings: dict[str, Any], rounds: list[dict[str, An
               "```yaml", models_yaml.rstrip(), "```", ""]
     path.write_text("\n".join(lines))
     return path
+
+
+def _score(value: float) -> str:
+    """A held-out score's cell: "—" for a round that was not scored (NaN)."""
+    return "—" if math.isnan(value) else f"{value:.4f}"
