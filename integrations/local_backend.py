@@ -97,7 +97,7 @@ class LocalBackend:
         learner = None if learner_config is None else make_online_learner(drafter, target, learner_config)
         engine = SpecEngine(target, drafter, engine_config, target_tokenizer, drafter_tokenizer)
         if learner is not None and engine_config.draft_vocab is not None:  # the engine's first subset, counted on
-            learner.set_draft_vocab(initial_ids(engine_config.draft_vocab, engine.vocab_size, target.config),
+            learner.set_draft_vocab(initial_ids(engine_config.draft_vocab, engine.vocab_size, target.config, drafter),
                                     engine.vocab_size)
         return cls(engine, learner, drafter)
 

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
 from specroll.rollout.drafters.block_head import BlockHead
+from specroll.rollout.drafters.draft_vocab import carry, split_state
 from specroll.rollout.drafters.eagle3_head import Eagle3Head
 from specroll.rollout.drafters.factory import fresh_block, fresh_eagle3
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
@@ -31,10 +32,12 @@ class ModelPaths:
     the two vocabularies token by token — needed when the embedding tables are padded to different
     sizes (e.g. Qwen2.5-7B's 152064 rows vs 0.5B's 151936 over the same tokenizer).
 
-    `head` is a head's `state_dict` file (`torch.save`) for an "eagle", "eagle3" or "medusa" drafter (None: a
-    fresh head, which the online learner trains from the first rollouts); for "eagle3" also a public checkpoint
-    folder (speculators or SpecForge layout: `eagle3_checkpoint.load_eagle3_checkpoint`, refused if it does not
-    fit the target); for "block" also a z-lab DFlash checkpoint folder (`block_checkpoint.load_block_checkpoint`).
+    `head` is a head's `state_dict` file (`torch.save`) for an "eagle", "eagle3", "medusa" or "block" drafter
+    (None: a fresh head, which the online learner trains from the first rollouts; a file that carries the draft
+    vocabulary it was trained over, `specroll distill --draft-vocab`, starts `engine.draft_vocab` there); for
+    "eagle3" also a public checkpoint folder (speculators or SpecForge layout:
+    `eagle3_checkpoint.load_eagle3_checkpoint`, refused if it does not fit the target); for "block" also a z-lab
+    DFlash checkpoint folder (`block_checkpoint.load_block_checkpoint`).
     """
 
     target: str = ""
@@ -92,14 +95,22 @@ def load_drafter(models: ModelPaths, engine: EngineConfig, target: PreTrainedMod
         return _eagle3_head(models, engine, target)
     if kind == "block":
         return _block_head(models, engine, target)
-    weights = torch.load(models.head, weights_only=True) if models.head else None
+    weights, ids = _head_file(models.head)
     if kind == "medusa":
         head = MedusaHeads(target.config.get_text_config().hidden_size, engine.medusa_heads)
     else:
         head = EagleHead.for_target(target.config, intermediate_size=_eagle_width(weights, engine, models.head))
     if weights is not None:
         head.load_state_dict(weights)
-    return head
+    return carry(head, ids)
+
+
+def _head_file(path: str | None) -> tuple[dict | None, torch.Tensor | None]:
+    """A head's state dict file → (its weights, the draft vocabulary it was trained over if it carries one:
+    `draft_vocab.STATE_KEY`, from `specroll distill --draft-vocab`); (None, None) without a file."""
+    if not path:
+        return None, None
+    return split_state(torch.load(path, weights_only=True))
 
 
 def _eagle_width(weights: dict | None, engine: EngineConfig, path: str | None) -> int | None:
@@ -129,14 +140,14 @@ def _eagle3_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedMod
                              "leave engine.eagle3_layers unset (the checkpoint decides)")
         return head
     head = fresh_eagle3(engine, target.config)
-    if models.head:
-        weights = torch.load(models.head, weights_only=True)
+    weights, ids = _head_file(models.head)
+    if weights is not None:
         if "lm_head.weight" in weights:
             raise ValueError(f"models.head={models.head!r} holds an EAGLE-3 head with its own LM head, whose draft ids "
                              "a state_dict does not carry: give it as a checkpoint folder (speculators or SpecForge "
                              "layout, integrations.eagle3_checkpoint)")
         head.load_state_dict(weights)
-    return head
+    return carry(head, ids)
 
 
 def _block_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> BlockHead:
@@ -148,6 +159,7 @@ def _block_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedMode
     if models.head and Path(models.head).is_dir():
         return load_block_checkpoint(models.head, target)
     head = fresh_block(engine, target.config)
-    if models.head:
-        head.load_state_dict(torch.load(models.head, weights_only=True))
-    return head
+    weights, ids = _head_file(models.head)
+    if weights is not None:
+        head.load_state_dict(weights)
+    return carry(head, ids)

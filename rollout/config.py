@@ -151,10 +151,11 @@ class EngineConfig:
     `block_layers` (None: `block_head.default_layers`); one forward drafts up to `block_size` - 1 tokens (`max_gamma`
     is capped there). A head passed as the drafter (`integrations.block_checkpoint`) brings both.
 
-    `draft_vocab` N: the drafter with an LM head ("model", "eagle", "medusa", "layer_skip") drafts over N
-    target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper drafts at a large
-    vocabulary, the output still exactly the target's. The first subset is the first N ids plus the stop
-    ids; `SpecEngine.set_draft_vocab` and a drafter version that carries one (the online learner's, counted
+    `draft_vocab` N: the drafter with an LM head ("model", "eagle", "eagle3", "medusa", "block", "layer_skip")
+    drafts over N target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper drafts at a
+    large vocabulary, the output still exactly the target's. The first subset is the one a head was trained over
+    if it carries one (`specroll distill --draft-vocab`), else the first N ids plus the stop ids;
+    `SpecEngine.set_draft_vocab` and a drafter version that carries one (the online learner's, counted
     from the policy's rollouts) replace it. None: the whole vocabulary.
 
     `kv_cache` "paged" keeps the target's attention K/V in blocks of `kv_block_size` tokens taken as rows

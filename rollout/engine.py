@@ -115,7 +115,7 @@ class SpecEngine(EngineMemory, EngineWeights):
         self.vocab_size = self.target.vocab_size
         self.drafter: Drafter | None = make_drafter(drafter, config, self.target)
         if config.draft_vocab is not None:
-            self._first_draft_vocab(target, config.draft_vocab)
+            self._first_draft_vocab(target, config.draft_vocab, drafter)
         wants_hidden = self.drafter is not None and self.drafter.wants_hidden
         self._hidden_size = self.target.hidden_width if wants_hidden else None
         self.rows: RowBuffers | None = self._row_buffers()

@@ -43,9 +43,10 @@ class EngineWeights:
         """The target ids the drafter drafts over now [N] (None: the whole vocabulary, or no drafter)."""
         return None if self.drafter is None else self.drafter.draft_vocab()
 
-    def _first_draft_vocab(self, target: PreTrainedModel, size: int) -> None:
-        """`config.draft_vocab` before any rollout was counted: the first `size` ids and the EOS ids
-        (`drafters.draft_vocab.initial_ids`); the online learner publishes subsets counted from rollouts."""
+    def _first_draft_vocab(self, target: PreTrainedModel, size: int, weights: object = None) -> None:
+        """`config.draft_vocab` before any rollout was counted: the subset the drafter's `weights` were trained over
+        if they carry one, else the first `size` ids and the EOS ids (`drafters.draft_vocab.initial_ids`); the online
+        learner publishes subsets counted from rollouts."""
         if size > self.vocab_size:
             raise ValueError(f"draft_vocab={size} is invalid: an int in [1, {self.vocab_size}] (the target's "
                              "vocabulary)")
@@ -53,7 +54,7 @@ class EngineWeights:
         if not set(kinds) & set(VOCAB_DRAFTER_KINDS):
             raise ValueError(f"draft_vocab={size} is invalid with drafters {kinds}: it needs a drafter with an LM "
                              f"head, one of {VOCAB_DRAFTER_KINDS}")
-        self.set_draft_vocab(initial_ids(size, self.vocab_size, target.config))
+        self.set_draft_vocab(initial_ids(size, self.vocab_size, target.config, weights))
 
     def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (all or some parameters, by name) between `generate` calls."""

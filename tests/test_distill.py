@@ -95,6 +95,56 @@ def test_fused_feature_heads_train_on_their_layers_and_load_as_models_reads(user
     assert [r.completion_ids for r in spec] == [r.completion_ids for r in plain]
 
 
+def test_a_head_trained_over_a_draft_vocabulary_carries_it_to_the_engine_and_the_learner(user_folder, capsys):
+    """`--draft-vocab N`: the learner trains and scores over the N ids the samples' completions use most (the stop
+    id in); the head file carries them (`draft_vocab.STATE_KEY`), `models.head` loads them, and an engine with
+    `draft_vocab: N` — and the online learner beside it — start from them, not from the first N ids; the output
+    stays the target's. Another N is refused naming both."""
+    from transformers import AutoModelForCausalLM
+
+    from specroll.integrations.local_backend import LocalBackend
+    from specroll.online_drafter import LearnerConfig
+    from specroll.rollout import SamplingParams, SpecEngine
+    from specroll.rollout.drafters.draft_vocab import STATE_KEY, first_ids, top_ids
+
+    out = user_folder / "dv"
+    assert distill(user_folder, out, "--kind", "eagle3", "--draft-vocab", "8") == 0
+    saved = torch.load(out / "eagle3.pt", weights_only=True)
+    ids = saved[STATE_KEY]
+    target = AutoModelForCausalLM.from_pretrained(user_folder / "policy")
+    counts = torch.zeros(target.config.vocab_size, dtype=torch.long)
+    for chunk in (out / "samples").iterdir():
+        for row in torch.load(chunk, weights_only=True):
+            completion = row["token_ids"][row["prompt_len"] :]
+            counts.index_add_(0, completion, torch.ones_like(completion))
+    eos = target.config.eos_token_id
+    assert torch.equal(ids, top_ids(counts, 8, [eos])) and int(counts.argmax()) in ids.tolist()
+    assert not torch.equal(ids, first_ids(8, target.config.vocab_size, [eos]))  # counted, not the first ids
+    assert "draft_vocab: 8" in (out / "report.md").read_text()
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert all(r["gated"] for r in rounds) and 0 < rounds[-1]["served"] <= 1
+
+    config = EngineConfig(drafters=("eagle3",), gamma=3, max_batch_size=4, max_seq_len=48, draft_vocab=8)
+    paths = ModelPaths(str(user_folder / "policy"), head=str(out / "eagle3.pt"))
+    engine = SpecEngine(target, load_drafter(paths, config, target), config)
+    assert torch.equal(engine.draft_vocab(), ids)
+    prompts, params = [[1, 5, 9, 3], [2, 7]], SamplingParams(max_new_tokens=10, temperature=0.0)
+    plain = SpecEngine(target, None, EngineConfig(gamma=0, max_batch_size=4, max_seq_len=48)).generate(prompts, params)
+    assert [r.completion_ids for r in engine.generate(prompts, params)] == [r.completion_ids for r in plain]
+    backend = LocalBackend.from_models(target, load_drafter(paths, config, target), config,
+                                       LearnerConfig(batch_size=4, max_steps=1))
+    assert torch.equal(backend.learner.draft_vocab("frozen"), ids) and torch.equal(backend.engine.draft_vocab(), ids)
+    with pytest.raises(ValueError, match="draft_vocab=6 is invalid with this drafter: it was trained over a draft "
+                                         "vocabulary of 8 ids"):
+        SpecEngine(target, load_drafter(paths, config, target), EngineConfig(drafters=("eagle3",), draft_vocab=6,
+                                                                            max_batch_size=4, max_seq_len=48))
+    capsys.readouterr()
+    assert distill(user_folder, user_folder / "x", "--kind", "model", "--layers", "1", "--draft-vocab", "8") == 2
+    assert "--draft-vocab=8 is invalid with --kind=model" in one_line_error(capsys)
+    assert distill(user_folder, user_folder / "y", "--kind", "eagle", "--draft-vocab", "100000") == 2
+    assert "--draft-vocab=100000 is invalid: an int in [1, " in one_line_error(capsys)
+
+
 def test_a_stopped_run_resumes_from_its_folder(user_folder, capsys):
     out = user_folder / "resume"
     assert distill(user_folder, out, "--kind", "medusa", "--final-lr", "1e-3") == 0  # one phase

@@ -57,7 +57,8 @@ class LearnerActor:
         if engine.draft_vocab is not None:  # the workers' engines start from this subset (`initial_ids`)
             target_config = AutoConfig.from_pretrained(models.target)
             vocab_size = target_config.get_text_config().vocab_size
-            self.learner.set_draft_vocab(initial_ids(engine.draft_vocab, vocab_size, target_config), vocab_size)
+            self.learner.set_draft_vocab(initial_ids(engine.draft_vocab, vocab_size, target_config, drafter),
+                                         vocab_size)
         self.metrics = LearnerMetrics()
         self.num_rollouts = 0  # added since start, from every controller (every rank of a shared service)
         self.num_rounds = 0

@@ -11,8 +11,9 @@ Which ids: the most frequent in the policy's own rollouts (`top_ids`), counted b
 publishes a new subset with a new drafter version when the policy's token frequencies drift
 (`online_drafter.token_counts`). The subset travels inside the drafter's state dict under `STATE_KEY`, so
 every weight-sync path carries it; `split_state` takes it out before the weights are copied in. Before any
-rollout there is no count: `first_ids` takes the tokenizer's first N ids (byte-level BPE numbers its merges
-in the order it learned them, most frequent first) plus the stop ids.
+rollout there is no count: a head saved with the subset it was trained over (`specroll distill --draft-vocab`)
+starts from that one (`carry`); otherwise `first_ids` takes the tokenizer's first N ids (byte-level BPE numbers
+its merges in the order it learned them, most frequent first) plus the stop ids.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..sampling.draft_q import DraftQ
 from ..sampling.logits import process_logits
 
 STATE_KEY = "draft_vocab.ids"  # int64 [N] sorted target ids, in a drafter's state dict
+CARRIED_ATTR = "specroll_draft_vocab_ids"  # on a head loaded from a state dict that carried STATE_KEY (`carry`)
 
 
 class DraftVocab:
@@ -96,9 +98,25 @@ def first_ids(size: int, vocab_size: int, always: Iterable[int] = ()) -> torch.T
     return top_ids(counts, size, always)
 
 
-def initial_ids(size: int, vocab_size: int, model_config) -> torch.Tensor:
-    """A drafter's first draft vocabulary before any rollout was counted: `first_ids` with the model's EOS ids
-    (its text config's `eos_token_id`). The engine and the online learner both start from it."""
+def carry(head: nn.Module, ids: torch.Tensor | None) -> nn.Module:
+    """`head` (a drafter's weights, loaded from a state dict) with the draft vocabulary it was trained over
+    (`STATE_KEY` of its file: `specroll distill --draft-vocab`), which `initial_ids` then starts from."""
+    setattr(head, CARRIED_ATTR, None if ids is None else torch.as_tensor(ids, dtype=torch.long).cpu())
+    return head
+
+
+def initial_ids(size: int, vocab_size: int, model_config, drafter: object = None) -> torch.Tensor:
+    """A drafter's first draft vocabulary before any rollout was counted: the one `drafter` carries (`carry`),
+    else `first_ids` with the model's EOS ids (its text config's `eos_token_id`). The engine and the online
+    learner both start from it. ValueError if the carried one has other than `size` ids."""
+    carried = getattr(drafter, CARRIED_ATTR, None)
+    if carried is not None:
+        if carried.numel() != size:
+            raise ValueError(f"draft_vocab={size} is invalid with this drafter: it was trained over a draft "
+                             f"vocabulary of {carried.numel()} ids, saved with it (specroll distill --draft-vocab): "
+                             f"set engine.draft_vocab to {carried.numel()}, or leave it unset for the whole vocabulary")
+        _check_size(size, vocab_size)
+        return carried
     eos = model_config.get_text_config().eos_token_id
     stop = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     return first_ids(size, vocab_size, always=stop)

@@ -39,7 +39,7 @@ KINDS = ("eagle", "eagle3", "medusa", "block", "model")
 # the arguments that decide what is learnt: a resumed run must have the same
 SETTINGS = ("policy", "prompts", "kind", "tokenizer", "drafter", "layers", "num_prompts", "samples", "max_new_tokens",
             "temperature", "top_k", "top_p", "seed", "lr", "final_lr", "batch_size", "eagle_intermediate_size",
-            "medusa_heads", "block_size", "round_minutes")
+            "medusa_heads", "block_size", "round_minutes", "draft_vocab")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--medusa-heads", type=int, default=4)
     parser.add_argument("--block-size", type=int, default=8, help="--kind block: the block (anchor and k - 1 drafts; "
                         "default 8, engine.block_size's)")
+    parser.add_argument("--draft-vocab", type=int, default=None, help="a head: train it over the N ids the samples "
+                        "use most (and the stop ids), saved with it; serve it with engine.draft_vocab: N (default: "
+                        "the whole vocabulary)")
     parser.add_argument("--max-seq-len", type=int, default=None, help="the context (default: the policy's)")
     parser.add_argument("--batch-rows", type=int, default=32, help="rows the sampling engine decodes together")
     parser.add_argument("--device", default="cpu")
@@ -102,15 +105,20 @@ def run(args: argparse.Namespace) -> int:
     _check_out(out, args, ConfigError)
     drafter = data.fresh_drafter(args.kind, policy, args, tokenizer)  # before an engine lays the policy out anew
     stop_ids = tuple(i for i in [tokenizer.eos_token_id] if i is not None)
+    if args.draft_vocab is not None and args.draft_vocab > text.vocab_size:
+        raise ConfigError(f"--draft-vocab={args.draft_vocab} is invalid: an int in [1, {text.vocab_size}] (the "
+                          "policy's vocabulary)")
     entries = data.sample(policy, prompt_ids, args.kind, args, stop_ids, out / "samples", drafter)
-    rounds, final = train(drafter, policy, entries, args, out)
-    return finish(drafter, policy, tokenizer, args, out, rounds, final, len(prompt_ids), entries)
+    ids = None if args.draft_vocab is None else data.draft_ids(entries, args.draft_vocab, text.vocab_size, stop_ids)
+    rounds, final = train(drafter, policy, entries, args, out, ids)
+    return finish(drafter, policy, tokenizer, args, out, rounds, final, len(prompt_ids), entries, ids)
 
 
-def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespace, out: Path
+def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespace, out: Path, ids: Any = None
           ) -> tuple[list[dict[str, Any]], float]:
     """The learner's rounds over the budget (see the module doc), resuming from `<out>/learner.pt`; returns the
-    rounds' reports and the published drafter's final held-out expected acceptance (`drafter` holds it)."""
+    rounds' reports and the published drafter's final held-out expected acceptance (`drafter` holds it). `ids`:
+    the draft vocabulary the learner trains and scores over (None: the whole one), fixed: the samples are."""
     import dataclasses
 
     import torch
@@ -118,6 +126,7 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
 
     from specroll.online_drafter import LearnerConfig, make_online_learner
     from specroll.online_drafter.learner_state import restore, state_of
+    from specroll.rollout.drafters.draft_vocab import split_state
     from specroll.rollout.models.weights import copy_into
 
     from .distill_data import num_positions
@@ -145,6 +154,8 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
             restore(learner, saved["learner"], f"the saved learner in {saved_path}")
         elif in_phase < count:
             learner.add_rollouts(entries)
+            if ids is not None:  # after the samples: the learner counts none, so it never recounts the subset
+                learner.set_draft_vocab(ids, policy.config.get_text_config().vocab_size)
         for done in range(in_phase, count):
             # the phase's time left, shared by its rounds left: a gate that overran a round is taken from the next
             left = budget_s * share - sum(r["round_time_s"] for r in rounds if r["phase"] == phase)
@@ -158,18 +169,20 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
             bar.update(1)
             bar.set_postfix(accept=f"{served:.3f}", version=report.version)
         if in_phase < count or (saved is not None and saved["phase"] == phase):
-            copy_into(drafter, learner.published_state_dict(), "the distilled drafter")
+            copy_into(drafter, split_state(learner.published_state_dict())[0], "the distilled drafter")
         saved = None
     bar.close()
     return rounds, learner.served_estimate() if rounds else math.nan
 
 
 def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, out: Path,
-           rounds: list[dict[str, Any]], final: float, num_prompts: int, entries: list[Any]) -> int:
-    """Write the drafter where `models:` reads it, predict its speed, write the report; print where they are."""
+           rounds: list[dict[str, Any]], final: float, num_prompts: int, entries: list[Any], ids: Any = None) -> int:
+    """Write the drafter where `models:` reads it (a head with its draft vocabulary `ids`, if any), predict its
+    speed, write the report; print where they are."""
     import torch
 
     from specroll.online_drafter.heads.data import FeatureSequence
+    from specroll.rollout.drafters.draft_vocab import STATE_KEY, carry
 
     from .distill_data import num_positions
     from .distill_report import predict_speed, write_report
@@ -182,9 +195,10 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
                        "engine: {drafters: [model]}\n")
     else:
         output = out / f"{args.kind}.pt"
-        torch.save(drafter.state_dict(), output)
+        torch.save({**drafter.state_dict(), **({} if ids is None else {STATE_KEY: ids})}, output)
+        carry(drafter, ids)  # the speed prediction's engine drafts over them
         extra = {"medusa": f", medusa_heads: {args.medusa_heads}", "block": f", block_size: {args.block_size}"}.get(
-            args.kind, "")
+            args.kind, "") + ("" if ids is None else f", draft_vocab: {args.draft_vocab}")
         models_yaml = (f"models: {{source: pretrained, target: {args.policy}, head: {output}}}\n"
                        f"engine: {{drafters: [{args.kind}]{extra}}}\n")
     print(f"specroll distill: calibrating the engine's cost model (~{args.cost_model_s:g}s) to predict the speed",
@@ -194,7 +208,8 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
     halfway = round(sum(total - completion / 2 for total, completion in spans) / len(spans))  # a mean row's KV mid-way
     predictions = predict_speed(policy, drafter, args.kind, final, max_gamma=6, device=args.device,
                                 budget_s=args.cost_model_s, cache=str(out / "calibration"),
-                                max_seq_len=max(total for total, _ in spans) + 8, context=halfway)
+                                max_seq_len=max(total for total, _ in spans) + 8, context=halfway,
+                                draft_vocab=args.draft_vocab)
     settings = {**{name: getattr(args, name) for name in SETTINGS}, "minutes": args.minutes,
                 "num_prompts": num_prompts, "num_sequences": len(entries),
                 "num_positions": sum(map(num_positions, entries)), "context": halfway}
@@ -214,6 +229,9 @@ def _check_arguments(args: argparse.Namespace, error: type[Exception]) -> None:
     for name in ("num_prompts", "samples", "max_new_tokens", "batch_size", "batch_rows", "medusa_heads"):
         if getattr(args, name) < 1:
             raise error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: an int >= 1")
+    if args.draft_vocab is not None and (args.kind == "model" or args.draft_vocab < 1):
+        raise error(f"--draft-vocab={args.draft_vocab} is invalid with --kind={args.kind}: an int >= 1, for a head "
+                    "(a drafter LM's subset is set when it is served: engine.draft_vocab)")
     if args.block_size < 2:
         raise error(f"--block-size={args.block_size} is invalid: an int >= 2 (the anchor and at least one draft)")
     for name in ("minutes", "round_minutes", "temperature", "lr", "final_lr"):

@@ -153,3 +153,16 @@ def sample(policy: PreTrainedModel, prompt_ids: list[list[int]], kind: str, args
         else:  # rollouts this command wrote into its own out folder
             entries += torch.load(path, weights_only=False)
     return entries
+
+
+def draft_ids(entries: list[FeatureSequence | Rollout], size: int, vocab_size: int, stop_ids: tuple[int, ...]
+              ) -> torch.Tensor:
+    """The `size` ids the samples' completions use most, the stop ids always in (`draft_vocab.top_ids`)."""
+    from specroll.rollout.drafters.draft_vocab import top_ids
+
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for entry in entries:
+        completion = (entry.token_ids[entry.prompt_len :] if isinstance(entry, FeatureSequence)
+                      else torch.as_tensor(entry.completion_ids, dtype=torch.long))
+        counts.index_add_(0, completion, torch.ones(completion.numel(), dtype=torch.float64))
+    return top_ids(counts, size, always=stop_ids)

@@ -30,13 +30,16 @@ class SpeedPrediction:
 
 
 def predict_speed(policy: Any, drafter: Any, kind: str, acceptance: float, max_gamma: int, device: str,
-                  budget_s: float, cache: str | None, max_seq_len: int, context: int) -> list[SpeedPrediction]:
+                  budget_s: float, cache: str | None, max_seq_len: int, context: int,
+                  draft_vocab: int | None = None) -> list[SpeedPrediction]:
     """Calibrate the cost model of `policy` with `drafter` (an engine of `kind` at batch up to 64, rows of up to
-    `max_seq_len` tokens) and predict at `context` tokens of KV (a rollout's mean length half-way)."""
+    `max_seq_len` tokens, drafting over `draft_vocab` ids) and predict at `context` tokens of KV (a rollout's mean
+    length half-way)."""
     from specroll.rollout.gamma.break_even import break_even_acceptance
 
     config = EngineConfig(max_batch_size=max(BATCH_SIZES), max_seq_len=max_seq_len, gamma="auto", max_gamma=max_gamma,
-                          drafters=(kind,), device=device, cost_model_budget_s=budget_s, calibration_cache=cache)
+                          drafters=(kind,), device=device, cost_model_budget_s=budget_s, calibration_cache=cache,
+                          draft_vocab=draft_vocab)
     cost = SpecEngine(policy, drafter, config).gamma_policy.cost
     predictions = []
     for batch in BATCH_SIZES:
