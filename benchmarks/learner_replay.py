@@ -108,9 +108,9 @@ def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
     if block:  # the block scorer's one forward: every block of the batch's anchors
         block_log_q = learner.scorer.block_log_q
 
-        def timed_block_log_q(model, batch, anchors):
+        def timed_block_log_q(model, batch, anchors, context_kv=None):
             charge(anchors.numel() * model.block_size)
-            return block_log_q(model, batch, anchors)
+            return block_log_q(model, batch, anchors, context_kv)
 
         learner.scorer.block_log_q = timed_block_log_q
     elif head:
