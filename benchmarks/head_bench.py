@@ -46,6 +46,7 @@ KINDS = {
 }
 DV = "+dv"  # a contender's suffix: the same drafter over the draft vocabulary
 DV_KINDS = ("model", "eagle", "eagle3", "medusa", "block")  # those with an LM head to cut
+COUNT_PROMPTS = 64  # prompts, never raced, whose plain rollouts choose the +dv contenders' ids
 
 
 def drafters_of(name: str) -> tuple[str, ...] | None:
@@ -78,16 +79,20 @@ class Contenders:
         return engine
 
 
+def head_kinds(contenders: list[str]) -> list[str]:
+    """The head kinds the contenders draft with."""
+    return sorted({k for name in contenders for k in (drafters_of(name) or ()) if k in HEADS})
+
+
 def load_heads(models: BenchModels, folders: list[str], kinds: list[str]) -> dict[str, torch.nn.Module]:
-    """Each head kind the contenders name from the first of `folders` holding its `<kind>.pt` (what
-    `specroll distill` writes), shaped after the target as `specroll train` shapes it (`models.head`)."""
+    """Each head kind of `kinds` from the first of `folders` holding its `<kind>.pt` (what `specroll distill`
+    writes), shaped after the target as `specroll train` shapes it (`models.head`)."""
     from pathlib import Path
 
     from specroll.integrations.model_source import ModelPaths, load_drafter
 
     heads = {}
-    wanted = {k for name in kinds for k in (drafters_of(name) or ()) if k in HEADS}
-    for kind in sorted(wanted):
+    for kind in kinds:
         path = next((Path(f) / f"{kind}.pt" for f in folders if (Path(f) / f"{kind}.pt").is_file()), None)
         if path is None:
             raise SystemExit(f"--heads: no {kind}.pt in {folders} (specroll distill --kind {kind} writes one)")
@@ -98,20 +103,15 @@ def load_heads(models: BenchModels, folders: list[str], kinds: list[str]) -> dic
     return heads
 
 
-def rollout_ids(models: BenchModels, models_kind: str, size: int, prompts: int, max_new_tokens: int) -> torch.Tensor:
-    """The `size` ids the target's plain T = 1 rollouts of `prompts` prompts the benchmark does not race on use
-    most (the stop ids always in)."""
-    from specroll.rollout.drafters.draft_vocab import top_ids
+def rollout_ids(models: BenchModels, prompts: list[list[int]], size: int, max_new_tokens: int) -> torch.Tensor:
+    """The `size` ids the target's plain T = 1 rollouts of `prompts` (ones the benchmark does not race on) use
+    most, the stop ids always in (`specroll distill`'s count)."""
+    from specroll.jobs.distill_data import draft_ids
 
     engine = SpecEngine(models.target, None, EngineConfig(max_batch_size=32, max_seq_len=512, gamma=0))
-    others = load_bench_models(models_kind, prompts, seed=1).prompts
-    done = engine.generate(others, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=1,
-                                                  stop_token_ids=models.stop_token_ids))
-    counts = torch.zeros(engine.vocab_size)
-    for out in done:
-        counts.index_add_(0, torch.as_tensor(out.completion_ids, dtype=torch.long),
-                          torch.ones(len(out.completion_ids)))
-    return top_ids(counts, size, always=models.stop_token_ids)
+    done = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=1,
+                                                   stop_token_ids=models.stop_token_ids))
+    return draft_ids(done, size, engine.vocab_size, models.stop_token_ids)
 
 
 def race(contenders: Contenders, kinds: list[str], prompts: list[list[int]], params: list[SamplingParams],
@@ -178,9 +178,11 @@ def main() -> None:
             drafters_of(kind)
     except ValueError as e:
         raise SystemExit(f"--contenders: {e}") from None
-    models = load_bench_models(args.models, max(64, args.grpo_prompts))
+    raced = max(64, args.grpo_prompts)
+    models = load_bench_models(args.models, raced + COUNT_PROMPTS)  # the last ones only count the draft ids
+    wanted = head_kinds(kinds)
     if args.heads:
-        heads = load_heads(models, args.heads.split(","), kinds)
+        heads = load_heads(models, args.heads.split(","), wanted)
     elif args.models == "demo":
         from specroll.demo.model_cache import load_or_build_demo_models, models_dir
 
@@ -189,12 +191,12 @@ def main() -> None:
         heads = load_or_train_heads(models.target, prompts, models.stop_token_ids, models_dir(), settings)
     else:
         heads = {}
-    missing = sorted({k for name in kinds for k in (drafters_of(name) or ()) if k in HEADS} - set(heads))
+    missing = sorted(set(wanted) - set(heads))
     if missing:
         raise SystemExit(f"--heads: no trained {missing} for --models {args.models} (specroll distill writes them)")
     draft_ids = None
     if any(k.endswith(DV) for k in kinds):
-        draft_ids = rollout_ids(models, args.models, args.draft_vocab, 64, args.max_new_tokens)
+        draft_ids = rollout_ids(models, models.prompts[raced:], args.draft_vocab, args.max_new_tokens)
     gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
     contenders = Contenders(models, heads, args.layer_skip_layers, gamma, draft_ids)
     print(f"{models.description}; layer-skip at {args.layer_skip_layers} of "
