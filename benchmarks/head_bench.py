@@ -7,7 +7,8 @@ Contenders (one `SpecEngine` each, γ auto unless `--gamma`): plain decoding, th
 is fine: `--heads` takes several, comma-separated); without it (character world only) the EAGLE and Medusa
 first versions from `benchmarks.head_training`, cached. A contender named `<kind>+dv` drafts over the
 `--draft-vocab` ids the target's own plain rollouts of other prompts use most (`draft_vocab.top_ids`, as the
-online learner counts them).
+online learner counts them) — or, for a head saved with its own (`specroll distill --draft-vocab`), over those,
+as `specroll train` serves it.
 Two workloads, every contender stepped in lockstep (`grpo_bench.race_repeat`: always the one that has
 generated the fewest tokens runs next) so that machine noise hits them alike:
 
@@ -32,6 +33,7 @@ import time
 import torch
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.drafters import draft_vocab
 
 from .grpo_bench import print_table, race_repeat, summarize
 from .head_training import HeadTrainingSettings, load_or_train_heads, training_prompts
@@ -74,8 +76,9 @@ class Contenders:
         elif drafters:
             weights = next((self.heads[k] for k in HEADS if k in drafters), None)
         engine = SpecEngine(self.models.target, weights, config)
-        if kind.endswith(DV):
-            engine.set_draft_vocab(self.draft_ids)
+        if kind.endswith(DV):  # a head trained over its own ids (distill --draft-vocab) drafts over them, as served
+            carried = getattr(weights, draft_vocab.CARRIED_ATTR, None)
+            engine.set_draft_vocab(self.draft_ids if carried is None else carried)
         return engine
 
 

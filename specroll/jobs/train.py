@@ -174,7 +174,7 @@ def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None 
     from trl import GRPOConfig, GRPOTrainer
 
     from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
-    from specroll.integrations.trl_hook import SpecrollRolloutFunc
+    from specroll.integrations.trl_hook import SpecrollRolloutFunc, length_grouped
 
     from .resume import ResumeCallback, load_finished_run, restore_run, resumes_of
     from .task_source import probe_prompts
@@ -199,7 +199,8 @@ def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None 
                                speculation_events=config.engine.speculation == "when_learned",
                                cold_uses_update=config.learner_schedule.cold_uses_update)
     rollout_func = SpecrollRolloutFunc(backend, learn=config.online_learning, schedule=schedule)
-    trainer = GRPOTrainer(
+    trainer_class = length_grouped(GRPOTrainer) if grpo.length_grouped else GRPOTrainer
+    trainer = trainer_class(
         model=AutoModelForCausalLM.from_pretrained(sources.paths.target), reward_funcs=task.reward_funcs, args=args,
         train_dataset=dataset, processing_class=sources.tokenizer, rollout_func=rollout_func,
         callbacks=[progress_bar()],

@@ -71,7 +71,9 @@ class GRPOSettings:
     """The GRPO run. `prompts_per_step` unique prompts × `num_generations` completions per step.
 
     `deepspeed` is a DeepSpeed JSON path handed to `GRPOConfig(deepspeed=...)` (GPU presets);
-    `bf16` trains in bfloat16 (GPU presets); `extra` passes any other `GRPOConfig` field through.
+    `bf16` trains in bfloat16 (GPU presets); `length_grouped` runs the update's forwards over rows grouped by
+    completion length, each group cut to its longest (`trl_hook.length_groups`: TRL's loss, less padding);
+    `extra` passes any other `GRPOConfig` field through.
     """
 
     steps: int = 30
@@ -86,6 +88,7 @@ class GRPOSettings:
     bf16: bool = False
     deepspeed: str | None = None
     num_train_prompts: int = 512
+    length_grouped: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -97,6 +100,7 @@ class GRPOSettings:
         require(self.learning_rate > 0, "grpo.learning_rate", self.learning_rate, "a number > 0")
         require(self.temperature > 0, "grpo.temperature", self.temperature, "a number > 0")
         require(self.beta >= 0, "grpo.beta", self.beta, "a number >= 0")
+        require(isinstance(self.length_grouped, bool), "grpo.length_grouped", self.length_grouped, "true or false")
         if self.extra:
             from trl import GRPOConfig
 
