@@ -4,6 +4,7 @@ TRL GRPOTrainer with it mixed in trains the same policy (same losses, same weigh
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 
@@ -90,3 +91,22 @@ def test_length_grouped_trainer_trains_the_same_policy_over_fewer_token_columns(
     for name, value in plain_weights.items():
         torch.testing.assert_close(grouped_weights[name], value, rtol=1e-4, atol=1e-6, msg=name)
     assert grouped_columns < 0.75 * plain_columns
+
+
+def test_update_cost_benchmark_times_both_trainers_on_fixed_completions(tmp_path):
+    from types import SimpleNamespace
+
+    from specroll.benchmarks.update_cost import fixed_rollout, step_times
+
+    tokenizer = tiny_tokenizer()
+    messages = list(prompt_dataset()["prompt"][:2])
+    prompt_ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True) for m in messages]
+    completions = [[[5, 6, 2], [7, 2]], [[8, 9, 10, 11], [12, 2]]]
+    rollout = fixed_rollout(prompt_ids, completions, [json.dumps(m) for m in messages])
+    out = rollout([messages[1], messages[0], messages[1]], None)
+    assert out["completion_ids"] == [[8, 9, 10, 11], [5, 6, 2], [12, 2]]  # the k-th occurrence: the k-th sample
+    args = SimpleNamespace(generations=2, max_new_tokens=4, steps=2)
+    for trainer_class in (GRPOTrainer, length_grouped(GRPOTrainer)):
+        times = step_times(trainer_class, tiny_model(len(tokenizer), seed=0), tokenizer, messages, rollout, args,
+                           str(tmp_path / trainer_class.__name__))
+        assert len(times) == 2 and all(t > 0 for t in times)
