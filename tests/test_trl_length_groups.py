@@ -110,3 +110,18 @@ def test_update_cost_benchmark_times_both_trainers_on_fixed_completions(tmp_path
         times = step_times(trainer_class, tiny_model(len(tokenizer), seed=0), tokenizer, messages, rollout, args,
                            str(tmp_path / trainer_class.__name__))
         assert len(times) == 2 and all(t > 0 for t in times)
+
+
+def test_ranks_that_gather_parameters_in_every_forward_keep_trls_path():
+    from types import SimpleNamespace
+
+    from specroll.integrations.trl_hook.length_groups import sharded_forward
+
+    def trainer(processes, stage=None, fsdp=False):
+        plugin = None if stage is None else SimpleNamespace(zero_stage=stage)
+        return SimpleNamespace(is_fsdp_enabled=fsdp, accelerator=SimpleNamespace(
+            num_processes=processes, state=SimpleNamespace(deepspeed_plugin=plugin)))
+
+    assert sharded_forward(trainer(2, stage=3)) and sharded_forward(trainer(4, fsdp=True))
+    assert not sharded_forward(trainer(1, stage=3))  # one rank: nothing to keep in step with
+    assert not sharded_forward(trainer(2, stage=2)) and not sharded_forward(trainer(2))

@@ -9,7 +9,9 @@ in TRL's order, zeros at the padding TRL masks anyway — so the loss, its gradi
 TRL's (up to float rounding: the same sums over other matmul shapes), for less work.
 
 Only the right (completion) padding is cut: the left-padded prompt columns stay, so every token keeps its
-position. Steps TRL runs with multimodal inputs or a MoE auxiliary loss take TRL's own path.
+position. Steps TRL runs with multimodal inputs or a MoE auxiliary loss take TRL's own path, and so does a run
+sharded over several ranks by DeepSpeed ZeRO-3 or FSDP: there every forward gathers the parameters collectively,
+so the ranks must run as many forwards as each other, and each rank's groups follow its own completions.
 
     from trl import GRPOTrainer
     from specroll.integrations.trl_hook import length_grouped
@@ -57,7 +59,7 @@ class LengthGroupedLogps:
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **inputs: Any):
         whole = super()._get_per_token_logps_and_entropies  # type: ignore[misc]
-        if compute_aux_loss or any(value is not None for value in inputs.values()):
+        if compute_aux_loss or any(value is not None for value in inputs.values()) or sharded_forward(self):
             return whole(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                          compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **inputs)
         prompt = input_ids.shape[1] - logits_to_keep
@@ -80,6 +82,15 @@ class LengthGroupedLogps:
         back = torch.empty_like(order)
         back[order] = torch.arange(len(order), device=order.device)
         return torch.cat(logps)[back], (torch.cat(entropies)[back] if compute_entropy else None), None
+
+
+def sharded_forward(trainer: Any) -> bool:
+    """Whether `trainer`'s forwards are collective across several ranks (DeepSpeed ZeRO-3, FSDP)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is None or getattr(accelerator, "num_processes", 1) <= 1:
+        return False
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return bool(getattr(trainer, "is_fsdp_enabled", False) or (plugin is not None and plugin.zero_stage == 3))
 
 
 def length_grouped(trainer_class: type) -> type:
