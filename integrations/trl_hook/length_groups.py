@@ -60,8 +60,10 @@ class LengthGroupedLogps:
                                            compute_entropy=False, compute_aux_loss=False, **inputs: Any):
         whole = super()._get_per_token_logps_and_entropies  # type: ignore[misc]
         if compute_aux_loss or any(value is not None for value in inputs.values()) or sharded_forward(self):
+            if compute_aux_loss:  # passed only when asked for: TRL releases before it do not take it
+                inputs["compute_aux_loss"] = compute_aux_loss
             return whole(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                         compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **inputs)
+                         compute_entropy=compute_entropy, **inputs)
         prompt = input_ids.shape[1] - logits_to_keep
         columns = torch.arange(1, logits_to_keep + 1, device=attention_mask.device)
         widths = (attention_mask[:, prompt:] * columns).amax(dim=1).clamp(min=1).tolist()  # last real column + 1
