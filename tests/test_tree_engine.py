@@ -77,7 +77,7 @@ def test_tree_greedy_every_allowlisted_type(model_type):
     try:
         target, drafter = arch_sweep.tiny_model(model_type, 0), arch_sweep.tiny_model(model_type, 1)
     except (ValueError, KeyError) as err:  # a type the installed transformers lacks
-        pytest.skip(str(err))
+        pytest.skip(f"the installed transformers cannot build model type {model_type!r}: {err}")
     rows = arch_sweep.prompts()
     config = EngineConfig(max_batch_size=len(rows), max_seq_len=max(map(len, rows)) + arch_sweep.NEW_TOKENS,
                           gamma=arch_sweep.GAMMA, tree_width=3)
