@@ -33,6 +33,9 @@ def test_generic_drafter_is_built_once_beside_the_demo_models(tiny_demo_cache, c
     generic = AutoModelForCausalLM.from_pretrained(path)
     check_vocab_compatible(demo.target, generic, demo.tokenizer, AutoTokenizer.from_pretrained(path))
     assert generic.config.num_hidden_layers == demo.recipe.drafter.num_layers
+    recipe = demo.recipe  # the demo drafter's whole training budget: the core's SFT it was cut from, its own stages
+    built = json.loads((path / MANIFEST).read_text())
+    assert built["steps"] == recipe.core_sft.steps + recipe.drafter_sft.steps + recipe.drafter_distill.steps
     # never the demo drafter (cut from the target's core and distilled on its samples): other weights
     distilled = demo.drafter.state_dict()
     assert any(not torch.equal(t, distilled[name]) for name, t in generic.state_dict().items() if name in distilled)
@@ -49,14 +52,14 @@ def test_demo_generic_preset_runs_at_the_tiny_recipe(tiny_demo_cache, tmp_path, 
     from specroll.jobs import train
 
     preset = yaml.safe_load((REPO / "configs" / "demo_generic.yaml").read_text())
-    assert preset["models"] == {"source": "demo", "recipe": "full", "drafter": "generic"}
-    preset["models"]["recipe"] = "tiny"
+    assert preset["models"] == {"source": "demo", "recipe": "bpe", "drafter": "generic"}
+    preset["models"]["recipe"] = "tiny"  # the subword world's models take minutes to build
     preset.update(grpo={"steps": 2, "prompts_per_step": 2, "num_generations": 2, "max_completion_length": 16,
                         "num_train_prompts": 8},
                   backend={"kind": "local"}, probe={"prompts": 2, "samples": 1, "every": 1},
                   report={"out_dir": str(tmp_path / "report"), "speed_prompts": 2, "speed_repeats": 1})
-    preset["engine"].update(max_batch_size=4, max_seq_len=96, cost_model_budget_s=0.3,
-                            calibration_cache=str(tmp_path / "calibration"))
+    preset["engine"].update(max_batch_size=4, max_seq_len=96, cost_model_budget_s=0.3, draft_vocab=16,
+                            calibration_cache=str(tmp_path / "calibration"))  # the tiny vocabulary: ~40 ids
     preset["learner"].update(max_steps=2, batch_size=4)
     config = tmp_path / "generic.yaml"
     config.write_text(yaml.safe_dump(preset))
