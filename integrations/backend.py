@@ -125,6 +125,7 @@ def rollout_metrics(stats: BatchStats) -> dict[str, float]:
         "rollout/seconds": stats.wall_time_s,
         "rollout/tokens_per_s": stats.tokens_per_s,
         "rollout/acceptance_rate": stats.acceptance_rate,
+        "rollout/position_acceptance": stats.position_acceptance,
         "rollout/mean_accepted_len": stats.mean_accepted_len,
         "rollout/gamma": stats.mean_gamma,
         "rollout/live_rows": stats.mean_live_rows,

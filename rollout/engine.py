@@ -188,7 +188,7 @@ class SpecEngine(EngineMemory, EngineWeights):
         scheduler.add(requests)
         nonfinite_before = self.stats.drafter_nonfinite_rows
         self._drafting = self.drafter is not None and self.speculating
-        drafted_before, accepted_before = self.stats.drafted, self.stats.accepted
+        tried_before, accepted_before = self.stats.tried, self.stats.accepted
         self._prefill(scheduler.admit(), scheduler)
         while not scheduler.done:
             shape = self._shape(scheduler.num_live_rows)
@@ -204,7 +204,7 @@ class SpecEngine(EngineMemory, EngineWeights):
         self._warn_nonfinite_drafter(self.stats.drafter_nonfinite_rows - nonfinite_before)
         if self._drafting and self.config.speculation == "when_learned":
             self.speculation_gate.observe(self.drafter_version, self._served_acceptance(),
-                                          self.stats.drafted - drafted_before, self.stats.accepted - accepted_before)
+                                          self.stats.tried - tried_before, self.stats.accepted - accepted_before)
         return [req.rollout for req in requests]
 
     def _shape(self, live: int) -> StepShape:

@@ -9,6 +9,7 @@ learner itself gives it; `specroll train` from a fresh EAGLE head on the tiny de
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 
@@ -114,8 +115,8 @@ def test_what_the_drafts_kept_overrules_the_held_out_number(monkeypatch):
     assert engine.speculating
     engine.generate(make_prompts(8, 2, 6), PARAMS)
     gate = engine.speculation_gate
-    assert gate.version == 1 and gate.drafted > 0 and gate.accepted / gate.drafted < claim - 0.2
-    estimate = (gate.accepted + gate.prior_drafts * gate.claimed) / (gate.drafted + gate.prior_drafts)
+    assert gate.version == 1 and gate.tried > 0 and gate.accepted / gate.tried < claim - 0.2
+    estimate = (gate.accepted + gate.prior_drafts * gate.claimed) / (gate.tried + gate.prior_drafts)
     assert estimate < break_even and gate.gap == pytest.approx(gate.claimed - estimate)
     assert not engine.speculating
     forwards = engine.stats.drafter_forwards
@@ -123,6 +124,23 @@ def test_what_the_drafts_kept_overrules_the_held_out_number(monkeypatch):
     assert engine.stats.drafter_forwards == forwards  # off: no draft forwards
     engine.update_drafter(tagged(head, claim), version=2)  # the same claim: believed only up to claim - gap
     assert engine.speculation_gate.acceptance(2, gate.claimed) == pytest.approx(estimate) and not engine.speculating
+
+
+def test_drafts_are_counted_where_tried_the_unit_break_even_is_stated_in():
+    """The gate checks a claimed per-position acceptance α against drafts *tried* (every earlier draft of the
+    row's chain kept): a head that keeps nothing tries one draft per row-step whatever γ, so its γ = 4 chains
+    propose ~4× the drafts it tries; the target drafting for itself keeps every draft it tries."""
+    target = tiny_lm("llama", "sdpa")
+    fixed = dataclasses.replace(COLD, gamma=4, speculation="always")
+    lost = SpecEngine(target, EagleHead.for_target(target.config, seed=0), fixed)
+    lost.generate(PROMPTS, PARAMS)
+    stats = lost.stats
+    assert stats.accepted <= stats.tried <= stats.spec_row_steps + stats.accepted  # one rejection per chain at most
+    assert stats.drafted > 3 * stats.tried  # the kept share of proposed drafts would understate α ~4x
+    assert stats.position_acceptance == pytest.approx(stats.accepted / stats.tried)
+    itself = SpecEngine(target, copy.deepcopy(target), EngineConfig(max_batch_size=4, max_seq_len=40, gamma=4))
+    itself.generate(PROMPTS, dataclasses.replace(PARAMS, temperature=0.0))
+    assert itself.stats.tried == itself.stats.accepted > 0 and itself.stats.position_acceptance == 1.0
 
 
 def test_a_version_without_acceptance_keeps_speculation_off():

@@ -110,7 +110,7 @@ def append_kept(rows: RowBuffers, live: slice, step: VerifiedStep, params: Sampl
         finished=[slot for slot, end in enumerate(done) if end], emitted=emitted, stopped=num_stopped,
         dropped_rows=num_dropped, kept_per_position=kept, drafted_per_position=drafted,
         by_drafter={name: by_drafter[3 * k : 3 * k + 3] for k, name in enumerate(drafter_names[:kinds])},
-        counts=counts,
+        counts=counts, tried=sum(min(a + 1, u) for a, u in zip(per_row[3], per_row[4])),
     )
 
 

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 
 TRACE_STEPS = 4096
-COUNTERS = ("target_forwards", "drafter_forwards", "generated_tokens", "drafted", "accepted", "steps",
+COUNTERS = ("target_forwards", "drafter_forwards", "generated_tokens", "drafted", "accepted", "tried", "steps",
             "wall_time_s", "gamma_sum", "row_steps", "spec_row_steps", "drafter_nonfinite_rows", "tree_steps",
             "tree_row_steps", "tree_nodes", "tree_accepted")
 
@@ -32,6 +32,7 @@ class StepSummary:
     drafted_per_position: list[int]  # [γ] rows that proposed a draft i
     by_drafter: dict[str, list[int]]  # kind → [rows it proposed for, drafts proposed, drafts kept]
     counts: list[list[int]] | None = None  # `append.acceptance_counts`, for an adaptive γ policy
+    tried: int = 0  # drafts verified up to and including each row's first rejection (`StatRates.position_acceptance`)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class StatRates:
     generated_tokens: int
     drafted: int
     accepted: int
+    tried: int
     steps: int
     wall_time_s: float
     gamma_sum: int
@@ -92,6 +94,14 @@ class StatRates:
     def acceptance_rate(self) -> float:
         """Accepted drafts / drafted tokens."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def position_acceptance(self) -> float:
+        """Accepted drafts / drafts tried: the per-position acceptance α of the cost model (a draft is tried when
+        every draft before it in its row's chain was kept), its maximum-likelihood estimate under independent
+        acceptance. `acceptance_rate` counts the drafts past a row's first rejection too, so over chains of γ
+        it reads (α + … + α^γ) / γ — 0.24 where α = 0.6 and γ = 6 — not α, which break-even is stated in."""
+        return self.accepted / self.tried if self.tried else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -131,6 +141,7 @@ class BatchStats(StatRates):
     generated_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    tried: int = 0
     steps: int = 0
     wall_time_s: float = 0.0
     gamma_sum: int = 0
@@ -155,6 +166,7 @@ class EngineStats(StatRates):
     generated_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    tried: int = 0  # drafts verified up to and including each row's first rejection
     steps: int = 0
     wall_time_s: float = 0.0
     gamma_sum: int = 0  # γ summed over steps
@@ -208,6 +220,7 @@ class EngineStats(StatRates):
         self.generated_tokens += step.emitted
         self.drafted += sum(step.drafted_per_position)
         self.accepted += sum(step.kept_per_position)
+        self.tried += step.tried
         self.gamma_sum += gamma
         self.row_steps += live_rows
         self.spec_row_steps += live_rows if gamma else 0
@@ -238,6 +251,7 @@ class EngineStats(StatRates):
         out["by_drafter"] = {name: share.to_dict() for name, share in self.by_drafter.items()}
         out.update(
             acceptance_rate=self.acceptance_rate,
+            position_acceptance=self.position_acceptance,
             acceptance_per_position=self.acceptance_per_position,
             tokens_per_s=self.tokens_per_s,
             mean_accepted_len=self.mean_accepted_len,
