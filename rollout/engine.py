@@ -131,6 +131,7 @@ class SpecEngine(EngineMemory, EngineWeights):
         self._drafting = False  # this generate call drafts (`speculating` at its start)
         self._generating = False
         self._drafting_steps = 0
+        self._drafter_behind = False  # rows were prefilled, or steps run plain, since the last drafting step
 
     # ------------------------------------------------------------------ public API
 
@@ -284,7 +285,9 @@ class SpecEngine(EngineMemory, EngineWeights):
             self.gamma_policy.observe(shape, StepOutcome(
                 gamma=gamma, rows=n, counts=summary.counts, emitted=summary.emitted, stopped=summary.stopped,
                 seconds=time.perf_counter() - started, draft_seconds=None if drafted is None else drafted - started,
+                catch_up=bool(gamma) and self._drafter_behind,
             ), params.greedy)
+        self._drafter_behind = not gamma
         return summary.finished
 
     def _propose(self, live: slice, gamma: int, params: SamplingParams, noise: StepNoise) -> Proposal:
@@ -325,6 +328,7 @@ class SpecEngine(EngineMemory, EngineWeights):
         step = self.rows.last_step
         self.tree_policy.observe(shape, depth, width, step.accepted_len, step.drafted_len,
                                  time.perf_counter() - started, params.greedy)
+        self._drafter_behind = False
         return summary.finished
 
     # ------------------------------------------------------------------ batch bookkeeping
@@ -337,6 +341,7 @@ class SpecEngine(EngineMemory, EngineWeights):
             self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens, req.key)
         slots, count = prefill_target(self.target, self.rows, admitted, scheduler.running,
                                       [self._reserve(req) for req in admitted])
+        self._drafter_behind = True  # the next drafting step catches the drafter up on these prompts
         if self.drafter:  # an engine that never drafts lets the drafter catch up lazily, if ever
             drafts = self._drafting and self.config.gamma != 0
             self.drafter.prefill(slots, self.rows, count if drafts else torch.zeros_like(count))

@@ -45,6 +45,8 @@ class StepOutcome:
     stopped: int
     seconds: float
     draft_seconds: float | None = None  # the part of `seconds` spent drafting
+    catch_up: bool = False  # the drafter first caught up on rows it had not drafted for (after a prefill or plain
+    # steps: a whole prompt for a head): its time is no steady step's, so the policy learns acceptance from it only
 
 
 class GammaPolicy(Protocol):

@@ -127,6 +127,8 @@ class SimpleGamma:
             acceptance.decay(self.decay)
             for j in range(min(len(acceptance), len(kept), len(reached))):
                 acceptance.add(j, kept[j], reached[j])
+        if outcome.catch_up:  # no steady step's time (`StepOutcome.catch_up`)
+            return
         verify, draft = self.calibrated_times(shape.rows, shape.context)
         gamma, drafting = outcome.gamma, outcome.draft_seconds or 0.0
         # One stalled step (GC, another process) moves a correction by at most 2× or one forward's worth;
