@@ -242,8 +242,8 @@ class SpecEngine(EngineMemory, EngineWeights):
         "when_learned" once the served drafter version's acceptance reaches the break-even acceptance: its held-out
         number (under the invariant sampler a lower bound: at a position with Σ min(p, q) = 1 − TV the rule keeps a
         draft with probability ≥ (1 − TV) / (1 + TV); the learner publishes the mean of the positions' bounds),
-        replaced by what its drafts kept once it has drafted enough, and lowered by the last measured version's
-        shortfall until then (`gamma.speculation_gate`)."""
+        replaced by what its drafts kept per draft tried once it has drafted, and corrected by the last measured
+        version's error until then (`gamma.speculation_gate`)."""
         if self.drafter is None or self.config.speculation == "always":
             return self.drafter is not None
         accept = self.speculation_gate.acceptance(self.drafter_version, self._served_acceptance())

@@ -10,16 +10,19 @@ earlier draft of its row's chain was kept), not in drafts proposed: over chains 
 proposed drafts is (α + … + α^γ) / γ, 0.24 for α = 0.6 at γ = 6, which compared with an α would turn off a head
 that keeps as claimed. Once a version has drafted, the engine decides on its drafts kept per draft tried with the
 held-out number as a prior worth `prior_drafts` tried drafts: (accepted + k · claimed) / (tried + k). A later
-version's held-out number is lowered by the last drafting version's shortfall (claimed − that estimate, when
-positive) until it drafts itself. A version that drafts below break-even is thus turned off after the generate
-call that showed it — auto-γ itself stops drafting within a few steps of a drafter that keeps nothing, so a fixed
-count of drafts would often never be reached — and the next version must beat break-even by the proxy's known
-optimism.
+version's held-out number is corrected by the last drafting version's error (claimed − that estimate) until it
+drafts itself: lowered by a shortfall, raised by a surplus (under `sampler: invariant` the number is a lower
+bound, `scorer.invariant_bound`: in the subword world's cold start a version held out at 0.59 kept 0.63 of its
+tried drafts, and the next, held out at 0.65, was switched off on its bound). A version that drafts below
+break-even is thus turned off after the generate call that showed it — auto-γ itself stops drafting within a few
+steps of a drafter that keeps nothing, so a fixed count of drafts would often never be reached — and the next
+version must beat break-even by the proxy's last measured error.
 
-Before the drafts were counted as tried (2026-12-06), the gate compared the kept share of proposed drafts with
-the claim: in the subword world's cold start a fresh EAGLE head's first drafting version (held out 0.48, drafting
-chains of 6) kept 0.10 of its proposed drafts, and the shortfall this made up kept every later version off —
-versions held out at 0.72–0.76 that the closing measurement ran at 1.11× plain.
+Before 2026-12-06 the gate compared the kept share of proposed drafts with the claim and carried only shortfalls:
+in the subword world's cold start a fresh EAGLE head's first drafting version (held out 0.48, chains of 6) kept
+0.10 of its proposed drafts, and that shortfall — with auto-γ's break-even raised to 1.0 by the same call's
+catch-up step (`AutoGamma.observe`) — kept every later version off, versions held out at 0.72–0.85 that the
+closing measurement ran at 1.11× plain.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class SpeculationGate:
     claimed: float | None = None  # its held-out number, as served
     tried: int = 0  # drafts tried by the counted version (kept + its rows' first rejections)
     accepted: int = 0
-    gap: float = 0.0  # the last drafting version's claimed − estimated acceptance (0 if it kept as claimed or more)
+    gap: float = 0.0  # the last drafting version's claimed − estimated acceptance (< 0: it kept more than claimed)
 
     def acceptance(self, version: int, claimed: float | None) -> float | None:
         """What version `version` (held-out number `claimed`; None: unscored) is expected to keep per draft."""
@@ -52,7 +55,7 @@ class SpeculationGate:
         self.tried += tried
         self.accepted += accepted
         if self.tried and self.claimed is not None:
-            self.gap = max(0.0, self.claimed - self._estimate())
+            self.gap = self.claimed - self._estimate()
 
     def _estimate(self) -> float:
         if self.claimed is None:
