@@ -292,7 +292,8 @@ def test_a_version_that_kept_more_than_claimed_lifts_the_next_ones_claim():
     gate = SpeculationGate()
     gate.observe(4, 0.45, tried=300, accepted=190)  # kept 0.63 per tried draft where 0.45 was claimed
     estimate = (190 + gate.prior_drafts * 0.45) / (300 + gate.prior_drafts)
-    assert gate.acceptance(4, 0.45) == pytest.approx(estimate) and gate.gap == pytest.approx(0.45 - estimate) < 0
+    assert gate.acceptance(4, 0.45) == pytest.approx(estimate) and gate.gap == pytest.approx(0.45 - estimate)
+    assert gate.gap < 0
     assert gate.acceptance(5, 0.48) == pytest.approx(0.48 + estimate - 0.45)  # not drafted yet: lifted
     gate.observe(5, 0.48, tried=200, accepted=40)  # and checked once it drafts
     assert gate.acceptance(5, 0.48) == pytest.approx((40 + gate.prior_drafts * 0.48) / (200 + gate.prior_drafts))
