@@ -66,6 +66,7 @@ from .core.validate import validate_generate_args
 from .drafters.factory import DrafterWeights, make_drafter
 from .drafters.protocol import Drafter, Proposal
 from .engine_memory import EngineMemory
+from .engine_speculation import EngineSpeculation
 from .engine_weights import ACCEPTANCE_STATE_KEY, VOCAB_DRAFTER_KINDS, EngineWeights
 from .gamma.factory import make_gamma_policy
 from .gamma.policy import GammaPolicy, StepOutcome, StepShape
@@ -73,7 +74,7 @@ from .gamma.speculation_gate import SpeculationGate
 from .models.architectures import check_architecture
 from .models.paged import PagedLayout
 from .models.runner import ModelRunner
-from .models.timing import CALIBRATION_CONTEXT, runs_async
+from .models.timing import runs_async
 from .models.vocab import check_vocab_compatible
 from .prefill import admits, check_blocks, prefill_target, reserved_tokens
 from .sampling.accept import ACCEPT_RULES, AcceptRule
@@ -87,7 +88,7 @@ __all__ = ["ACCEPTANCE_STATE_KEY", "DRAFT_TIMING_EVERY", "VOCAB_DRAFTER_KINDS", 
 DRAFT_TIMING_EVERY = 16  # on an async device, the drafting steps whose draft part auto-γ times (one sync each)
 
 
-class SpecEngine(EngineMemory, EngineWeights):
+class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
     """Generates completions for many prompts at once with a target model and optional drafter."""
 
     def __init__(
@@ -227,32 +228,6 @@ class SpecEngine(EngineMemory, EngineWeights):
         self.stats.wall_time_s += time.perf_counter() - started
         self.stats.target_forwards = self.target.num_forwards
         self.stats.drafter_forwards = self.drafter.num_forwards if self.drafter else 0
-
-    def break_even_acceptance(self) -> float | None:
-        """Per-draft acceptance below which speculation stops paying at this engine's recent batch shape,
-        from the γ policy's cost model (None for a fixed γ: there is no cost model to ask)."""
-        if self.drafter is None:
-            return None
-        rows = max(1, round(self.stats.mean_live_rows)) if self.stats.steps else self.config.max_batch_size
-        return self.gamma_policy.break_even_acceptance(rows, CALIBRATION_CONTEXT)
-
-    @property
-    def speculating(self) -> bool:
-        """Whether a generate call starting now drafts: always with `speculation` "always" (and a drafter); with
-        "when_learned" once the served drafter version's acceptance reaches the break-even acceptance: its held-out
-        number (under the invariant sampler a lower bound: at a position with Σ min(p, q) = 1 − TV the rule keeps a
-        draft with probability ≥ (1 − TV) / (1 + TV); the learner publishes the mean of the positions' bounds),
-        replaced by what its drafts kept per draft tried once it has drafted, and corrected by the last measured
-        version's error until then (`gamma.speculation_gate`)."""
-        if self.drafter is None or self.config.speculation == "always":
-            return self.drafter is not None
-        accept = self.speculation_gate.acceptance(self.drafter_version, self._served_acceptance())
-        break_even = self.break_even_acceptance()
-        return accept is not None and break_even is not None and accept >= break_even
-
-    def _served_acceptance(self) -> float | None:
-        """The served version's held-out acceptance for this engine's sampler."""
-        return self.drafter_invariant_acceptance if self.config.sampler == "invariant" else self.drafter_acceptance
 
     # ------------------------------------------------------------------ the step
 

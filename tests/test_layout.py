@@ -18,7 +18,7 @@ PACKAGES = ("specroll", "specroll.rollout", "specroll.online_drafter", "specroll
             "specroll.benchmarks")
 # specroll.rollout's layers, lowest first: a module imports only from its own layer or lower ones.
 ROLLOUT_LAYERS = (("config", "core.stats"), ("sampling",), ("core",), ("models",), ("drafters",), ("gamma", "prefill"),
-                  ("engine", "engine_memory", "engine_weights", "tree_step"), ("",))
+                  ("engine", "engine_memory", "engine_speculation", "engine_weights", "tree_step"), ("",))
 # In one fresh process: imports every module named on the command line on its own (after dropping every specroll
 # module already imported; third-party ones stay: they make a fresh import slow and cannot hide a cycle of ours),
 # then all of them again, from none, in the order given. Sources are compiled once per process (this machine runs
