@@ -59,18 +59,26 @@ def trained(tmp_path_factory, tiny_demo_cache):
         seen.append(dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs))
         return length_reward(prompts, completions)
 
-    rollout_func = SpecrollRolloutFunc(backend)
-    trainer = GRPOTrainer(
+    between: list[tuple[int, int]] = []  # (trainer's step, engine's policy version) at each between_steps call
+    holder: dict = {}
+    rollout_func = SpecrollRolloutFunc(backend, between_steps=lambda: between.append(
+        (holder["trainer"].state.global_step, backend.engine.policy_version)))
+    trainer = holder["trainer"] = GRPOTrainer(
         model=policy, reward_funcs=reward, args=grpo_args(tmp_path_factory.mktemp("grpo")),
         train_dataset=Dataset.from_dict({"prompt": make_prompts(8, seed=0, max_digits=3)}),
         processing_class=tokenizer, rollout_func=rollout_func,
     )
     trainer.train()
-    return dict(trainer=trainer, backend=backend, rollout_func=rollout_func, seen=seen, initial=initial)
+    return dict(trainer=trainer, backend=backend, rollout_func=rollout_func, seen=seen, initial=initial,
+                between=between)
 
 
 def test_each_group_is_generated_once_with_n_equal_to_num_generations(trained):
     assert trained["backend"].calls == [(2, 2), (2, 2)]
+
+
+def test_between_steps_runs_once_a_step_after_the_update_before_the_sync(trained):
+    assert trained["between"] == [(0, 0), (1, 0)]  # step 1's call: updated to 1, the engine still at 0
 
 
 def test_reward_sees_completions_in_trl_order_with_rollout_extras(trained):

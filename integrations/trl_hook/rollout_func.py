@@ -56,6 +56,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback
@@ -74,12 +75,16 @@ class SpecrollRolloutFunc:
 
     `learn=False` skips online draft-learning rounds (the drafter stays as loaded); `probe` (prompts
     in the dataset's format) measures the served drafter against the frozen one every few steps;
-    `schedule` sets the learner's budget shares (see `LearnerSchedule`).
+    `schedule` sets the learner's budget shares (see `LearnerSchedule`). `between_steps`, if given, is
+    called at each training call once the previous step is wholly done (its update and its learner round
+    collected) and before anything of this step runs: where `benchmarks.interleave` hands the machine to
+    a paired run, so that two runs take turns step by step.
     """
 
     def __init__(self, backend: RolloutBackend, learn: bool = True, probe: ProbeSet | None = None,
-                 schedule: LearnerSchedule | None = None):
+                 schedule: LearnerSchedule | None = None, between_steps: Callable[[], None] | None = None):
         self.backend = backend
+        self.between_steps = between_steps
         self.learn = learn
         self.schedule = schedule or LearnerSchedule()
         if probe is not None:
@@ -100,6 +105,8 @@ class SpecrollRolloutFunc:
         drives = self.drives_service(trainer)
         if learns and drives:
             self.collect_learner_round(trainer)  # before the sync: on Ray the probe still uses the workers
+        if mode == "train" and self.between_steps is not None:
+            self.between_steps()
         if step != self.synced_step:  # evaluation, too, sees the current policy
             self.sync_policy(trainer)
         prompt_ids = tokenize_prompts(prompts, trainer)

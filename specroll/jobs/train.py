@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "of its trainer/checkpoint-<step> folders")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, between_steps: Callable[[], None] | None = None) -> int:
+    """Run the job of `args` (`add_arguments`'s); `between_steps` as `SpecrollRolloutFunc`'s (a benchmark's
+    hook: two runs taking turns step by step, `benchmarks.interleave`)."""
     from specroll.integrations.yaml_config import read_yaml
 
     read_yaml(args.config)  # a missing file or bad YAML fails now, not after seconds of imports
@@ -99,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
               + "; ".join(t.line() for t in threads), flush=True)
         if saved is not None:
             backend.load_state_dict(saved.backend_state())
-        trainer, schedule = train(config, sources, task, backend, saved)
+        trainer, schedule = train(config, sources, task, backend, saved, between_steps)
         if main:
             speed = measure_speed(config, sources, task, trainer, backend)
         else:  # the main rank's measurement gathers ZeRO-3 weights: a collective every rank joins
@@ -163,10 +166,11 @@ def save_policy(trainer: Any, out: Path, write: bool = True) -> None:
     save_file({name: t.detach().clone() for name, t in policy.items()}, str(out / "policy.safetensors"))
 
 
-def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None = None) -> tuple[Any, Any]:
+def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None = None,
+          between_steps: Callable[[], None] | None = None) -> tuple[Any, Any]:
     """Run GRPO (a `TrainConfig`, `ModelSources`, `Task`, `RolloutBackend`), from the start or from `saved`
     (a `checkpoints.SavedRun`, whose backend state is loaded already); returns the trainer and its hook's
-    `LearnerSchedule` (probes, events, learner times)."""
+    `LearnerSchedule` (probes, events, learner times). `between_steps`: the hook's (`SpecrollRolloutFunc`)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's documented hook
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -198,7 +202,8 @@ def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None 
     schedule = LearnerSchedule(probe, config.learner_schedule.rollout_share, config.learner_schedule.update_share,
                                speculation_events=config.engine.speculation == "when_learned",
                                cold_uses_update=config.learner_schedule.cold_uses_update)
-    rollout_func = SpecrollRolloutFunc(backend, learn=config.online_learning, schedule=schedule)
+    rollout_func = SpecrollRolloutFunc(backend, learn=config.online_learning, schedule=schedule,
+                                       between_steps=between_steps)
     trainer_class = length_grouped(GRPOTrainer) if grpo.length_grouped else GRPOTrainer
     trainer = trainer_class(
         model=AutoModelForCausalLM.from_pretrained(sources.paths.target), reward_funcs=task.reward_funcs, args=args,
