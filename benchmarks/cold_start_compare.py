@@ -1,10 +1,9 @@
 """A cold start measured against its bars: does a drafter from nothing cost nothing, and when does it pay?
 
-    specroll train --config configs/demo_cold.yaml --out-dir cold/
-    sed -e 's/^  gamma: auto/  gamma: 0/' -e 's/^  speculation: when_learned/  speculation: always/' \\
+    sed -e 's/^  gamma: auto/  gamma: 0/' -e 's/^  speculation: when_learned.*/  speculation: always/' \\
         configs/demo_cold.yaml > cold_plain.yaml          # the same run, plain decoding (its learner still trains)
-    specroll train --config cold_plain.yaml --out-dir cold_plain/
-    python -m specroll.benchmarks.cold_start_compare cold/ cold_plain/ --reference 0.762
+    python -m specroll.benchmarks.interleave configs/demo_cold.yaml cold_plain.yaml --out-dir pair/
+    python -m specroll.benchmarks.cold_start_compare pair/a pair/b --reference 0.762
 
 With `engine.sampler: invariant` the two runs sample the same tokens at every step (checked: the steps' token
 counts must be equal), so the ratio of rollout tokens/s over a window of steps is the ratio of the rollout
@@ -15,7 +14,9 @@ fraction of `--reference` (a distilled head's last probe in the standard main jo
 world's EAGLE-3 head distilled six minutes over 2,048 ids, docs/feature_drafters.md; 0.882 for the character
 world's `configs/demo_eagle.yaml`).
 
-The two runs are paired by step, not interleaved: a step's seconds carry the machine's drift between the runs.
+Two report folders from runs made one after the other compare too, but their steps carry the machine's drift
+between the runs (measured here: the same plain run twice differed 0.75–1.15× per step); `benchmarks.interleave`
+runs the pair taking turns step by step.
 """
 
 from __future__ import annotations
