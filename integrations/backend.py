@@ -93,6 +93,11 @@ class RolloutBackend(Protocol):
         and `sync/drafter_s` once synced (and what only one backend has, e.g. Ray's `rollout/resends`)."""
         ...
 
+    def engine_states(self) -> list[dict[str, Any]]:
+        """What each engine learnt while it ran (`rollout.engine_state`: suffix history, γ statistics; one per Ray
+        worker), between `generate` calls: a measurement's fresh engine starts where the run's engines are."""
+        ...
+
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs of the service: `learner`, the learner's whole state
         (`online_drafter.learner_state.state_of`; None without a learner), `engines`, each engine's own state

@@ -185,8 +185,11 @@ class LocalBackend:
         if self._round_result is not None:
             raise RuntimeError("state_dict while a learner round runs: finish_learner_round collects it first")
         return {"learner": None if self.learner is None else state_of(self.learner),
-                "total_rollouts": self.total_rollouts, "engines": [engine_state(self.engine)],
+                "total_rollouts": self.total_rollouts, "engines": self.engine_states(),
                 "drafter_watch": self.watch.state_dict()}
+
+    def engine_states(self) -> list[dict[str, Any]]:
+        return [engine_state(self.engine)]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         learner = state["learner"]

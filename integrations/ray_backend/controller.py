@@ -241,9 +241,12 @@ class RolloutController:
         learner = None
         if self.learner is not None:  # an actor runs one caller's calls in order: after every add queued
             learner = ray.get(self.learner.state_dict.remote(), timeout=timeout)
-        engines = ray.get([w.engine_state.remote() for w in wait_for_workers(self.workers, timeout)], timeout=timeout)
         return {"learner": learner, "total_rollouts": self.total_rollouts, "drafter_watch": self.watch.state_dict(),
-                "engines": engines}
+                "engines": self.engine_states()}
+
+    def engine_states(self) -> list[dict[str, Any]]:
+        timeout = self.config.sync.timeout_s
+        return ray.get([w.engine_state.remote() for w in wait_for_workers(self.workers, timeout)], timeout=timeout)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the learner actor, the drafter checks' counts and the workers' engine states (by worker index;

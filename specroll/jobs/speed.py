@@ -1,6 +1,12 @@
 """The end-of-run speed measurement of `specroll train`: speculative vs plain decoding, interleaved on the
 same prompts, with the final policy and the drafter the learner publishes, and the γ / live-batch trace
-of one speculative rollout batch (the report's last plot)."""
+of one speculative rollout batch (the report's last plot).
+
+The speculative engine starts from what the run's (first) rollout engine learnt (`RolloutBackend.engine_states`:
+γ statistics, suffix history), as a rollout engine does at every step of a run: a fresh engine knows nothing of
+its drafter, measures acceptance on its first drafting step — the start of the completions, where this world's
+style is chosen and acceptance is lowest — and, judged on it, decoded plainly until its next exploration step
+(measured in the cold start's closing measurement: 1.02x plain while its last rollouts ran 1.25x)."""
 
 from __future__ import annotations
 
@@ -11,10 +17,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.integrations.backend import RolloutBackend
-from specroll.integrations.model_source import load_drafter, tokenizer_pair
+from specroll.integrations.model_source import ModelPaths, load_drafter, tokenizer_pair
 from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
 from specroll.integrations.trl_hook.rollout_func import tokenize_prompts
-from specroll.rollout import SamplingParams, SpecEngine
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.engine_state import load_engine_state
 
 from .backends import ModelSources
 from .report import SpeedMeasurement
@@ -37,18 +44,8 @@ def measure_speed(config: TrainConfig, sources: ModelSources, task: Task, traine
 
 def _measure_speed(config: TrainConfig, sources: ModelSources, task: Task, trainer: Any,
                    backend: RolloutBackend) -> SpeedMeasurement:
-    paths = sources.paths
     policy = gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model))
-    target = AutoModelForCausalLM.from_pretrained(paths.target)
-    drafter = load_drafter(paths, config.engine, target)
-    engine_config = dataclasses.replace(config.engine, record_signals=False)
-    spec = SpecEngine(target, drafter, engine_config, *tokenizer_pair(paths))
-    spec.update_target(policy, trainer.state.global_step)
-    published = backend.published_drafter()
-    if drafter is not None and published:
-        spec.update_drafter(published, version=-1)
-    # plain decoding has no drafter, so no draft vocabulary to cut (the config's applies to the drafter)
-    plain = SpecEngine(spec.target.model, None, dataclasses.replace(engine_config, draft_vocab=None))
+    spec, plain = closing_engines(config.engine, sources.paths, policy, trainer.state.global_step, backend)
     prompt_ids = tokenize_prompts(task.prompts(config.report.speed_prompts, config.grpo.seed + 1), trainer)
     params = SamplingParams(max_new_tokens=config.grpo.max_completion_length, temperature=config.grpo.temperature,
                             stop_token_ids=tuple(trainer.eos_token_ids), seed=config.grpo.seed)
@@ -64,3 +61,23 @@ def _measure_speed(config: TrainConfig, sources: ModelSources, task: Task, train
         acceptance_rate=spec.stats.acceptance_rate, mean_accepted_len=spec.stats.mean_accepted_len,
         gamma_per_step=trace[0], live_rows_per_step=trace[1], tokens_per_step=trace[2],
     )
+
+
+def closing_engines(config: EngineConfig, paths: ModelPaths, policy: dict[str, torch.Tensor], version: int,
+                    backend: RolloutBackend) -> tuple[SpecEngine, SpecEngine]:
+    """The measurement's two engines over one target model holding `policy`: the speculative one with the drafter
+    the learner publishes, starting from what the run's first rollout engine learnt, and a plain one."""
+    target = AutoModelForCausalLM.from_pretrained(paths.target)
+    drafter = load_drafter(paths, config, target)
+    config = dataclasses.replace(config, record_signals=False)
+    spec = SpecEngine(target, drafter, config, *tokenizer_pair(paths))
+    spec.update_target(policy, version)
+    published = backend.published_drafter()
+    if drafter is not None and published:
+        spec.update_drafter(published, version=-1)
+    states = backend.engine_states()
+    if drafter is not None and states:
+        load_engine_state(spec, states[0])
+    # plain decoding has no drafter, so no draft vocabulary to cut (the config's applies to the drafter)
+    plain = SpecEngine(spec.target.model, None, dataclasses.replace(config, draft_vocab=None))
+    return spec, plain
