@@ -303,7 +303,10 @@ class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
         step = self.rows.last_step
         self.tree_policy.observe(shape, depth, width, step.accepted_len, step.drafted_len,
                                  time.perf_counter() - started, params.greedy)
-        self._drafter_behind = False
+        # The tree's drafter forwards moved no drafter length: the next chain step catches it up on the kept path
+        # (up to depth + 1 tokens, not a chain's 1-2), a step auto-γ must not time (`_step`): timed, it made
+        # drafting look dearer after every tree step (the draft scale is one number for every batch size).
+        self._drafter_behind = True
         return summary.finished
 
     # ------------------------------------------------------------------ batch bookkeeping

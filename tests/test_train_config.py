@@ -30,6 +30,16 @@ def test_the_frozen_vocabulary_arm_is_the_main_job_but_for_its_subset():
     assert main == arm
 
 
+def test_the_trees_arm_is_the_main_job_but_for_its_trees():
+    """configs/demo_trees.yaml takes turns with the main job (`benchmarks.interleave`): only the tree settings
+    may differ, so the pair's rollouts, rewards and policy are one GRPO run's (the invariant sampler)."""
+    main, arm = (resolved_dict(load_train_config(CONFIGS / name)) for name in ("demo.yaml", "demo_trees.yaml"))
+    assert (main["engine"].pop("tree_width"), arm["engine"].pop("tree_width")) == (1, "auto")
+    assert arm["engine"].pop("max_tree_width") == 3
+    main["engine"].pop("max_tree_width")
+    assert main == arm and main["engine"]["sampler"] == "invariant"
+
+
 @pytest.mark.parametrize(("data", "field"), [
     ({"grpo": {"stepz": 3}}, "stepz"),
     ({"grpo": {"num_generations": 1}}, "grpo.num_generations"),

@@ -205,6 +205,32 @@ def test_auto_width_drafts_trees_where_the_batch_drained(monkeypatch):
     assert sum(measured.values()) > 0, measured  # the trees run taught the policy their acceptance
 
 
+def test_the_chain_step_after_a_tree_step_is_a_catch_up_left_out_of_the_time_corrections(tmp_path):
+    """A tree's drafter forwards move no drafter length, so the next chain step first catches the drafter up on the
+    kept path (up to depth + 1 tokens). Timed, those steps made drafting look dearer after every tree step (the
+    draft scale is one number), and an engine with trees drifted to plain decoding. As after a prefill or a plain
+    step (`test_gamma_engine`), the policy learns acceptance from it, the time corrections nothing."""
+    from tiny_models import noisy_copy
+
+    engine = SpecEngine(tiny_lm("llama", "sdpa"), noisy_copy("llama", "sdpa", noise=0.3),
+                        EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto", tree_width="auto", max_gamma=3,
+                                     max_tree_width=2, calibration_cache=str(tmp_path), cost_model_budget_s=0.5))
+    policy, trees = engine.gamma_policy, engine.tree_policy
+    policy.choose = lambda shape, greedy: 2
+    shapes = iter([(2, 1), (2, 2), (2, 1), (2, 1), (2, 2), (2, 2), (2, 1), (2, 1)] * 100)
+    trees.choose = lambda shape, gamma, greedy: next(shapes)
+    seen, timed = [], []
+    observe, cost_observe = policy.observe, policy.cost.observe
+    policy.observe = lambda shape, outcome, greedy: (seen.append(outcome), observe(shape, outcome, greedy))
+    policy.cost.observe = lambda batch, gamma, *rest, **kw: (timed.append(gamma), cost_observe(batch, gamma, *rest,
+                                                                                               **kw))
+    engine.generate(make_prompts(4, 2, 6), SamplingParams(max_new_tokens=30, temperature=1.0, seed=0))
+    assert engine.stats.tree_steps >= 3
+    # chain steps: the first after the prefill, then after the tree, steady, after the two trees, steady
+    assert [o.catch_up for o in seen[:5]] == [True, True, False, True, False]
+    assert len(timed) >= 2 and len(timed) == sum(not o.catch_up for o in seen)
+
+
 def test_tree_stats_count_nodes_and_kept_length():
     engine = tree_engine("llama", "sdpa", make_drafter("partial", "llama", "sdpa"), 7, 3, 2)
     engine.generate(PROMPTS[:7], GREEDY)
