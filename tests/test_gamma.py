@@ -158,6 +158,29 @@ def test_corrections_learn_slow_drafts_and_a_per_step_overhead():
     assert policy.choose(StepShape(16), greedy=True) > lean
 
 
+def test_a_calibration_that_overstated_the_forwards_carries_to_other_batch_sizes_as_a_share():
+    """Steps at 32 rows ran 40% faster than their calibrated forwards (a negative overhead). Carried to an unmeasured
+    12 rows in seconds, it made a plain step take negative time and the break-even acceptance 0.0, so a fresh head
+    held out at 0.19 turned speculation on (subword demo, cold start). Carried as a share it keeps every step time
+    positive and the break-even where the measured batch size's relative costs put it."""
+    from specroll.rollout.gamma.break_even import break_even_acceptance
+
+    cost = synthetic(lambda b, q: 1e-3 * b * (1 + q), lambda b, q: 1e-4 * b)
+    for _ in range(60):
+        for gamma in (0, 3):
+            verify, draft = cost.raw_step_time(32, gamma)
+            cost.observe(32, gamma, 0.6 * verify + draft, draft_seconds=draft)
+    assert cost.plain_overhead[32] < -0.02 and cost.overhead[32] < -0.02
+    at_32 = break_even_acceptance(cost.corrected(32, *map(list, zip(*(cost.raw_step_time(32, g) for g in range(5))))))
+    for rows in (12, 4, 1):
+        times = cost.corrected(rows, *map(list, zip(*(cost.raw_step_time(rows, g) for g in range(5)))))
+        assert min(times) > 0, (rows, times)
+        assert break_even_acceptance(times) == pytest.approx(at_32, abs=0.02)  # the costs scale with the batch here
+    # A positive overhead (bookkeeping the forwards leave out) still carries over in seconds.
+    cost.plain_overhead, cost.overhead = {32: 4e-3}, {32: 4e-3}
+    assert cost.step_overheads(4, 2) == [4e-3, 4e-3, 4e-3]
+
+
 def test_each_gamma_learns_its_own_overhead_offset():
     # Steps at γ = 0 run 3 ms over their calibrated forward, steps at γ = 2 1 ms and at γ = 4 0.5 ms (the
     # calibration overstated how much dearer 5 query tokens are than 1): all are learnt; plain decoding's apart

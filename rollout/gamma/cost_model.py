@@ -132,8 +132,8 @@ class CostModel:
         step samples and verifies γ + 1 positions of the vocabulary and rolls back, which the calibrated forwards
         do not time (subword demo world, one live row: tens of ms). Pooled, plain decoding inherited that cost and
         auto-γ kept drafting at 0.79× plain (docs/benchmarks.md, the long-tail workload with trees)."""
-        pooled = _nearest(self.overhead, batch)
-        plain = _nearest(self.plain_overhead, batch)
+        pooled = self._carried(self.overhead, batch)
+        plain = self._carried(self.plain_overhead, batch)
         if pooled is None:
             pooled = plain if plain is not None else 0.0
         offsets = self.overhead_offsets.get(batch) or []
@@ -141,6 +141,22 @@ class CostModel:
         if plain is not None:
             out[0] = plain
         return out
+
+    def _carried(self, table: dict[int, float], batch: int) -> float | None:
+        """`table`'s overhead at `batch`, else the nearest measured batch size's (None where none was). A positive one
+        (sampling, bookkeeping: time the calibrated forwards leave out) carries over in seconds; a negative one is
+        the calibration overstating the forwards, so it carries as that share of the forward, scaled by the two
+        sizes' calibrated plain forwards. Carried in seconds, −0.15 s learnt at 32 rows on the subword demo made a
+        12-row plain step take negative time and the break-even acceptance there 0.0 (a fresh head held out at
+        0.19 turned speculation on)."""
+        if batch in table:
+            return table[batch]
+        if not table:
+            return None
+        near = min(table, key=lambda b: abs(b - batch))
+        if table[near] >= 0:
+            return table[near]
+        return table[near] * self.target_time(batch, 1) / self.target_time(near, 1)
 
     def corrected(self, batch: int, verify: list[float], draft: list[float]) -> list[float]:
         """Predicted step seconds for γ = 0, 1, … from their calibrated (verify, draft) parts."""
@@ -333,10 +349,3 @@ def _forward_times(raw: dict) -> ForwardTimes:
     if not all(isinstance(t, (int, float)) and math.isfinite(t) for row in times.times for t in row):
         raise ValueError("times must be finite numbers")
     return times
-
-
-def _nearest(table: dict[int, float], batch: int) -> float | None:
-    """`table`'s value at `batch`, else at the nearest batch size it has, else None."""
-    if batch in table:
-        return table[batch]
-    return table[min(table, key=lambda b: abs(b - batch))] if table else None
