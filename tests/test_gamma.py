@@ -160,8 +160,8 @@ def test_corrections_learn_slow_drafts_and_a_per_step_overhead():
 
 def test_a_calibration_that_overstated_the_forwards_carries_to_other_batch_sizes_as_a_share():
     """Steps at 32 rows ran 40% faster than their calibrated forwards (a negative overhead). Carried to an unmeasured
-    12 rows in seconds, it made a plain step take negative time and the break-even acceptance 0.0, so a fresh head
-    held out at 0.19 turned speculation on (subword demo, cold start). Carried as a share it keeps every step time
+    12 rows in seconds, it made a plain step take negative time and the break-even acceptance 0.0 (the subword
+    demo's target with a fresh head, replayed). Carried as a share it keeps every step time
     positive and the break-even where the measured batch size's relative costs put it."""
     from specroll.rollout.gamma.break_even import break_even_acceptance
 

@@ -147,8 +147,7 @@ class CostModel:
         (sampling, bookkeeping: time the calibrated forwards leave out) carries over in seconds; a negative one is
         the calibration overstating the forwards, so it carries as that share of the forward, scaled by the two
         sizes' calibrated plain forwards. Carried in seconds, −0.15 s learnt at 32 rows on the subword demo made a
-        12-row plain step take negative time and the break-even acceptance there 0.0 (a fresh head held out at
-        0.19 turned speculation on)."""
+        12-row plain step take negative time and the break-even acceptance there 0.0."""
         if batch in table:
             return table[batch]
         if not table:
