@@ -43,7 +43,8 @@ Decisions are paired comparisons on the same positions with a group-clustered in
   would give. `probe` scores served and frozen on rollouts of a fixed probe set of prompts, fresh at
   each policy version — the honest drift measure; held-out numbers move with the prompts a step drew.
 
-The watchdog's rule is `watchdog.py`'s; round, gate, revert and probe share one held-out cache (`_entry_scores`).
+The watchdog's rule is `watchdog.py`'s; round, gate, revert and probe share one held-out cache (`_entry_scores`,
+`held_out_scores.py`).
 """
 
 from __future__ import annotations
@@ -68,16 +69,17 @@ from .alarms import LearnerAlarms
 from .buffer import BufferEntry, ReplayBuffer
 from .candidate import Candidate, TrainResult, smoothed, weights_of
 from .divergence import LOSSES
+from .held_out_scores import HeldOutScores
 from .holdout import GroupKey, HoldoutSet
 from .learner_config import LearnerConfig
 from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
-from .scorer import SCORE_COLUMNS, Scorer
+from .scorer import Scorer
 from .token_counts import DraftVocabs, TokenCounts
 from .watchdog import watchdog_reason
 
 
-class Learner:
+class Learner(HeldOutScores):
     """Online drafter distillation with a paired publish gate and a watchdog (see module doc), over a drafter
     family's `buffer`, `scorer` and `to_entry` (a rollout's entry, or None where there is nothing to learn)."""
 
@@ -99,10 +101,7 @@ class Learner:
         self.newest_policy_version = -1
         self._published_weights = weights_of(self.published)
         self._generator = torch.Generator().manual_seed(config.seed)
-        # Per-entry held-out scores of the published and the frozen drafter, aligned with the first
-        # entries of the held-out set: only entries added since are scored again (frozen never changes,
-        # published only when a round publishes, and then the candidate's scores are at hand).
-        self._entry_scores: dict[str, torch.Tensor] = {}
+        self._entry_scores: dict[str, torch.Tensor] = {}  # the held-out cache (`held_out_scores`)
         self._scoring_s_per_entry = 0.0  # the last gate's scoring, per entry scored
         self._trained_since_gate_s = 0.0  # candidate training since it was last scored
         self._candidate_changed = False  # trained since it was last scored
@@ -244,15 +243,6 @@ class Learner:
         """The draft vocabulary [N] of the "frozen", "published" or "candidate" drafter (None: the whole one)."""
         return None if self.vocab is None else self.vocab.ids[name]
 
-    def served_estimate(self) -> float:
-        """The published drafter's expected acceptance on the held-out positions (nan before any is held out)."""
-        return self._cached("published").mean if self.holdout else math.nan
-
-    def served_invariant_estimate(self) -> float:
-        """The published drafter's acceptance under the invariant sampler on the held-out positions, bounded
-        below per position (`scorer.invariant_bound`; nan before any is held out)."""
-        return self._cached("published").invariant_mean if self.holdout else math.nan
-
     def revert_served(self, reason: str) -> str:
         """The rollouts showed the served drafter collapsed where its held-out score says it should not: the
         watchdog's revert without it — publish the better of the frozen drafter and the candidate as a new
@@ -263,14 +253,6 @@ class Learner:
             candidate_entries = self.scorer.score_entries(self.candidate.averaged, self.holdout.entries)
         known = {"frozen": self._cached("frozen"), "candidate": self._group(candidate_entries)}
         return self._revert(reason, known, candidate_entries)
-
-    def score(self, drafter: nn.Module, vocab_ids: torch.Tensor | None = None) -> float:
-        """Expected acceptance of any drafter (same vocabulary; over the draft vocabulary `vocab_ids`, if given)
-        on the current held-out positions."""
-        if not self.holdout:
-            raise ValueError("no held-out rollouts yet: add_rollouts(...) before scoring")
-        with self.scorer.over(vocab_ids):
-            return self._group(self.scorer.score_entries(drafter, self.holdout.entries)).mean
 
     # ------------------------------------------------------------------ decisions
 
@@ -336,21 +318,6 @@ class Learner:
         if decay >= 1 or floor <= 0:
             return None
         return self.newest_policy_version - math.floor(math.log(floor) / math.log(decay) + 1e-9)
-
-    def _cached(self, name: str) -> GroupScores:
-        """The published or frozen drafter's held-out scores, scoring only entries not scored before."""
-        known = self._entry_scores.get(name, torch.zeros(0, SCORE_COLUMNS, dtype=torch.float64))
-        missing = self.holdout.entries[len(known):]
-        if missing:
-            model = self.frozen if name == "frozen" else self.published
-            with self._compute(), self.scorer.over(self.draft_vocab(name)):
-                known = torch.cat([known, self.scorer.score_entries(model, missing)])
-            self._entry_scores[name] = known
-        return self._group(known)
-
-    def _group(self, per_entry: torch.Tensor) -> GroupScores:
-        return self.scorer.group(per_entry, self.holdout.keys)
-
 
 def _key(entry: BufferEntry) -> GroupKey:
     """An entry's prompt group: its policy version and prompt ids (siblings share both)."""

@@ -26,9 +26,9 @@ the shared workers and feeds the shared learner, but never syncs weights, runs l
 the actors: the creating rank does, once per step, and the others `await_policy` the version it synced.
 
 `actors` starts the actors, `learner_driver` drives the rounds (and brings a learner that died back from its
-state after its last round), `drafter_guard` checks every drafter event — publish, policy sync, worker or
-learner restart, resume: each worker's drafter digest against the learner's, the first batch after it for a
-collapse (alarm, event, the watchdog's revert). `state_dict` / `load_state_dict` (a resumed run) move the
+state after its last round), `drafter_events` with `drafter_guard` handles every drafter event — publish, policy
+sync, worker or learner restart, resume: each worker's drafter digest against the learner's, the first batch after
+it for a collapse (alarm, event, the watchdog's revert). `state_dict` / `load_state_dict` (a resumed run) move the
 learner's state, the checks' counts and each worker's engine state (`rollout.engine_state`), and sync the
 learner's published drafter to the workers as any new version.
 """
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +52,7 @@ from specroll.rollout.core.stats import BatchStats
 
 from .actors import ServiceActors, find_actors, start_actors
 from .dispatch import run_chunks, split_groups
+from .drafter_events import DrafterEvents
 from .drafter_guard import DrafterGuard
 from .learner_driver import LearnerDriver
 from .settings import ControllerConfig
@@ -60,7 +60,7 @@ from .sync.protocol import WeightSyncError, make_transport, wait_for_workers
 from .sync.sequence import sync_weights
 
 
-class RolloutController:
+class RolloutController(DrafterEvents):
     """Spreads prompt groups over `RolloutWorker` actors and drives the `LearnerActor`."""
 
     def __init__(self, config: ControllerConfig, placement_timeout_s: float = 120.0, namespace: str | None = None):
@@ -297,54 +297,6 @@ class RolloutController:
                                self.config.sync, self.config.engine.dtype, digest)
         self._last_sync_s[f"sync/{role}_s"] = seconds
         return seconds
-
-    def _publish(self, version: int, event: str) -> None:
-        """Sync the learner's published drafter (`version`) to every worker, checked by the learner's digest, then
-        verify what each serves. A refused sync (corrupted in flight) keeps the served version: an event, and the
-        next `generate` syncs again."""
-        timeout = self.config.sync.timeout_s
-        self.learner_version = version
-        state = ray.get(self.learner.published_state_dict.remote(), timeout=timeout)
-        digest = ray.get(self.learner.published_digest.remote(self.config.engine.dtype), timeout=timeout)
-        try:
-            self.sync_drafter(state, version, digest)
-        except WeightSyncError as err:
-            self.watch.events.append(f"{event}: drafter version {version} refused, version {self.drafter_version} "
-                                     f"kept on every worker ({err})")
-            warnings.warn(f"drafter sync to version {version} refused ({err}); serving version "
-                          f"{self.drafter_version}", stacklevel=2)
-            return
-        self.guard.published(version, digest)
-        self.guard.verify(f"{event} of version {version}", self.workers)
-
-    def _after_learner_restart(self) -> None:
-        """The restored learner publishes what it published at its last state: what the workers serve (checked), or
-        else synced to them as it is."""
-        timeout = self.config.sync.timeout_s
-        version = ray.get(self.learner.published_version.remote(), timeout=timeout)
-        digest = ray.get(self.learner.published_digest.remote(self.config.engine.dtype), timeout=timeout)
-        if (version, digest) != (self.drafter_version, self.guard.digest):
-            self._publish(version, "learner restart")
-        else:
-            self.guard.verify("learner restart", self.workers)
-
-    def _check_batches(self, batches: list[Any]) -> None:
-        """The drafter checks after a generate call: the served digests checked when a worker restarted since its
-        last batch, and the first batch after a drafter event judged for a collapse (alarm, event, revert)."""
-        if self.guard.restarted(batches):
-            self.guard.verify("worker restart", self.workers)
-        collapsed, stats = self.guard.judge(batches)
-        if not collapsed:
-            return
-        estimate = ray.get(self.learner.served_estimate.remote(), timeout=self.config.sync.timeout_s)
-        if not self.watch.collapse_confirmed(collapsed, stats, estimate, self.drafter_version):
-            return
-        self.guard.verify("drafter collapse", self.workers)  # weights that changed under a worker are reloaded
-        reason = (f"rollouts: {', '.join(collapsed)} kept almost no drafts of version {self.drafter_version}, "
-                  f"whose held-out estimate is {estimate:.3f}")
-        self.watch.events.append(ray.get(self.learner.revert_served.remote(reason), timeout=self.config.sync.timeout_s))
-        self._publish(ray.get(self.learner.published_version.remote(), timeout=self.config.sync.timeout_s),
-                      "watchdog revert")
 
 
 def _has_learner(config: ControllerConfig) -> bool:
