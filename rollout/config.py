@@ -192,7 +192,7 @@ class EngineConfig:
     record_signals: bool = False
     signal_top_k: int = 16
     calibration_cache: str | None = None
-    cost_model_budget_s: float = 8.0
+    cost_model_budget_s: float = 8.0  # auto-γ's calibration: rounds past the first two stop at it
     # Per-step decay of auto-γ's acceptance counts (memory ~10 steps; steps of fewer than 4 rows decay
     # less, see `gamma.estimate.MEMORY_ROWS`). 0.98 (~50 steps) measured better on the long-running rollout
     # workload (greedy 0.992× vs 0.968× of γ = 4, lockstep) and worse on short sampled batches with a

@@ -1,7 +1,7 @@
 """Forward-time cost model measured on the running hardware, for choosing γ.
 
-`calibrate` times target and drafter forwards through their ragged caches over a grid of live
-batch sizes and query lengths (≤ `budget_s` seconds, fastest of a few runs per point) and
+`calibrate` times target and drafter forwards through their ragged caches over a grid of live batch sizes and
+query lengths (every point at least twice, more rounds within `budget_s` seconds; the fastest run per point) and
 `CostModel` interpolates that grid piecewise-linearly. The result is cached on disk per model shape,
 weight layout, device, dtype and thread count, so a restarted engine does not measure again. The
 engine then refines it online from the steps it runs (`CostModel.observe`): a measured slow-down of
@@ -318,7 +318,8 @@ def _cache_key(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma:
     hw = f"{device}|{torch.get_num_threads()}|{torch.__version__}"
     if device.type == "cuda":
         hw += torch.cuda.get_device_name(device)
-    raw = "|".join(["v4", model_cost_key(target), drafter.cost_key(), str(max_batch), str(max_gamma), hw])
+    # v5: every grid point measured (v4 files extrapolated the batch sizes past the budget: 2-3x too slow, `timing`)
+    raw = "|".join(["v5", model_cost_key(target), drafter.cost_key(), str(max_batch), str(max_gamma), hw])
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 

@@ -10,6 +10,7 @@ in between. The γ policies' cost model (`gamma.cost_model`) is built from them,
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ..sampling.randomness import Purpose, gumbel
 from .runner import ModelRunner
 
 CALIBRATION_CONTEXT = 64  # tokens already in the cache while timing
+MIN_ROUNDS = 2  # timed runs of every grid point, whatever the deadline
 DRAFT_PARAMS = SamplingParams(max_new_tokens=1, temperature=1.0)  # a timed draft samples at T = 1, the dearer mode
 
 
@@ -28,7 +30,7 @@ DRAFT_PARAMS = SamplingParams(max_new_tokens=1, temperature=1.0)  # a timed draf
 class ForwardTimes:
     """Seconds of one forward (or draft call), `times[i][j]` at batch `batch_sizes[i]` and query `query_lens[j]`:
     at each point the fastest of the timed runs — their minimum, not the median (on a shared machine the noise
-    is other work, which only ever adds time); batch sizes past a timing deadline extrapolated."""
+    is other work, which only ever adds time). Every grid point is measured (`time_forwards`)."""
 
     batch_sizes: list[int]
     query_lens: list[int]
@@ -65,58 +67,80 @@ def runs_async(device: torch.device) -> bool:
 
 @torch.inference_mode()
 def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[int], deadline: float,
-                  repeats: int = 5, point_budget_s: float = 0.4, context: int = CALIBRATION_CONTEXT,
+                  repeats: int = 5, context: int = CALIBRATION_CONTEXT,
                   then: Callable[[torch.Tensor], object] | None = None,
                   head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> ForwardTimes:
-    """Fastest forward time per (batch, query) on the runner's own cache; stops early at `deadline`
-    and extrapolates the missing large batches linearly from the measured ones. `then(logits)`, if
-    given, is timed with the forward (the drafter's sampling of each draft); `head` replaces the LM head
-    (a draft vocabulary's, `ModelRunner.forward`).
+    """Fastest forward time per (batch, query) on the runner's own cache, `context` tokens already cached.
+    `then(logits)`, if given, is timed with the forward (the drafter's sampling of each draft); `head` replaces
+    the LM head (a draft vocabulary's, `ModelRunner.forward`).
 
-    The minimum of up to `repeats` runs (at least 2, within `point_budget_s` per point), not the
-    median: on a shared machine the noise is other work, which only ever adds time.
+    Every point is measured, whatever the deadline: each batch size is warmed up (its shortest and longest query),
+    then the whole grid is timed once per round, `MIN_ROUNDS` rounds and more while `deadline` is ahead (`repeats`
+    at most; a single run reads up to ~20% high on a 2-core CPU).
+    Rounds sweep the grid rather than repeating one point: a burst of other work on a shared machine then lands on
+    a few points of several rows, not on one point's every run. Each point keeps the minimum of its runs, not
+    the median: that noise only ever adds time. (Cutting the grid at the deadline and extrapolating the larger
+    batch sizes linearly from the two measured last, as this did before, put the demo target's 16- and 48-row
+    forwards at 2-3x their time on a 2-core CPU — the slope from 2 to 4 rows is steeper than the one past 16 —
+    and flat in the query length once made monotone: verification looked free at a full batch.)
     """
     device = runner.device
-    times: list[list[float]] = []
-    for batch in batch_sizes:
+    best = [[math.inf] * len(query_lens) for _ in batch_sizes]
+
+    def run(batch: int, q: int) -> float:
         rows = slice(0, batch)
-        runner.rollback(rows, torch.full((batch,), context, dtype=torch.long, device=device), [context] * batch)
-        row_times = []
-        for q in query_lens:
-            ids = torch.zeros(batch, q, dtype=torch.long, device=device)
-            start = runner.cache.lens[rows]
-            samples = []
-            point_started = time.perf_counter()
-            for i in range(repeats + 1):  # the first run warms up
-                t0 = time.perf_counter()
-                logits = runner.forward(rows, ids, start, head=head, host_start=[context] * batch)
-                if then is not None:
-                    then(logits)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                samples.append(time.perf_counter() - t0)
-                if i >= 2 and time.perf_counter() - point_started > point_budget_s:
-                    break
-            row_times.append(min(samples[1:]))
-        times.append(row_times)
-        if time.perf_counter() > deadline and len(times) >= 2:
+        ids = torch.zeros(batch, q, dtype=torch.long, device=device)
+        started = time.perf_counter()
+        logits = runner.forward(rows, ids, runner.cache.lens[rows], head=head, host_start=[context] * batch)
+        if then is not None:
+            then(logits)
+        if runs_async(device):
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
+    def place(batch: int) -> None:
+        runner.rollback(slice(0, batch), torch.full((batch,), context, dtype=torch.long, device=device),
+                        [context] * batch)
+
+    for batch in batch_sizes:  # warm-up: a new shape's first forward allocates
+        place(batch)
+        for q in {query_lens[0], query_lens[-1]}:
+            run(batch, q)
+    for round_ in range(max(repeats, MIN_ROUNDS)):
+        if round_ >= MIN_ROUNDS and time.perf_counter() > deadline:
             break
-    measured = batch_sizes[: len(times)]
+        for i, batch in enumerate(batch_sizes):
+            place(batch)
+            for j, q in enumerate(query_lens):
+                best[i][j] = min(best[i][j], run(batch, q))
     runner.rollback(slice(None), torch.zeros_like(runner.cache.lens), [0] * len(runner.cache.host_lens))
     runner.num_forwards = 0
-    partial = ForwardTimes(measured, query_lens, _monotone(times))
-    return ForwardTimes(batch_sizes, query_lens, _monotone([[partial(b, q) for q in query_lens] for b in batch_sizes]))
+    return ForwardTimes(list(batch_sizes), list(query_lens), _monotone(best))
 
 
 def _monotone(times: list[list[float]]) -> list[list[float]]:
-    """More rows or more tokens never take less time: a noisy dip (or a noisy extrapolation to batch
-    sizes the budget left unmeasured) would make the policy chase it."""
-    for row in times:
-        for j in range(1, len(row)):
-            row[j] = max(row[j], row[j - 1])
-    for i in range(1, len(times)):
-        times[i] = [max(t, below) for t, below in zip(times[i], times[i - 1])]
-    return times
+    """More rows or more tokens never take less time: the least-squares nondecreasing fit along the query
+    length, then along the batch size (pooled adjacent violators), a running maximum last for what the second
+    pass undid. A running maximum alone copies one noisy high point onto every longer query; pooling
+    averages it with its neighbours instead, so that a noisy point does not make the policy chase it."""
+    rows = [_pooled(row) for row in times]
+    cols = [_pooled(list(col)) for col in zip(*rows)]
+    out = [list(row) for row in zip(*cols)]
+    for i, row in enumerate(out):
+        for j in range(len(row)):
+            row[j] = max(row[j], row[j - 1] if j else row[j], out[i - 1][j] if i else row[j])
+    return out
+
+
+def _pooled(values: list[float]) -> list[float]:
+    """The nondecreasing sequence nearest `values` in squared error (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return [m for m, n in blocks for _ in range(n)]
 
 
 def draft_noise(logits: torch.Tensor) -> torch.Tensor:
@@ -127,29 +151,27 @@ def draft_noise(logits: torch.Tensor) -> torch.Tensor:
 
 def time_draft_calls(draft: Callable[[int, int], object], batch_sizes: list[int], deadline: float,
                      device: torch.device, repeats: int = 5) -> ForwardTimes:
-    """`Drafter.time_drafts` for a drafter whose draft at batch b and query length Q is `draft(b, Q)`:
-    the fastest of `repeats` calls per point (the first warms up); unmeasured batch sizes past the
-    deadline are extrapolated linearly from the last two measured."""
-    times: list[list[float]] = []
+    """`Drafter.time_drafts` for a drafter whose draft at batch b and query length Q is `draft(b, Q)`, Q = 1, 2:
+    every point measured (a warm-up call each first), in rounds over the grid while `deadline` is ahead
+    (`repeats` at most), the fastest call per point — as `time_forwards`."""
+    best = [[math.inf, math.inf] for _ in batch_sizes]
+
+    def run(batch: int, query_len: int) -> float:
+        started = time.perf_counter()
+        draft(batch, query_len)
+        if runs_async(device):
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
     for batch in batch_sizes:
-        row = []
-        for query_len in (1, 2):
-            samples = []
-            for _ in range(repeats + 1):
-                started = time.perf_counter()
-                draft(batch, query_len)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                samples.append(time.perf_counter() - started)
-            row.append(max(min(samples[1:]), 1e-7))
-        times.append([row[0], max(row)])
-        if time.perf_counter() > deadline and len(times) >= 2:
+        run(batch, 1)
+        run(batch, 2)
+    for round_ in range(max(repeats, MIN_ROUNDS)):
+        if round_ >= MIN_ROUNDS and time.perf_counter() > deadline:
             break
-    while len(times) < len(batch_sizes):
-        (b0, t0), (b1, t1) = zip(batch_sizes[len(times) - 2 : len(times)], times[-2:])
-        b = batch_sizes[len(times)]
-        times.append([y1 + (y1 - y0) * (b - b1) / max(b1 - b0, 1) for y0, y1 in zip(t0, t1)])
-    return ForwardTimes(list(batch_sizes), [1, 2], times)
+        for i, batch in enumerate(batch_sizes):
+            best[i] = [min(best[i][0], run(batch, 1)), min(best[i][1], run(batch, 2))]
+    return ForwardTimes(list(batch_sizes), [1, 2], [[max(t1, 1e-7), max(t1, t2, 1e-7)] for t1, t2 in best])
 
 
 def time_host_drafts(propose_rows: Callable[[int], object], batch_sizes: list[int], deadline: float,
