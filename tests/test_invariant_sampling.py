@@ -17,6 +17,10 @@ import torch
 from tiny_models import make_prompts, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.sampling import accept
+from specroll.rollout.sampling import noise as noise_module
+from specroll.rollout.sampling.draft_q import DraftQ
+from specroll.rollout.sampling.noise import StepNoise
 
 PROMPTS = make_prompts(12, 2, 9, seed=4)
 N = 2
@@ -144,3 +148,41 @@ def test_unseeded_call_records_a_seed_that_regenerates_it(calibration):
                                                        prompt_indices=[one.prompt_index])
     assert regenerated[-1].completion_ids == one.completion_ids
     assert engine("good", 4, calibration).generate(PROMPTS[:4], unseeded)[0].seed != first[0].seed
+
+
+def test_a_cpu_step_draws_noise_only_where_a_token_is_read_and_keeps_every_verdict(monkeypatch):
+    """On a CPU the invariant rule draws position i's noise only for rows that kept every draft before it; the
+    verdict (kept drafts, next token, their tokens) is the every-position draw's, exactly, and the noise drawn
+    shrinks with the rejections."""
+    gen = torch.Generator().manual_seed(3)
+    n, gamma, vocab = 64, 5, 50
+    p = torch.softmax(3 * torch.randn(n, gamma + 1, vocab, generator=gen), -1)
+    p[7, 2] = float("nan")  # a position with no distribution
+    keys = torch.randint(0, 2**62, (n,), generator=gen)
+    start = torch.randint(5, 40, (n,), generator=gen)
+    eager_noise = StepNoise(keys, start, gamma + 1, vocab, greedy=False)
+    target_tokens = torch.stack([noise_module.gumbel_max(p[:, i], eager_noise.token_row(i)) for i in range(gamma + 1)],
+                                1)
+    # Drafts that agree with the target's tokens for a random number of positions, then differ.
+    agree = torch.randint(0, gamma + 1, (n,), generator=gen)
+    drafts = torch.where(torch.arange(gamma) < agree[:, None], target_tokens[:, :gamma],
+                         (target_tokens[:, :gamma] + 1) % vocab)
+    draft_ok = torch.arange(gamma) < torch.randint(0, gamma + 1, (n,), generator=gen)[:, None]
+    q = DraftQ.points(n, vocab, p.device)
+    rule = accept.InvariantSampling()
+    drawn = []
+    real_gumbel = noise_module.gumbel
+    monkeypatch.setattr(noise_module, "gumbel", lambda k, *a, **kw: drawn.append(len(k)) or real_gumbel(k, *a, **kw))
+    lazy = rule.verify(drafts, q, p, StepNoise(keys, start, gamma + 1, vocab, greedy=False), draft_ok)
+    lazy_rows = sum(drawn)
+    monkeypatch.setattr(accept, "DRAW_ONLY_WHAT_IS_READ", frozenset())
+    drawn.clear()
+    eager = rule.verify(drafts, q, p, StepNoise(keys, start, gamma + 1, vocab, greedy=False), draft_ok)
+    assert sum(drawn) == n * (gamma + 1)
+    assert lazy_rows < n * (gamma + 1) / 2
+    assert torch.equal(lazy.accepted_len, eager.accepted_len) and torch.equal(lazy.accepted, eager.accepted)
+    assert torch.equal(lazy.next_token, eager.next_token)
+    assert torch.equal(lazy.no_distribution, eager.no_distribution)
+    read = torch.arange(gamma + 1) <= lazy.accepted_len[:, None]  # the kept drafts and the next token
+    assert torch.equal(lazy.tokens[read], eager.tokens[read])
+    assert 0 < int(lazy.accepted_len.sum()) < n * gamma  # some kept, some rejected: both paths exercised

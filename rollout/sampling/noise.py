@@ -60,6 +60,14 @@ class StepNoise:
             self._rows[i] = gumbel(self.keys, (self.start + i)[:, None], Purpose.TOKEN, self.vocab_size)[:, 0]
         return self._rows[i]
 
+    def token_rows(self, i: int, rows: torch.Tensor) -> torch.Tensor:
+        """The token noise [m, V] at position start + i of the live rows `rows` [m] only: taken from the step's row
+        when computed already, else computed for those rows alone (the same values: the noise of a (request,
+        position) does not depend on who else is drawn). Not for greedy steps."""
+        if i in self._rows:
+            return self._rows[i][rows]
+        return gumbel(self.keys[rows], (self.start[rows] + i)[:, None], Purpose.TOKEN, self.vocab_size)[:, 0]
+
     def token_at(self, offset: torch.Tensor) -> torch.Tensor | None:
         """The token noise [n, V] of each row at its own position start + offset [n]: picked from the rows already
         computed when the step has them all, else computed for those positions alone (one row's cost)."""
