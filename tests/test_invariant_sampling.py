@@ -175,7 +175,7 @@ def test_a_cpu_step_draws_noise_only_where_a_token_is_read_and_keeps_every_verdi
     monkeypatch.setattr(noise_module, "gumbel", lambda k, *a, **kw: drawn.append(len(k)) or real_gumbel(k, *a, **kw))
     lazy = rule.verify(drafts, q, p, StepNoise(keys, start, gamma + 1, vocab, greedy=False), draft_ok)
     lazy_rows = sum(drawn)
-    monkeypatch.setattr(accept, "DRAW_ONLY_WHAT_IS_READ", frozenset())
+    monkeypatch.setattr(noise_module, "DRAW_ONLY_WHAT_IS_READ", frozenset())
     drawn.clear()
     eager = rule.verify(drafts, q, p, StepNoise(keys, start, gamma + 1, vocab, greedy=False), draft_ok)
     assert sum(drawn) == n * (gamma + 1)

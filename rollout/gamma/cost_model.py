@@ -318,7 +318,6 @@ def _cache_key(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma:
     hw = f"{device}|{torch.get_num_threads()}|{torch.__version__}"
     if device.type == "cuda":
         hw += torch.cuda.get_device_name(device)
-    # v5: every grid point measured (v4 files extrapolated the batch sizes past the budget: 2-3x too slow, `timing`)
     raw = "|".join(["v5", model_cost_key(target), drafter.cost_key(), str(max_batch), str(max_gamma), hw])
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 

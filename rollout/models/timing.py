@@ -70,52 +70,63 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
                   repeats: int = 5, context: int = CALIBRATION_CONTEXT,
                   then: Callable[[torch.Tensor], object] | None = None,
                   head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> ForwardTimes:
-    """Fastest forward time per (batch, query) on the runner's own cache, `context` tokens already cached.
-    `then(logits)`, if given, is timed with the forward (the drafter's sampling of each draft); `head` replaces
-    the LM head (a draft vocabulary's, `ModelRunner.forward`).
-
-    Every point is measured, whatever the deadline: each batch size is warmed up (its shortest and longest query),
-    then the whole grid is timed once per round, `MIN_ROUNDS` rounds and more while `deadline` is ahead (`repeats`
-    at most; a single run reads up to ~20% high on a 2-core CPU).
-    Rounds sweep the grid rather than repeating one point: a burst of other work on a shared machine then lands on
-    a few points of several rows, not on one point's every run. Each point keeps the minimum of its runs, not
-    the median: that noise only ever adds time. (Cutting the grid at the deadline and extrapolating the larger
-    batch sizes linearly from the two measured last, as this did before, put the demo target's 16- and 48-row
-    forwards at 2-3x their time on a 2-core CPU — the slope from 2 to 4 rows is steeper than the one past 16 —
-    and flat in the query length once made monotone: verification looked free at a full batch.)
+    """Fastest forward time per (batch, query) on the runner's own cache, `context` tokens already cached
+    (`_fastest`: every point measured, whatever the deadline). `then(logits)`, if given, is timed with the forward
+    (the drafter's sampling of each draft); `head` replaces the LM head (a draft vocabulary's, `ModelRunner.forward`).
     """
     device = runner.device
-    best = [[math.inf] * len(query_lens) for _ in batch_sizes]
 
-    def run(batch: int, q: int) -> float:
+    def call(batch: int, q: int) -> None:
         rows = slice(0, batch)
         ids = torch.zeros(batch, q, dtype=torch.long, device=device)
-        started = time.perf_counter()
         logits = runner.forward(rows, ids, runner.cache.lens[rows], head=head, host_start=[context] * batch)
         if then is not None:
             then(logits)
-        if runs_async(device):
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - started
 
     def place(batch: int) -> None:
         runner.rollback(slice(0, batch), torch.full((batch,), context, dtype=torch.long, device=device),
                         [context] * batch)
 
-    for batch in batch_sizes:  # warm-up: a new shape's first forward allocates
+    best = _fastest(call, batch_sizes, query_lens, deadline, repeats, device, place)
+    runner.rollback(slice(None), torch.zeros_like(runner.cache.lens), [0] * len(runner.cache.host_lens))
+    runner.num_forwards = 0
+    return ForwardTimes(list(batch_sizes), list(query_lens), _monotone(best))
+
+
+def _fastest(call: Callable[[int, int], object], batch_sizes: list[int], query_lens: list[int], deadline: float,
+             repeats: int, device: torch.device, place: Callable[[int], None] = lambda batch: None
+             ) -> list[list[float]]:
+    """The fastest seconds of `call(batch, q)` at every grid point, whatever the deadline: a warm-up per batch
+    size (its shortest and longest query; a new shape's first call allocates), then rounds over the whole grid,
+    `MIN_ROUNDS` and more while `deadline` is ahead (`repeats` at most; one run reads up to ~20% high on a 2-core
+    CPU). Rounds sweep the grid rather than repeat a point, so a burst of other work on a shared machine lands on
+    a few points of several rows, not on one point's every run; each point keeps its minimum, not the median:
+    that noise only ever adds time. `place(batch)` readies a batch size before its points run.
+
+    Cutting the grid at the deadline and extrapolating the larger batch sizes from the two measured last, as the
+    calibration did before, put the demo target's 16- and 48-row forwards at 2-3x their time on a 2-core CPU (the
+    slope from 2 to 4 rows is steeper than past 16): verification looked free at a full batch."""
+
+    def timed(batch: int, q: int) -> float:
+        started = time.perf_counter()
+        call(batch, q)
+        if runs_async(device):
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
+    for batch in batch_sizes:
         place(batch)
         for q in {query_lens[0], query_lens[-1]}:
-            run(batch, q)
+            timed(batch, q)
+    best = [[math.inf] * len(query_lens) for _ in batch_sizes]
     for round_ in range(max(repeats, MIN_ROUNDS)):
         if round_ >= MIN_ROUNDS and time.perf_counter() > deadline:
             break
         for i, batch in enumerate(batch_sizes):
             place(batch)
             for j, q in enumerate(query_lens):
-                best[i][j] = min(best[i][j], run(batch, q))
-    runner.rollback(slice(None), torch.zeros_like(runner.cache.lens), [0] * len(runner.cache.host_lens))
-    runner.num_forwards = 0
-    return ForwardTimes(list(batch_sizes), list(query_lens), _monotone(best))
+                best[i][j] = min(best[i][j], timed(batch, q))
+    return best
 
 
 def _monotone(times: list[list[float]]) -> list[list[float]]:
@@ -152,25 +163,8 @@ def draft_noise(logits: torch.Tensor) -> torch.Tensor:
 def time_draft_calls(draft: Callable[[int, int], object], batch_sizes: list[int], deadline: float,
                      device: torch.device, repeats: int = 5) -> ForwardTimes:
     """`Drafter.time_drafts` for a drafter whose draft at batch b and query length Q is `draft(b, Q)`, Q = 1, 2:
-    every point measured (a warm-up call each first), in rounds over the grid while `deadline` is ahead
-    (`repeats` at most), the fastest call per point — as `time_forwards`."""
-    best = [[math.inf, math.inf] for _ in batch_sizes]
-
-    def run(batch: int, query_len: int) -> float:
-        started = time.perf_counter()
-        draft(batch, query_len)
-        if runs_async(device):
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - started
-
-    for batch in batch_sizes:
-        run(batch, 1)
-        run(batch, 2)
-    for round_ in range(max(repeats, MIN_ROUNDS)):
-        if round_ >= MIN_ROUNDS and time.perf_counter() > deadline:
-            break
-        for i, batch in enumerate(batch_sizes):
-            best[i] = [min(best[i][0], run(batch, 1)), min(best[i][1], run(batch, 2))]
+    the fastest call per point, every point measured (`_fastest`)."""
+    best = _fastest(draft, batch_sizes, [1, 2], deadline, repeats, device)
     return ForwardTimes(list(batch_sizes), [1, 2], [[max(t1, 1e-7), max(t1, t2, 1e-7)] for t1, t2 in best])
 
 

@@ -121,7 +121,7 @@ class InvariantSampling:
                draft_ok: torch.Tensor) -> Verdict:
         n, gamma = drafts.shape
         has_p = p.sum(-1).isfinite()  # [n, γ+1]
-        if noise.greedy or gamma == 0 or p.device.type not in DRAW_ONLY_WHAT_IS_READ:
+        if gamma == 0 or not noise.by_row:
             # The target's token at every position of the step [n, γ+1], a position at a time (one [n, V] temporary).
             tokens = torch.stack([gumbel_max(p[:, i], noise.token_row(i)) for i in range(gamma + 1)], 1)
         else:
@@ -132,15 +132,11 @@ class InvariantSampling:
         return Verdict(accepted_len=accepted_len, accepted=accepted, next_token=tokens[rows, accepted_len],
                        tokens=tokens, no_distribution=~has_p[rows, accepted_len])
 
-
     @staticmethod
     def _tokens_read(drafts: torch.Tensor, p: torch.Tensor, noise: StepNoise, may_keep: torch.Tensor) -> torch.Tensor:
         """The target's tokens [n, γ+1] where they are read: position i only for the rows that kept every draft
-        before it (a row's tokens past its first rejection are never read, `Verdict.tokens`; left 0). The token
-        noise is a sampled step's dearest op on a CPU (a [rows, V] hash per position: 47 ms for 12 rows × 7
-        positions at V = 32,768 against a 190 ms forward); this draws ~(1 − α^(γ+1)) / (1 − α) positions a row
-        instead of γ + 1, the same tokens. Picking the rows is a host decision, free only where the device is
-        the host (`DRAW_ONLY_WHAT_IS_READ`)."""
+        before it (a row's tokens past its first rejection are never read, `Verdict.tokens`; left 0): ~(1 − α^(γ+1))
+        / (1 − α) noise positions a row instead of γ + 1, the same tokens (`StepNoise.by_row`)."""
         n, gamma = drafts.shape
         tokens = torch.zeros(n, gamma + 1, dtype=torch.long, device=p.device)
         tokens[:, 0] = gumbel_max(p[:, 0], noise.token_row(0))
@@ -154,10 +150,6 @@ class InvariantSampling:
                 going[rows] = may_keep[rows, i] & (drafts[rows, i] == tokens[rows, i])
         return tokens
 
-
-# Where the invariant rule draws a position's noise only for the rows still keeping drafts: on a CPU (choosing
-# the rows costs nothing); on an accelerator every position for every row (choosing would sync the host).
-DRAW_ONLY_WHAT_IS_READ = frozenset({"cpu"})
 
 ACCEPT_RULES: dict[str, type[RejectionSampling] | type[InvariantSampling]] = {  # `EngineConfig.sampler` → rule
     "rejection": RejectionSampling,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .accept import DRAW_ONLY_WHAT_IS_READ, Verdict
+from .accept import Verdict
 from .draft_q import DraftQ
 from .noise import StepNoise, gumbel_max
 from .tree import DraftTree
@@ -98,10 +98,8 @@ class TreeInvariant:
         rows = torch.arange(n, device=drafts.device)
         has_p = p.sum(-1).isfinite()  # [n, N]
         next_token = torch.zeros(n, dtype=torch.long, device=drafts.device)
-        # On a CPU a level's noise is hashed only for the rows still descending (`accept.InvariantSampling`).
-        lazy = not noise.greedy and p.device.type in DRAW_ONLY_WHAT_IS_READ
         for level in range(1, depth + 2):
-            if lazy:  # [n] plain decoding's token where a row still descends (0 elsewhere: not read)
+            if noise.by_row:  # [n] plain decoding's token where a row still descends (0 elsewhere: not read)
                 target = torch.zeros(n, dtype=torch.long, device=drafts.device)
                 live = walk.alive.nonzero()[:, 0]
                 if not len(live):
