@@ -54,3 +54,20 @@ def test_uniforms_and_gumbels_follow_their_laws():
     euler, var = 0.5772156649, torch.pi**2 / 6
     assert g.mean().item() == pytest.approx(euler, abs=5 * (var / g.numel()) ** 0.5)
     assert g.var().item() == pytest.approx(var, rel=0.03)
+
+
+@pytest.mark.parametrize("chunk", [1, 300, 1 << 18, 1 << 30])
+def test_gumbel_does_not_depend_on_its_chunking(monkeypatch, chunk):
+    """The chunked, in-place hash equals the out-of-place one (`absorb` of each id, `uniform`'s bits) at any chunk
+    size: chunks of 256 ids (the floor) with a narrower last one, one chunk, and a draft vocabulary's ids."""
+    from specroll.rollout.sampling import randomness
+
+    monkeypatch.setitem(randomness.GUMBEL_CHUNK_ELEMENTS, "cpu", chunk)
+    keys = request_keys(5, torch.arange(3), torch.zeros(3, dtype=torch.long))
+    positions = torch.tensor([[7, 8], [40, 41], [0, 1]])
+    ids = torch.arange(1000)
+    bits = randomness.absorb(randomness._position_hash(keys, positions, Purpose.TOKEN)[..., None], ids)
+    expected = -(-randomness._to_uniform(bits).log()).log()
+    assert torch.equal(gumbel(keys, positions, Purpose.TOKEN, 1000), expected)
+    some = torch.tensor([999, 3, 512, 0])
+    assert torch.equal(gumbel(keys, positions, Purpose.TOKEN, 1000, some), expected[..., some])
