@@ -18,7 +18,7 @@ the suffix drafter (a host lookup). From one run it prints:
    `EngineConfig`'s default budget instead (what a user's `gamma: auto` gets), still against the full table.
 
 The numbers are the engine's own: the target's forward grid is the auto-γ engine's calibration
-(`gamma.cost_model.calibrate`, 64 tokens of context), each drafter's its `time_drafts`. fp32; the header states
+(`gamma.calibration.calibrate`, 64 tokens of context), each drafter's its `time_drafts`. fp32; the header states
 the machine's load, torch threads and cores. `--vocab-size` and `--target-layers` shrink the shape for a smoke run.
 This module imports nothing heavy before `run`.
 """

@@ -1,7 +1,7 @@
 """The real-shape workload's numbers: the target's calibrated forwards, each drafter's drafts, and the ceiling.
 
 They are the numbers `gamma: "auto"` decides on. The target's forward times are the cost model an auto-γ engine
-calibrated at construction (`SpecEngine.gamma_policy.cost`: `gamma.cost_model.calibrate`); each drafter's are its
+calibrated at construction (`SpecEngine.gamma_policy.cost`: `gamma.calibration.calibrate`); each drafter's are its
 own `Drafter.time_drafts` on the same batch grid, built by the engine from `EngineConfig.drafters` (with
 `draft_vocab` where asked) — the two halves `calibrate` joins into a `CostModel`. The **ceiling** of a drafter at
 live batch b and per-draft acceptance α is the zero-overhead speedup over plain decoding:

@@ -10,14 +10,14 @@ import pytest
 from tiny_models import tiny_lm
 
 from specroll.rollout import EngineConfig, SpecEngine
-from specroll.rollout.gamma.cost_model import calibrate
+from specroll.rollout.gamma.calibration import calibrate
 
 
 def cached(tmp_path):
     """An engine's target and drafter, and the one cache file their calibration wrote."""
     engine = SpecEngine(tiny_lm("llama"), tiny_lm("llama", layers=1), EngineConfig(max_batch_size=2, max_seq_len=64))
     calibrate(engine.target, engine.drafter, max_batch=2, max_gamma=2, budget_s=0.5, cache_dir=str(tmp_path))
-    (path,) = tmp_path.iterdir()
+    (path,) = [path for path in tmp_path.iterdir() if not path.stem.endswith("-sampling")]
     return engine, path
 
 
@@ -46,4 +46,14 @@ def test_cache_file_with_an_incomplete_grid_is_a_value_error(tmp_path):
     data["target"]["times"] = data["target"]["times"][:-1]
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="incomplete grid"):
+        calibrate_again(engine, tmp_path)
+
+
+@pytest.mark.parametrize("content", ["{", '{"batch_sizes": [1, 2]}', '{"batch_sizes": [1, 2], "greedy_token": [1, 2], '
+                                     '"sampled_token": [1, 2], "noise": [1]}'])
+def test_sampling_cache_file_that_is_not_sampling_times_is_a_value_error(tmp_path, content):
+    engine, path = cached(tmp_path)
+    sampling = path.with_name(path.stem + "-sampling.json")
+    sampling.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(f"calibration cache {sampling}")):
         calibrate_again(engine, tmp_path)

@@ -65,7 +65,8 @@ def test_under_the_invariant_sampler_the_acceptance_is_its_lower_bound():
     head = EagleHead.for_target(target.config, seed=0)
     engines = {sampler: SpecEngine(target, head, dataclasses.replace(COLD, sampler=sampler))
                for sampler in ("rejection", "invariant")}
-    assert engines["rejection"].break_even_acceptance() == engines["invariant"].break_even_acceptance()
+    # the invariant rule hashes every verified position's noise, the rejection rule one per step
+    assert engines["rejection"].break_even_acceptance() <= engines["invariant"].break_even_acceptance()
     # The measured break-even depends on this machine's timings (1.0 where drafting never pays, and then no
     # acceptance tells the rules apart): held at 0.5, as the engines would read it from the cost model.
     break_even = 0.5

@@ -10,17 +10,18 @@ from tiny_models import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.core.append import acceptance_counts
-from specroll.rollout.gamma.cost_model import calibrate
+from specroll.rollout.gamma.calibration import calibrate
 
 
 def test_calibration_is_cached_per_model_shape(tmp_path):
     engine = SpecEngine(tiny_lm("llama"), tiny_lm("llama", layers=1), EngineConfig(max_batch_size=4, max_seq_len=64))
     target, drafter = engine.target, engine.drafter
     first = calibrate(target, drafter, max_batch=4, max_gamma=3, budget_s=2.0, cache_dir=str(tmp_path))
-    files = list(tmp_path.iterdir())
-    assert len(files) == 1
+    files = {path.name for path in tmp_path.iterdir()}  # the forwards, and the verified positions' sampling
+    assert len(files) == 2 and {name.replace("-sampling", "") for name in files} == {min(files, key=len)}
     again = calibrate(target, drafter, max_batch=4, max_gamma=3, budget_s=2.0, cache_dir=str(tmp_path))
     assert again.target.times == first.target.times  # read back, not re-measured
+    assert again.sampling == first.sampling
     assert all(t > 0 for row in first.target.times for t in row)
 
 

@@ -48,7 +48,7 @@ def slow_target(monkeypatch):
 
     monkeypatch.setattr(ModelRunner, "forward", forward)
     monkeypatch.setattr("specroll.rollout.models.timing.time", clock)
-    monkeypatch.setattr("specroll.rollout.gamma.cost_model.time", clock)
+    monkeypatch.setattr("specroll.rollout.gamma.calibration.time", clock)
     return target, runs
 
 

@@ -55,7 +55,7 @@ class AutoGamma:
         self.steps = 0
         self.tried: dict[tuple[int, int], int] = {}  # (live rows, γ) → the step it was last run at
         self.since_plain: dict[int, int] = {}  # live rows → speculative steps there since the last plain one
-        self._raw: tuple[int, int, tuple[list[float], list[float]]] | None = None
+        self._raw: tuple[int, int, bool, tuple[list[float], list[float]]] | None = None
 
     def state_dict(self) -> dict:
         """What it learnt from the steps run — acceptance per mode, the cost model's online corrections (not its
@@ -78,12 +78,12 @@ class AutoGamma:
         """Calibrated (verify, draft) seconds for every γ. The grid lookups are cached per live batch
         size and the context enters linearly, so a step costs a few list operations — a policy that
         costs a millisecond per step would eat the gain of small models."""
-        if self._raw is not None and self._raw[:2] == (rows, context):
-            return self._raw[2]
+        if self._raw is not None and self._raw[:3] == (rows, context, self.cost.greedy):
+            return self._raw[3]
         short, added, draft = self.cost.gamma_parts(rows, self.max_gamma)
         w = self.cost.context_weight(context)
         raw = ([max(s + w * a, 1e-7) for s, a in zip(short, added)], draft)
-        self._raw = (rows, context, raw)
+        self._raw = (rows, context, self.cost.greedy, raw)
         return raw
 
     def step_times(self, rows: int, context: int) -> list[float]:
@@ -108,6 +108,7 @@ class AutoGamma:
         return max(range(len(rates)), key=rates.__getitem__)
 
     def choose(self, shape: StepShape, greedy: bool) -> int:
+        self.cost.greedy = greedy  # a greedy step samples more cheaply (`CostModel.sampling_time`)
         if not self.estimates[greedy].any_seen:
             # Nothing measured yet for this mode: one step at max_gamma measures α at every position
             # (a prior alone could keep speculation off where it pays).
@@ -153,6 +154,7 @@ class AutoGamma:
         return 0
 
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
+        self.cost.greedy = greedy
         self.estimates[greedy].update_counts(outcome.counts, outcome.rows, outcome.emitted, outcome.stopped)
         if outcome.catch_up:
             # The first drafting step after a prefill catches the drafter up on every prompt (measured in the

@@ -1,35 +1,17 @@
 """Forward-time cost model measured on the running hardware, for choosing γ.
 
-`calibrate` times target and drafter forwards through their ragged caches over a grid of live batch sizes and
-query lengths (every point at least twice, more rounds within `budget_s` seconds; the fastest run per point) and
-`CostModel` interpolates that grid piecewise-linearly. The result is cached on disk per model shape,
-weight layout, device, dtype and thread count, so a restarted engine does not measure again. The
-engine then refines it online from the steps it runs (`CostModel.observe`): a measured slow-down of
-the drafts and a measured per-step overhead on top of the target's forward.
-
-The timing itself is `models.timing`'s (`time_forwards`, and each drafter's `time_drafts`). A cached file
-that is not a cost model (cut short, edited) is a `ValueError` naming it, never a silent re-measure.
+`CostModel` interpolates the calibrated grids (`calibration.calibrate`) piecewise-linearly: the target's forward
+by live batch size, query length and KV length, the drafter's drafts, and the sampling of each verified position
+(`models.timing.SamplingTimes`). The engine then refines it online from the steps it runs (`CostModel.observe`):
+a measured slow-down of the drafts and a measured per-step overhead on top of the rest.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-import os
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
-import torch
+from ..models.timing import CALIBRATION_CONTEXT, ForwardTimes, SamplingTimes
 
-from ..drafters.protocol import Drafter
-from ..models.runner import ModelRunner
-from ..models.timing import CALIBRATION_CONTEXT, ForwardTimes, model_cost_key, time_forwards
-
-# The target is timed at CALIBRATION_CONTEXT tokens of context and again at this many (the model
-# interpolates in between, extrapolates past).
-LONG_CONTEXT = 512
 OFFSET_MEMORY = 100  # steps (at one batch size) over which a per-γ overhead offset fades when γ is not run
 
 
@@ -47,6 +29,12 @@ class CostModel:
     weights). One factor for the whole step made each extra query token look up to 1.4× dearer than
     it is and the policy drafted too little; hence a multiplicative correction for the drafts and an
     additive one, per live batch size, for the rest.
+
+    Part of that rest grows with γ and is calibrated (`sampling`, `sampling_time`): each verified position past
+    the first has its logits processed and, under the invariant sampler, its Gumbel noise hashed (subword demo,
+    32 rows: ~9 ms a position against a 145 ms forward at γ = 2). Left to the learnt overhead, whose prior before
+    any speculative step is the plain steps' (one position), it made the first break-even 0.33-0.36 where the
+    steps then measured 0.47-0.73, and a `when_learned` engine turned speculation on too early.
     """
 
     target: ForwardTimes  # at `contexts[0]` tokens already cached
@@ -58,7 +46,10 @@ class CostModel:
     plain_overhead: dict[int, float] = field(default_factory=dict)  # live rows → the same of plain steps (γ = 0)
     overhead_offsets: dict[int, list[float]] = field(default_factory=dict)  # live rows → per-γ offsets from it
     ema: float = 0.8
-    _gamma_parts: dict[tuple[int, int], tuple[list[float], list[float], list[float]]] = field(
+    sampling: SamplingTimes | None = None  # verifying more positions (`verify_time`); None: not measured
+    invariant: bool = False  # the engine's sampler is the invariant rule (a Gumbel hash per verified position)
+    greedy: bool = False  # the mode of the steps predicted now (`AutoGamma` sets it from the call's params)
+    _gamma_parts: dict[tuple[int, int, bool], tuple[list[float], list[float], list[float]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
     def corrections_state(self) -> dict:
@@ -101,6 +92,22 @@ class CostModel:
         short, added = self.target_parts(batch, query_len)
         return max(short + self.context_weight(context) * added, 1e-7)
 
+    def sampling_time(self, batch: int, tokens: int, positions: int | None = None) -> float:
+        """Seconds a step verifying `tokens` tokens at `positions` positions (None: as many) spends sampling them
+        (`SamplingTimes.seconds`, in the current mode; 0 where not measured). The learnt overheads are what is left
+        of a step beyond its forwards and this: on the subword demo at 32 rows each verified position costs ~9 ms
+        (a tenth of the forward), and when the speculative steps' overhead had as its prior the plain steps'
+        (one position), the first break-even read 0.33-0.36 where the steps then measured 0.47-0.73."""
+        if self.sampling is None:
+            return 0.0
+        return self.sampling.seconds(batch, tokens, tokens if positions is None else positions, self.greedy,
+                                     self.invariant)
+
+    def verify_time(self, batch: int, tokens: int, context: int = CALIBRATION_CONTEXT,
+                    positions: int | None = None) -> float:
+        """Calibrated seconds of verifying `tokens` tokens per row: the target's forward and the sampling."""
+        return self.target_time(batch, tokens, context) + self.sampling_time(batch, tokens, positions)
+
     def draft_time(self, batch: int, gamma: int) -> float:
         """Calibrated seconds of γ drafts: a catch-up forward of up to two tokens, then γ - 1 of one."""
         return self.drafter(batch, 2) + (gamma - 1) * self.drafter(batch, 1) if gamma else 0.0
@@ -110,17 +117,18 @@ class CostModel:
         short context and what the long one adds (`target_parts`), and the drafts (`draft_time`). The γ policies
         ask every step, so the grid lookups are kept per (batch, max_gamma): a policy that costs a millisecond
         a step would eat a small model's gain."""
-        parts = self._gamma_parts.get((batch, max_gamma))
+        parts = self._gamma_parts.get((batch, max_gamma, self.greedy))
         if parts is None:
             gammas = range(max_gamma + 1)
             target = [self.target_parts(batch, g + 1) for g in gammas]
-            parts = self._gamma_parts[batch, max_gamma] = ([s for s, _ in target], [a for _, a in target],
-                                                           [self.draft_time(batch, g) for g in gammas])
+            parts = self._gamma_parts[batch, max_gamma, self.greedy] = (
+                [s + self.sampling_time(batch, g + 1) for g, (s, _) in zip(gammas, target)], [a for _, a in target],
+                [self.draft_time(batch, g) for g in gammas])
         return parts
 
     def raw_step_time(self, batch: int, gamma: int, context: int = CALIBRATION_CONTEXT) -> tuple[float, float]:
         """Calibrated (verify, draft) seconds of a step with γ drafts for `batch` live rows."""
-        return self.target_time(batch, gamma + 1, context), self.draft_time(batch, gamma)
+        return self.verify_time(batch, gamma + 1, context), self.draft_time(batch, gamma)
 
     def step_overheads(self, batch: int, max_gamma: int) -> list[float]:
         """Measured seconds a step spends beyond its calibrated forwards at `batch` live rows, for
@@ -206,145 +214,3 @@ class CostModel:
             if g != gamma:
                 offsets[g] *= fade
         offsets[gamma] = self.ema * offsets[gamma] + (1 - self.ema) * (extra - self.overhead[batch])
-
-
-def _query_grid(max_gamma: int) -> list[int]:
-    """Every query length a step can use up to 9 (γ ≤ 8), then doubling to max_gamma + 1.
-
-    Forward time is a staircase in the query length on CPUs (and GPUs): the matrix kernels work in
-    blocks, so one more token costs nothing or a whole block. Measured on this project's CPU (demo
-    target, 16 rows, 400 tokens of context): 58.1, 67.6, 67.6, 72.3 ms at 3, 4, 5, 6 tokens — linear
-    interpolation between 3 and 5 put 4 tokens 7% too cheap, and elsewhere the grid [1, 2, 3, 5, 9]
-    erred by up to 16%, several times the few percent that separate the γ near the best.
-    """
-    top = max_gamma + 1
-    lens = list(range(1, min(top, 9) + 1))
-    while lens[-1] < top:
-        lens.append(min(2 * lens[-1] - 1, top))
-    return lens
-
-
-def _grid(max_batch: int) -> list[int]:
-    sizes, b = [], 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 4 if b >= 4 else 2
-    return [*sizes, max_batch]
-
-
-def calibrate(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: int, budget_s: float,
-              cache_dir: str | None = None, max_query: int | None = None) -> CostModel:
-    """Measure (or load from the on-disk cache) target and drafter forward times.
-
-    The target is timed at two cached-context lengths, `CALIBRATION_CONTEXT` and up to
-    `LONG_CONTEXT` (as far as the cache allows): attention over a long ragged batch reads every
-    row's K/V up to the longest row, which at rollout lengths costs as much as the matrix products.
-    The drafter times its own drafts (`Drafter.time_drafts`). `max_query`: time the target up to that many
-    tokens per row too (a tree's 1 + γ·w, `tree`; None: a chain's γ + 1). The chains' part is the chain
-    calibration itself (the same cache file): an engine with trees chooses its chains on the very times an engine
-    without them does (measured apart, the two calibrations' noise alone made the tree engine's chains 0.87× at a
-    full batch on the demo models); the wider query lengths are timed once more at the short context and
-    cached beside it.
-    """
-    chain = _calibrate_chains(target, drafter, max_batch, max_gamma, budget_s, cache_dir)
-    top = max(max_query or 0, max_gamma + 1)
-    if top == max_gamma + 1:
-        return chain
-    key = _cache_key(target, drafter, max_batch, max_gamma) + f"-wide{top}"
-    path = Path(cache_dir or _default_cache_dir()) / f"{key}.json"
-    lens = [q for q in _query_grid(top - 1) if q > max_gamma + 1]
-    if path.exists():
-        wide = _load_times(path)
-    else:
-        wide = time_forwards(target, chain.target.batch_sizes, lens, time.perf_counter() + budget_s / 2)
-        _write_json(path, asdict(wide))
-    if wide.batch_sizes != chain.target.batch_sizes or wide.query_lens != lens:
-        raise ValueError(f"calibration cache {path} is for other batch sizes or query lengths; delete it to measure "
-                         "again")
-    merged = ForwardTimes(chain.target.batch_sizes, chain.target.query_lens + lens,
-                          [row + extra for row, extra in zip(chain.target.times, wide.times)])
-    return CostModel(target=merged, drafter=chain.drafter, target_long=chain.target_long, contexts=chain.contexts)
-
-
-def _calibrate_chains(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: int, budget_s: float,
-                      cache_dir: str | None) -> CostModel:
-    top = max_gamma + 1
-    key = _cache_key(target, drafter, max_batch, max_gamma)
-    path = Path(cache_dir or _default_cache_dir()) / f"{key}.json"
-    if path.exists():
-        return _load(path)
-    batch_sizes = _grid(max_batch)
-    query_lens = _query_grid(top - 1)
-    coarse = [q for q in query_lens if q <= 3 or (q - 1) & (q - 2) == 0 or q == query_lens[-1]]  # 1, 2, 3, 5, 9, …
-    long_context = min(LONG_CONTEXT, target.cache.length - max_gamma - 2)
-    two = long_context >= 2 * CALIBRATION_CONTEXT
-    now = time.perf_counter()
-    drafter_times = drafter.time_drafts(batch_sizes, now + budget_s * 0.2)
-    target_times = time_forwards(target, batch_sizes, query_lens, now + budget_s * (0.6 if two else 1.0))
-    target_long = None
-    if two:
-        target_long = time_forwards(target, batch_sizes, coarse, now + budget_s, context=long_context)
-    contexts = (CALIBRATION_CONTEXT, long_context if two else CALIBRATION_CONTEXT)
-    model = CostModel(target=target_times, drafter=drafter_times, target_long=target_long, contexts=contexts)
-    _write_json(path, {"target": asdict(target_times), "drafter": asdict(drafter_times),
-                       "target_long": asdict(target_long) if target_long else None, "contexts": list(contexts)})
-    return model
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Written aside, then renamed: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
-
-
-def _load_times(path: Path) -> ForwardTimes:
-    """A cached `ForwardTimes` (the wide query lengths), checked as `_load` checks a cost model."""
-    try:
-        return _forward_times(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"calibration cache {path} cannot be read (truncated, or not forward times): {err!r}; "
-                         "delete it to measure again") from err
-
-
-def _default_cache_dir() -> str:
-    root = os.environ.get("SPECROLL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specroll")
-    return os.path.join(root, "cost_model")
-
-
-def _cache_key(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma: int) -> str:
-    device = target.device
-    hw = f"{device}|{torch.get_num_threads()}|{torch.__version__}"
-    if device.type == "cuda":
-        hw += torch.cuda.get_device_name(device)
-    raw = "|".join(["v5", model_cost_key(target), drafter.cost_key(), str(max_batch), str(max_gamma), hw])
-    return hashlib.sha256(raw.encode()).hexdigest()[:20]
-
-
-def _load(path: Path) -> CostModel:
-    """The cost model cached at `path`, checked as a checkpoint is: a file cut short (a crash while another
-    process wrote it), edited or of another layout is a `ValueError` naming the path (delete it to measure
-    again); a file that cannot be opened raises its `OSError`."""
-    try:
-        data = json.loads(path.read_text())
-        long = _forward_times(data["target_long"]) if data.get("target_long") else None
-        contexts = tuple(int(c) for c in data["contexts"])
-        if len(contexts) != 2:
-            raise ValueError(f"contexts={data['contexts']!r}: two context lengths expected")
-        return CostModel(target=_forward_times(data["target"]), drafter=_forward_times(data["drafter"]),
-                         target_long=long, contexts=contexts)
-    except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSON and Unicode errors are ValueErrors
-        raise ValueError(f"calibration cache {path} cannot be read (truncated, or not a cost model): {err!r}; "
-                         "delete it to measure again") from err
-
-
-def _forward_times(raw: dict) -> ForwardTimes:
-    """A `ForwardTimes` from its JSON fields, whose grid must be complete: a time per (batch, query) point."""
-    times = ForwardTimes(**raw)
-    rows, cols = len(times.batch_sizes), len(times.query_lens)
-    if not rows or not cols or len(times.times) != rows or any(len(row) != cols for row in times.times):
-        raise ValueError(f"an incomplete grid of times for {rows} batch sizes × {cols} query lengths")
-    if not all(isinstance(t, (int, float)) and math.isfinite(t) for row in times.times for t in row):
-        raise ValueError("times must be finite numbers")
-    return times

@@ -1,5 +1,5 @@
 """make_gamma_policy: the engine's γ policy from `EngineConfig.gamma`: an int is a `FixedGamma`; "auto" an
-`AutoGamma` and "auto_simple" a `SimpleGamma`, both on a cost model calibrated here (`cost_model.calibrate`).
+`AutoGamma` and "auto_simple" a `SimpleGamma`, both on a cost model calibrated here (`calibration.calibrate`).
 make_tree_policy: the tree shape from `EngineConfig.tree_width` (`tree`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from ..config import EngineConfig
 from ..drafters.protocol import Drafter
 from ..models.runner import ModelRunner
 from .auto import AutoGamma
-from .cost_model import calibrate
+from .calibration import calibrate
 from .policy import FixedGamma, GammaPolicy
 from .simple import SimpleGamma
 from .tree import AutoWidth, FixedWidth
@@ -22,6 +22,7 @@ def make_gamma_policy(config: EngineConfig, target: ModelRunner, drafter: Drafte
     max_query = 1 + config.max_gamma * config.max_tree_width if config.tree_width == "auto" else None
     cost = calibrate(target, drafter, config.max_batch_size, config.max_gamma, config.cost_model_budget_s,
                      config.calibration_cache, max_query)
+    cost.invariant = config.sampler == "invariant"
     policy = SimpleGamma if config.gamma == "auto_simple" else AutoGamma
     return policy(cost, config.max_gamma, config.acceptance_ema)
 

@@ -8,7 +8,7 @@ Before each step, for the live batch size n and the KV length the step reads:
     time(γ)   = verify(n, γ + 1, context) + s · draft(n, γ) + o(n)
     γ         = argmax_γ tokens(γ) / time(γ)                0 when no γ beats plain decoding
 
-`verify` and `draft` are the calibrated forward times (`cost_model.calibrate`). Two corrections are
+`verify` and `draft` are the calibrated forward times (`calibration.calibrate`). Two corrections are
 learnt from the steps run, because a step is not its calibrated forwards (demo models on this
 project's CPU: each draft ~2× its calibrated forward, the drafter's weights falling out of the caches
 while the target runs; +4–16 ms a step at 1–16 rows for sampling, verification and bookkeeping,
@@ -102,6 +102,7 @@ class SimpleGamma:
         return [t / s for t, s in zip(self.expected_tokens(greedy), self.step_times(shape.rows, shape.context))]
 
     def choose(self, shape: StepShape, greedy: bool) -> int:
+        self.cost.greedy = greedy  # the verified positions' sampling is priced in this mode
         if not any(self.acceptance[greedy].reached):
             return self.max_gamma  # one step at max_gamma measures every position
         rates = self.rates(shape, greedy)
@@ -120,6 +121,7 @@ class SimpleGamma:
         return max(range(len(rates)), key=rates.__getitem__)
 
     def observe(self, shape: StepShape, outcome: StepOutcome, greedy: bool) -> None:
+        self.cost.greedy = greedy
         if outcome.counts:  # [reached, kept] per start state (`core.append.acceptance_counts`), pooled here
             reached = [a + b for a, b in zip(outcome.counts[0], outcome.counts[2])]
             kept = [a + b for a, b in zip(outcome.counts[1], outcome.counts[3])]

@@ -89,8 +89,8 @@ class AutoWidth:
         """Predicted seconds of a tree step (module docstring)."""
         cost, rows = self.auto.cost, shape.rows
         chain = self.auto.step_times(rows, shape.context)[depth]
-        verify = cost.target_time(rows, 1 + depth * width, shape.context) - cost.target_time(rows, 1 + depth,
-                                                                                               shape.context)
+        verify = cost.verify_time(rows, 1 + depth * width, shape.context, positions=1 + depth) - cost.verify_time(
+            rows, 1 + depth, shape.context)
         draft = (cost.draft_scale or 1.0) * depth * (cost.drafter(rows, width) - cost.drafter(rows, 1))
         return max(chain + verify + draft + depth * self.offset(rows, width), 1e-7)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SamplingParams
+from ..sampling.logits import process_logits
 from ..sampling.randomness import Purpose, gumbel
 from .runner import ModelRunner
 
@@ -184,6 +185,52 @@ def time_host_drafts(propose_rows: Callable[[int], object], batch_sizes: list[in
         best = min(samples)
         times.append([1e-7, max(best, 1e-7)])
     return ForwardTimes(list(batch_sizes), [1, 2], times)
+
+
+@dataclass
+class SamplingTimes:
+    """What verifying one more position costs beyond the target's forward, per live batch size (seconds, the
+    fastest of a few runs): processing its logits into the distribution drawn from (`process_logits` over the
+    vocabulary: a one-hot for greedy steps, a softmax for sampled ones) and, under the invariant sampler, its Gumbel
+    noise (`randomness.gumbel`, one [rows, V] hash per position). A plain step pays one of each, a step verifying
+    γ drafts γ + 1: what the calibrated forwards leave out that grows with γ (`gamma.cost_model`)."""
+
+    batch_sizes: list[int]
+    greedy_token: list[float]
+    sampled_token: list[float]
+    noise: list[float]
+
+    def seconds(self, batch: int, tokens: int, positions: int, greedy: bool, invariant: bool) -> float:
+        """Seconds of sampling `tokens` verified tokens at `positions` sequence positions (a chain: both γ + 1; a
+        tree: every node, one position per level; a plain step: 1, 1) at `batch` rows. The rejection rule hashes
+        one position per row whatever γ (the bonus or residual draw); the invariant rule every position's, counted
+        for every row: on a CPU it hashes only rows still keeping drafts, so there this is an upper bound the
+        online corrections bring down (`CostModel.observe`)."""
+        i0, i1, w = _bracket(self.batch_sizes, batch)
+        at = lambda values: max((1 - w) * values[i0] + w * values[i1], 0.0)
+        if greedy:
+            return tokens * at(self.greedy_token)
+        return tokens * at(self.sampled_token) + (positions if invariant else 1) * at(self.noise)
+
+
+@torch.inference_mode()
+def time_sampling(vocab_size: int, batch_sizes: list[int], device: torch.device, deadline: float,
+                  repeats: int = 5) -> SamplingTimes:
+    """`SamplingTimes` measured here: `process_logits` over [b, 4, V] logits (per position: a quarter of it) in
+    both modes, and one position's Gumbel noise for b rows (`_fastest`: every point, whatever the deadline)."""
+    positions = 4
+    logits = {b: torch.randn(b, positions, vocab_size, device=device) for b in batch_sizes}
+    modes = [SamplingParams(max_new_tokens=1, temperature=0.0), DRAFT_PARAMS]
+
+    def call(batch: int, which: int) -> None:
+        if which < len(modes):
+            process_logits(logits[batch], modes[which])
+        else:
+            draft_noise(logits[batch])
+
+    best = _fastest(call, batch_sizes, [0, 1, 2], deadline, repeats, device)
+    per_row = [_pooled([row[j] / (positions if j < len(modes) else 1) for row in best]) for j in range(3)]
+    return SamplingTimes(list(batch_sizes), *per_row)
 
 
 def model_cost_key(runner: ModelRunner) -> str:
