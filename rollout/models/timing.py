@@ -219,14 +219,14 @@ def time_sampling(vocab_size: int, batch_sizes: list[int], device: torch.device,
     """`SamplingTimes` measured here: `process_logits` over [b, 4, V] logits (per position: a quarter of it) in
     both modes, and one position's Gumbel noise for b rows (`_fastest`: every point, whatever the deadline)."""
     positions = 4
-    logits = {b: torch.randn(b, positions, vocab_size, device=device) for b in batch_sizes}
+    logits = torch.randn(max(batch_sizes), positions, vocab_size, device=device)  # each batch size: its first rows
     modes = [SamplingParams(max_new_tokens=1, temperature=0.0), DRAFT_PARAMS]
 
     def call(batch: int, which: int) -> None:
         if which < len(modes):
-            process_logits(logits[batch], modes[which])
+            process_logits(logits[:batch], modes[which])
         else:
-            draft_noise(logits[batch])
+            draft_noise(logits[:batch])
 
     best = _fastest(call, batch_sizes, [0, 1, 2], deadline, repeats, device)
     per_row = [_pooled([row[j] / (positions if j < len(modes) else 1) for row in best]) for j in range(3)]
