@@ -4,6 +4,7 @@ invariant sampler a Gumbel hash per position), so a speculative step is priced r
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny_models import tiny_lm
 
 from specroll.rollout import EngineConfig, SpecEngine
@@ -71,3 +72,13 @@ def test_an_auto_engine_measures_the_sampling_of_its_vocabulary(tmp_path, sample
     for values in (times.greedy_token, times.sampled_token, times.noise):
         assert all(t > 0 for t in values) and values == sorted(values)  # more rows never cost less
     assert cost.sampling_time(4, 4) > 0
+
+
+def test_calibrating_leaves_the_callers_random_stream_alone(tmp_path):
+    """A seeded training script gets the same random numbers whether the engine measured its costs or found them
+    cached: the calibration draws from generators of its own."""
+    target, drafter = tiny_lm("llama"), tiny_lm("llama", layers=1)
+    state = torch.get_rng_state()
+    SpecEngine(target, drafter, EngineConfig(max_batch_size=4, max_seq_len=64, gamma="auto", max_gamma=3,
+                                             calibration_cache=str(tmp_path), cost_model_budget_s=1.0))
+    assert torch.equal(torch.get_rng_state(), state)

@@ -219,7 +219,10 @@ def time_sampling(vocab_size: int, batch_sizes: list[int], device: torch.device,
     """`SamplingTimes` measured here: `process_logits` over [b, 4, V] logits (per position: a quarter of it) in
     both modes, and one position's Gumbel noise for b rows (`_fastest`: every point, whatever the deadline)."""
     positions = 4
-    logits = torch.randn(max(batch_sizes), positions, vocab_size, device=device)  # each batch size: its first rows
+    # each batch size reads the first rows; drawn from a generator of its own, so that measuring (or finding a
+    # cached measurement) never moves the caller's torch random stream
+    logits = torch.randn(max(batch_sizes), positions, vocab_size, device=device,
+                         generator=torch.Generator(device=device).manual_seed(0))
     modes = [SamplingParams(max_new_tokens=1, temperature=0.0), DRAFT_PARAMS]
 
     def call(batch: int, which: int) -> None:
