@@ -231,9 +231,9 @@ def time_sampling(vocab_size: int, batch_sizes: list[int], device: torch.device,
         else:
             draft_noise(logits[:batch])
 
-    best = _fastest(call, batch_sizes, [0, 1, 2], deadline, repeats, device)
-    per_row = [_pooled([row[j] / (positions if j < len(modes) else 1) for row in best]) for j in range(3)]
-    return SamplingTimes(list(batch_sizes), *per_row)
+    best = _fastest(call, batch_sizes, [0, 1, 2], deadline, repeats, device)  # the grid's "query": which part
+    per_position = [_pooled([row[j] / (positions if j < len(modes) else 1) for row in best]) for j in range(3)]
+    return SamplingTimes(list(batch_sizes), *per_position)
 
 
 def model_cost_key(runner: ModelRunner) -> str:
