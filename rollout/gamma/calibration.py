@@ -26,7 +26,9 @@ from ..models.timing import (
     CALIBRATION_CONTEXT,
     ForwardTimes,
     SamplingTimes,
+    after_a_target_forward,
     model_cost_key,
+    one_token_forward,
     time_forwards,
     time_sampling,
 )
@@ -130,7 +132,8 @@ def _calibrate_chains(target: ModelRunner, drafter: Drafter, max_batch: int, max
     long_context = min(LONG_CONTEXT, target.cache.length - max_gamma - 2)
     two = long_context >= 2 * CALIBRATION_CONTEXT
     now = time.perf_counter()
-    drafter_times = drafter.time_drafts(batch_sizes, now + budget_s * 0.2)
+    with after_a_target_forward(one_token_forward(target)):  # a step's first draft follows the target's forward
+        drafter_times = drafter.time_drafts(batch_sizes, now + budget_s * 0.2)
     target_times = time_forwards(target, batch_sizes, query_lens, now + budget_s * (0.6 if two else 1.0))
     target_long = None
     if two:
@@ -171,7 +174,7 @@ def _cache_path(target: ModelRunner, drafter: Drafter, max_batch: int, max_gamma
     hw = f"{device}|{torch.get_num_threads()}|{torch.__version__}"
     if device.type == "cuda":
         hw += torch.cuda.get_device_name(device)
-    raw = "|".join(["v5", model_cost_key(target), drafter.cost_key(), str(max_batch), str(max_gamma), hw])
+    raw = "|".join(["v6", model_cost_key(target), drafter.cost_key(), str(max_batch), str(max_gamma), hw])
     return Path(cache_dir or _default_cache_dir()) / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}{suffix}.json"
 
 
