@@ -28,7 +28,9 @@ class CostModel:
     depends on γ (+4–9 ms at 1 row, +11–16 ms at 16: sampling, verification, bookkeeping, colder
     weights). One factor for the whole step made each extra query token look up to 1.4× dearer than
     it is and the policy drafted too little; hence a multiplicative correction for the drafts and an
-    additive one, per live batch size, for the rest.
+    additive one, per live batch size, for the rest. (The first draft of a step is now calibrated right after a
+    target forward, `models.timing.after_a_target_forward`, so the slow-down left to learn is smaller: 1.15 where
+    it was 1.33 in a replay of the subword demo's engine.)
 
     Part of that rest grows with γ and is calibrated (`sampling`, `sampling_time`): each verified position past
     the first has its logits processed and, under the invariant sampler, its Gumbel noise hashed (subword demo,
