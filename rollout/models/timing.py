@@ -101,11 +101,8 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
         if then is not None:
             then(logits)
 
-    def place(batch: int) -> None:
-        runner.rollback(slice(0, batch), torch.full((batch,), context, dtype=torch.long, device=device),
-                        [context] * batch)
-
-    best = _fastest(call, batch_sizes, query_lens, deadline, repeats, device, place)
+    best = _fastest(call, batch_sizes, query_lens, deadline, repeats, device,
+                    lambda batch: _place(runner, batch, context))
     runner.rollback(slice(None), torch.zeros_like(runner.cache.lens), [0] * len(runner.cache.host_lens))
     runner.num_forwards = 0
     return ForwardTimes(list(batch_sizes), list(query_lens), _monotone(best))
@@ -114,16 +111,20 @@ def time_forwards(runner: ModelRunner, batch_sizes: list[int], query_lens: list[
 def one_token_forward(runner: ModelRunner, context: int = CALIBRATION_CONTEXT) -> Callable[[int], None]:
     """`forward(batch)`: one token through `runner` for its first `batch` rows, `context` tokens cached (for
     `after_a_target_forward`; the caller resets the cache after, as `time_forwards` does)."""
-    device = runner.device
-
     @torch.inference_mode()
     def forward(batch: int) -> None:
+        _place(runner, batch, context)
         rows = slice(0, batch)
-        runner.rollback(rows, torch.full((batch,), context, dtype=torch.long, device=device), [context] * batch)
-        runner.forward(rows, torch.zeros(batch, 1, dtype=torch.long, device=device), runner.cache.lens[rows],
+        runner.forward(rows, torch.zeros(batch, 1, dtype=torch.long, device=runner.device), runner.cache.lens[rows],
                        host_start=[context] * batch)
 
     return forward
+
+
+def _place(runner: ModelRunner, batch: int, context: int) -> None:
+    """The first `batch` rows of `runner`'s cache set to `context` tokens (a timed forward's starting point)."""
+    runner.rollback(slice(0, batch), torch.full((batch,), context, dtype=torch.long, device=runner.device),
+                    [context] * batch)
 
 
 def _fastest(call: Callable[[int, int], object], batch_sizes: list[int], query_lens: list[int], deadline: float,
