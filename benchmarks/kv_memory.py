@@ -11,10 +11,14 @@ constant (the dense run's RSS beside its cache and weights, and its growth while
 size. The model is a random 2-layer Llama shaped so that its K/V is the point (2 K/V heads of 64 dims: 1 KiB per
 token per layer in fp32).
 
-Speed: the demo's shapes (target Llama 512 x 8 layers, 8 heads; drafter 192 x 2 layers; random init, a
-128-token vocabulary), 16 requests (prompts of 20-59 tokens) through 16 slots, 48 new tokens, greedy, plain
-and model drafter at γ = 3; dense and paged runs interleaved, `--repeats` pairs each, the order alternating;
-the paired ratio paged / dense of tokens per second (median and range). Timings on a shared machine are indicative only.
+Speed, plain and the drafter LM at γ = 3, dense and paged engines stepped in lockstep (the one with fewer tokens
+steps next, each timed on its own steps), `--repeats` repeats after a warm-up; the paired ratio paged / dense of
+tokens per second (mean, 95 % t-interval). `--models demo` (default): the demo's own shapes — `--config`'s target
+and drafter (a 32,768-token vocabulary), its task's prompts × `num_generations`, its engine and sampling (T = 1,
+invariant sampler: both caches emit the same tokens) — and a third pair, its engine as configured (auto-γ).
+`--models synthetic`: random Llamas at the demo's widths with a 128-token vocabulary (16 prompts of 20-59 tokens,
+16 slots, 48 new tokens, greedy), where the LM head costs nothing and the gather's share of a step is largest.
+Timings on a shared machine are indicative only.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from .engine_race import paired_ratio
 
 SLOTS, MAX_SEQ_LEN, PROMPTS, SAMPLES, PROMPT_LEN = 64, 8192, 8, 8, 16
 MEDIAN, SIGMA, SEED = 96, 1.35, 0
@@ -138,11 +144,13 @@ def run_memory() -> None:
     print(f"peak RSS paged / dense: {paged['peak_rss'] / dense['peak_rss']:.3f}")
 
 
-def run_speed(repeats: int) -> None:
+def _synthetic_world():
+    """The attention-heavy variant: random Llamas at the demo target's and drafter's widths with a 128-token
+    vocabulary, so the LM head costs next to nothing and the gather's share of a step is the largest."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+    from specroll.rollout import EngineConfig, SamplingParams
 
     def llama(hidden: int, layers: int, heads: int, inter: int, seed: int) -> LlamaForCausalLM:
         torch.manual_seed(seed)
@@ -153,29 +161,98 @@ def run_speed(repeats: int) -> None:
     target, drafter = llama(512, 8, 8, 2048, 0), llama(192, 2, 3, 768, 1)
     rng = random.Random(SEED)
     prompts = [[rng.randrange(3, 128) for _ in range(rng.randrange(20, 60))] for _ in range(16)]
+    base = EngineConfig(max_batch_size=16, max_seq_len=256, kv_block_size=BLOCK_SIZE)
     params = SamplingParams(max_new_tokens=SPEED_NEW_TOKENS, temperature=0)
-    print(f"# tokens/s at the demo shapes: 16 prompts through 16 slots, {params.max_new_tokens} new tokens, "
-          f"greedy; {repeats} interleaved pairs; torch threads {torch.get_num_threads()}; load {os.getloadavg()}")
-    for name, draft, gamma in (("plain", None, 0), ("model γ=3", drafter, 3)):
-        engines = {kind: SpecEngine(target, draft, EngineConfig(
-            max_batch_size=16, max_seq_len=256, gamma=gamma, kv_cache=kind, kv_block_size=BLOCK_SIZE))
-            for kind in ("dense", "paged")}
-        rates = {kind: [] for kind in engines}
-        outputs = {}
-        for repeat in range(repeats + 1):  # the first pair warms up
-            for kind in (("dense", "paged") if repeat % 2 else ("paged", "dense")):
-                engine = engines[kind]
-                started = time.perf_counter()
-                out = engine.generate(prompts, params)
-                seconds = time.perf_counter() - started
-                outputs[kind] = [r.completion_ids for r in out]
-                if repeat:
-                    rates[kind].append(sum(map(len, outputs[kind])) / seconds)
-        assert outputs["dense"] == outputs["paged"], "paged and dense disagree"
-        ratios = [p / d for p, d in zip(rates["paged"], rates["dense"])]
+    return (target, drafter, prompts, 1, base, params,
+            f"random Llamas 512 x 8 / 192 x 2, 128-token vocabulary, 16 prompts through 16 slots, "
+            f"{SPEED_NEW_TOKENS} new tokens, greedy")
+
+
+def _demo_world(config_path: str, num_prompts: int):
+    """The demo's own shapes: its target and drafter (`configs/demo.yaml`'s models, a 32,768-token vocabulary),
+    its task's prompts, each sampled `num_generations` times, its engine settings and sampling."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from specroll.demo.tokenizer import encode_prompt
+    from specroll.demo.world import task_for
+    from specroll.integrations.model_source import load_drafter
+    from specroll.jobs.backends import resolve_models
+    from specroll.jobs.train_config import load_train_config
+    from specroll.rollout import SamplingParams
+
+    config = load_train_config(config_path)
+    if config.models.source != "demo":
+        raise ValueError(f"--config {config_path}: its models must be the demo's (models.source: demo)")
+    sources = resolve_models(config)
+    target = AutoModelForCausalLM.from_pretrained(sources.paths.target).eval()
+    drafter = load_drafter(sources.paths, dataclasses.replace(config.engine, draft_vocab=None), target)
+    prompts = [list(map(int, encode_prompt(sources.tokenizer, m))) for m in task_for(sources.world).make_prompts(
+        num_prompts, seed=100, max_digits=sources.max_digits)]
+    base = dataclasses.replace(config.engine, draft_vocab=None, kv_block_size=BLOCK_SIZE)
+    params = SamplingParams(max_new_tokens=config.grpo.max_completion_length, temperature=config.grpo.temperature,
+                            stop_token_ids=(sources.tokenizer.eos_token_id,), seed=7)
+    n = config.grpo.num_generations
+    return (target, drafter, prompts, n, base, params,
+            f"{config_path}'s models (vocabulary {target.config.vocab_size}), {num_prompts} task prompts x {n} "
+            f"samples through {base.max_batch_size} slots, up to {params.max_new_tokens} new tokens, T = "
+            f"{params.temperature}, sampler {base.sampler}")
+
+
+def run_speed(repeats: int, models: str, config_path: str, num_prompts: int) -> None:
+    import dataclasses
+
+    import torch
+
+    from specroll.rollout import SpecEngine
+
+    target, drafter, prompts, n, base, params, what = (
+        _demo_world(config_path, num_prompts) if models == "demo" else _synthetic_world())
+    print(f"# tokens/s, paged vs dense: {what}; {repeats} interleaved pairs; torch threads "
+          f"{torch.get_num_threads()}; load {os.getloadavg()}")
+    contenders = [("plain", None, 0), ("model γ=3", drafter, 3)]
+    if models == "demo":
+        contenders.append((f"γ={base.gamma}", drafter, base.gamma))  # the demo's own engine (auto-γ)
+    for name, draft, gamma in contenders:
+        engines = {kind: SpecEngine(target, draft, dataclasses.replace(base, gamma=gamma, kv_cache=kind))
+                   for kind in ("dense", "paged")}
+        rates: dict[str, list[float]] = {kind: [] for kind in engines}
+        same = True
+        for repeat in range(repeats + 1):  # the first repeat warms up
+            tallies = _lockstep(engines, prompts, params, n)
+            same = same and tallies["dense"][2] == tallies["paged"][2]
+            if repeat:
+                for kind, (tokens, seconds, _) in tallies.items():
+                    rates[kind].append(tokens / seconds)
+        if params.temperature == 0:
+            assert same, "paged and dense disagree"
+        ratio = paired_ratio(rates["paged"], rates["dense"])
         print(f"{name:>10}: dense {statistics.median(rates['dense']):7.0f} tok/s, paged "
-              f"{statistics.median(rates['paged']):7.0f} tok/s; paired paged/dense median "
-              f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
+              f"{statistics.median(rates['paged']):7.0f} tok/s; paged/dense per repeat "
+              f"{' '.join(f'{p / d:.3f}' for p, d in zip(rates['paged'], rates['dense']))}; mean "
+              f"{ratio['mean']:.3f} [{ratio['lo']:.3f}, {ratio['hi']:.3f}]; same tokens: {same}", flush=True)
+
+
+def _lockstep(engines: dict, prompts: list[list[int]], params, n: int) -> dict[str, tuple[int, float, list]]:
+    """One generation per engine, stepped in turn (always the one with the fewest tokens so far steps next), each
+    timed on its own steps, so a slow spell of the machine hits both caches alike: kind -> (tokens, seconds,
+    completions)."""
+    running = {kind: engine.generate_steps(prompts, params, n=n) for kind, engine in engines.items()}
+    seconds = dict.fromkeys(engines, 0.0)
+    out = {}
+    while running:
+        kind = min(running, key=lambda k: engines[k].stats.generated_tokens)
+        started = time.perf_counter()
+        try:
+            next(running[kind])
+            seconds[kind] += time.perf_counter() - started
+        except StopIteration as done:
+            seconds[kind] += time.perf_counter() - started
+            completions = [r.completion_ids for r in done.value]
+            out[kind] = (sum(map(len, completions)), seconds[kind], completions)
+            del running[kind]
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,6 +261,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--models", choices=["demo", "synthetic"], default="demo",
+                        help="speed: the demo's models and task (default) or random 128-vocabulary Llamas")
+    parser.add_argument("--config", default="configs/demo.yaml", help="with --models demo: the train config")
+    parser.add_argument("--prompts", type=int, default=4, help="with --models demo: task prompts")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(memory_child(args.child)))
@@ -191,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_memory:
         run_memory()
     if not args.skip_speed:
-        run_speed(args.repeats)
+        run_speed(args.repeats, args.models, args.config, args.prompts)
 
 
 if __name__ == "__main__":

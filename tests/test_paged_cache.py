@@ -209,3 +209,16 @@ def test_chunked_prefill_stays_under_its_token_budget_and_changes_no_token(kv_ca
         assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY, n=2)] == dense_plain(target, n=2)
     assert max(sizes[None]) > 8  # unchunked, the first prefill feeds 6 rows × their longest prompt
     assert max(sizes[8]) <= 8
+
+
+def test_kv_memory_benchmark_lockstep_pairs_the_same_tokens():
+    """The speed benchmark's lockstep (`benchmarks.kv_memory`) runs a dense and a paged engine through one
+    generation each, stepped in turn: both emit the same greedy tokens and each is timed on its own steps."""
+    from specroll.benchmarks.kv_memory import _lockstep
+
+    target = tiny_lm()
+    engines = {kind: SpecEngine(target, None, EngineConfig(max_batch_size=4, max_seq_len=64, gamma=0, kv_cache=kind,
+                                                           kv_block_size=4)) for kind in ("dense", "paged")}
+    out = _lockstep(engines, make_prompts(3, 3, 8, seed=1), SamplingParams(max_new_tokens=9, temperature=0), n=2)
+    assert out["dense"][2] == out["paged"][2] and len(out["dense"][2]) == 6
+    assert all(tokens == 6 * 9 and seconds > 0 for tokens, seconds, _ in out.values())
