@@ -157,13 +157,16 @@ def test_a_config_that_cannot_fit_is_refused_naming_the_bytes():
         EngineConfig(kv_cache="ring")
 
 
-def test_paged_engine_releases_and_allocates():
+@pytest.mark.parametrize("kernel", ["1", "0"])
+def test_paged_engine_releases_and_allocates(kernel, monkeypatch):
+    """Both read paths (the CPU kernel in place, or the gather into a workspace) free everything on `release`."""
+    monkeypatch.setenv("SPECROLL_PAGED_KERNEL", kernel)
     target = tiny_lm("llama", "sdpa")
     engine = SpecEngine(target, None, paged_config(gamma=0))
     expected = engine.generate(PROMPTS, GREEDY)
-    assert engine.target.cache.space.buffers  # the gather workspace a forward reuses
+    assert bool(engine.target.cache.space.buffers) == (kernel == "0")  # the gather reuses its workspace
     engine.release()
-    assert not engine.target.cache.space.buffers  # freed with the pools
+    assert not engine.target.cache.space.buffers and engine.target.cache.released
     engine.allocate()
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == [r.completion_ids for r in expected]
 

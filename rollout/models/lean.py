@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .attention import attention
 from .cache import RaggedKVCache
 
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -165,8 +164,8 @@ class LeanDecoder:
             q, k = q.transpose(1, 2), k.transpose(1, 2)  # [n, heads, Q, D]
             v = v.view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-            keys, values = cache.layers[index].update(k, v)  # [n, Hkv, K, D]
-            attn = _attention(q, keys, values, mask, groups, self.scaling)  # [n, Q, Hq D]
+            attn = cache.layers[index].attend(q, k, v, mask, groups, self.scaling)  # [n, Hq, Q, D]
+            attn = attn.transpose(1, 2).reshape(n, q_len, self.num_heads * self.head_dim)  # [n, Q, Hq D]
             hidden = hidden + F.linear(attn, layer.o_weight, layer.o_bias)
             x = _rms_norm(hidden, layer.post_norm)
             gate, up = F.linear(x, layer.gate_up_weight).split((layer.inter, layer.inter), dim=-1)
@@ -178,14 +177,6 @@ class LeanDecoder:
             hidden = hidden[torch.arange(n, device=hidden.device), logits_at][:, None]  # [n, 1, H]
         logits = (head or self.lm_head)(hidden if hidden_out is not None else _rms_norm(hidden, self.final_norm))
         return logits[:, 0] if logits_at is not None else logits
-
-
-def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, groups: int,
-               scaling: float) -> torch.Tensor:
-    """SDPA over the cache (`attention.attention`: GQA folded, no K/V copies); returns [n, Q, Hq * D]."""
-    n, heads, q_len, dim = q.shape
-    out = attention(q, keys, values, mask, groups, scale=scaling)  # [n, Hq, Q, D]
-    return out.transpose(1, 2).reshape(n, q_len, heads * dim)
 
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:

@@ -14,11 +14,12 @@ admits a waiting request only when its reservation fits. Siblings of one prompt 
 (`share_prefix`): a follower's table starts with the holder's first k blocks (reference-counted,
 read-only: every write of either row lands at or past the prompt's last token, in a block of its own).
 
-Reading: on this path a forward gathers each row's blocks up to the batch's KV length into a transient
-`[H_kv, n, K, D]` tensor, one layer at a time and a block per copy — a copy of what the dense cache reads in
-place (a paged attention kernel would read the blocks where they are). Block 0 is all zeros and never written: table
-entries past a row's blocks point there, so a masked slot is always finite. Block 1 takes the writes of
-right padding (never read). New blocks are zeroed when taken, so nothing a previous row wrote (a NaN
+Reading: the lean forward attends through `PagedLayer.attend`, which on a CPU reads the blocks in place with
+the paged-attention kernel (`paged_attention`); elsewhere (a GPU, HF's own forward, an additive mask) a forward
+gathers each row's blocks up to the batch's KV length into a transient `[H_kv, n, K, D]` tensor, one layer at a
+time and a block per copy (`update`) — a copy of what the dense cache reads in place. Block 0 is all zeros and
+never written: table entries past a row's blocks point there, so a masked slot is always finite. Block 1 takes
+the writes of right padding (never read). New blocks are zeroed when taken, so nothing a previous row wrote (a NaN
 included) reaches the next one. The pool is `torch.empty`: on a CPU only blocks ever taken cost
 resident memory, and the free list is last-in first-out, so that is the peak of blocks held.
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import paged_attention
 from .cache import STATE_HISTORY, HybridShape, LayerShape, RaggedKVCache, StateShape
 from .plan import PlannedLayer, PlanSlot, WritePlan
 from .rows import Rows, device_index, host_ids
@@ -86,13 +88,8 @@ class PagedLayer(PlannedLayer):
             self.shape.key_dim + self.shape.value_dim) * self.dtype.itemsize
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        plan = self.slot.plan
-        if plan is None or plan.write_slots is None:
-            raise RuntimeError("PagedKVCache.plan_write must be called before each forward")
+        plan = self._write(key_states, value_states)
         heads, n, width = self.shape.num_heads, plan.read_blocks.shape[0], plan.kv_len
-        for pool, new in ((self.keys, key_states), (self.values, value_states)):  # new: [n, H, Q, D]
-            pool.index_copy_(1, plan.write_slots.reshape(-1), new.transpose(0, 1).reshape(heads, -1, new.shape[-1])
-                             .to(self.dtype))
         # Gathered one layer at a time, whole blocks, into the cache's workspace (`GatherSpace`): [H · n · nb,
         # bs · D] -> [H, n, nb · bs, D] cut to the K slots attention reads -> [n, H, K, D], each head's [K, D]
         # contiguous, as the dense cache's view has them. One flat index_select into a reused buffer is ~3x
@@ -102,6 +99,27 @@ class PagedLayer(PlannedLayer):
         return tuple(self.space.gather(name, pool.view(heads * self.num_blocks, -1), index)
                      .view(heads, n, span, pool.shape[-1])[:, :, :width].transpose(0, 1)
                      for name, pool in (("keys", self.keys), ("values", self.values)))
+
+    def attend(self, q: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor, mask: torch.Tensor | None,
+               groups: int, scale: float) -> torch.Tensor:
+        """`PlannedLayer.attend`, reading the blocks in place where the CPU kernel serves (`paged_attention`);
+        elsewhere through the gather of `update`."""
+        if not paged_attention.usable(q, mask):
+            return super().attend(q, key_states, value_states, mask, groups, scale)
+        plan = self._write(key_states, value_states)
+        return paged_attention.kernel().paged_attention(q, self.keys, self.values, plan.read_blocks, mask,
+                                                        self.block_size, plan.kv_len, scale)
+
+    def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> WritePlan:
+        """This forward's K/V [n, H, Q, D] into their planned slots; returns the plan."""
+        plan = self.slot.plan
+        if plan is None or plan.write_slots is None:
+            raise RuntimeError("PagedKVCache.plan_write must be called before each forward")
+        heads = self.shape.num_heads
+        for pool, new in ((self.keys, key_states), (self.values, value_states)):  # new: [n, H, Q, D]
+            pool.index_copy_(1, plan.write_slots.reshape(-1), new.transpose(0, 1).reshape(heads, -1, new.shape[-1])
+                             .to(self.dtype))
+        return plan
 
 
 class GatherSpace:

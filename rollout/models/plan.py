@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
+from .attention import attention
+
 
 @dataclass
 class WritePlan:
@@ -84,3 +86,10 @@ class PlannedLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.slot.length
+
+    def attend(self, q: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor, mask: torch.Tensor | None,
+               groups: int, scale: float) -> torch.Tensor:
+        """Write this forward's K/V [n, Hkv, Q, D] (`update`), then SDPA of q [n, Hq, Q, D] over the row's cache
+        (`attention.attention`) → [n, Hq, Q, Dv]: how the lean forward attends."""
+        keys, values = self.update(key_states, value_states)
+        return attention(q, keys, values, mask, groups, scale=scale)
