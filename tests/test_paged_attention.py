@@ -68,3 +68,12 @@ def test_usable_only_on_cpu_with_a_boolean_mask_and_the_kernel_on(monkeypatch):
     assert not paged_attention.usable(q, None)
     monkeypatch.setenv("SPECROLL_PAGED_KERNEL", "0")
     assert not paged_attention.usable(q, torch.ones(1, 1, 1, 4, dtype=torch.bool))
+
+
+def test_shapes_that_do_not_match_are_refused():
+    q, keys, values, table = case(2, 2, 1, 1, 16, 8, 20, seed=3)
+    mask = torch.ones(2, 1, 1, 20, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="mask must cover"):
+        paged_attention.kernel().paged_attention(q, keys, values, table, mask[..., :19], 8, 20, 0.25)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        paged_attention.kernel().paged_attention(q.double(), keys, values, table, mask, 8, 20, 0.25)

@@ -104,7 +104,7 @@ class PagedLayer(PlannedLayer):
                groups: int, scale: float) -> torch.Tensor:
         """`PlannedLayer.attend`, reading the blocks in place where the CPU kernel serves (`paged_attention`);
         elsewhere through the gather of `update`."""
-        if not paged_attention.usable(q, mask):
+        if q.dtype != self.dtype or not paged_attention.usable(q, mask):
             return super().attend(q, key_states, value_states, mask, groups, scale)
         plan = self._write(key_states, value_states)
         return paged_attention.kernel().paged_attention(q, self.keys, self.values, plan.read_blocks, mask,

@@ -171,6 +171,18 @@ static void paged_attention_impl(const at::Tensor& q, const at::Tensor& keys, co
 
 at::Tensor paged_attention(at::Tensor q, at::Tensor keys, at::Tensor values, at::Tensor table, at::Tensor mask,
                            int64_t block_size, int64_t kv_len, double scale) {
+  TORCH_CHECK(q.dim() == 4 && keys.dim() == 3 && values.dim() == 3 && table.dim() == 2 && mask.dim() == 4,
+              "paged_attention: q [n, Hq, Q, D], pools [Hkv, slots, D], table [n, nb], mask [n or 1, 1, Q, K]");
+  TORCH_CHECK(keys.scalar_type() == q.scalar_type() && values.scalar_type() == q.scalar_type(),
+              "paged_attention: q and the pools must share a dtype");
+  TORCH_CHECK(table.scalar_type() == at::kLong && mask.scalar_type() == at::kBool,
+              "paged_attention: an int64 table and a bool mask");
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.size(0) == values.size(0) &&
+              keys.size(1) == values.size(1) && keys.size(2) == q.size(3) && q.size(1) % keys.size(0) == 0,
+              "paged_attention: contiguous pools of matching heads, slots and head dim");
+  TORCH_CHECK(table.size(0) == q.size(0) && table.size(1) * block_size >= kv_len && kv_len > 0 &&
+              mask.size(3) == kv_len && mask.size(2) == q.size(2) && (mask.size(0) == 1 || mask.size(0) == q.size(0)),
+              "paged_attention: table and mask must cover the rows, queries and kv_len slots");
   q = q.contiguous();
   table = table.contiguous();
   mask = mask.contiguous();
