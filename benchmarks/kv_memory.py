@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from .engine_race import paired_ratio
 
@@ -144,7 +145,20 @@ def run_memory() -> None:
     print(f"peak RSS paged / dense: {paged['peak_rss'] / dense['peak_rss']:.3f}")
 
 
-def _synthetic_world():
+@dataclass
+class SpeedWorld:
+    """What the speed pairs run: models, prompts (each sampled `n` times), the engine settings and sampling."""
+
+    target: object
+    drafter: object
+    prompts: list[list[int]]
+    n: int
+    base: object  # EngineConfig, kv_cache and gamma set per engine
+    params: object  # SamplingParams
+    description: str
+
+
+def _synthetic_world() -> SpeedWorld:
     """The attention-heavy variant: random Llamas at the demo target's and drafter's widths with a 128-token
     vocabulary, so the LM head costs next to nothing and the gather's share of a step is the largest."""
     import torch
@@ -163,41 +177,33 @@ def _synthetic_world():
     prompts = [[rng.randrange(3, 128) for _ in range(rng.randrange(20, 60))] for _ in range(16)]
     base = EngineConfig(max_batch_size=16, max_seq_len=256, kv_block_size=BLOCK_SIZE)
     params = SamplingParams(max_new_tokens=SPEED_NEW_TOKENS, temperature=0)
-    return (target, drafter, prompts, 1, base, params,
-            f"random Llamas 512 x 8 / 192 x 2, 128-token vocabulary, 16 prompts through 16 slots, "
-            f"{SPEED_NEW_TOKENS} new tokens, greedy")
+    return SpeedWorld(target, drafter, prompts, 1, base, params,
+                      f"random Llamas 512 x 8 / 192 x 2, 128-token vocabulary, 16 prompts through 16 slots, "
+                      f"{SPEED_NEW_TOKENS} new tokens, greedy")
 
 
-def _demo_world(config_path: str, num_prompts: int):
+def _demo_world(config_path: str, num_prompts: int) -> SpeedWorld:
     """The demo's own shapes: its target and drafter (`configs/demo.yaml`'s models, a 32,768-token vocabulary),
     its task's prompts, each sampled `num_generations` times, its engine settings and sampling."""
     import dataclasses
 
-    from transformers import AutoModelForCausalLM
-
-    from specroll.demo.tokenizer import encode_prompt
-    from specroll.demo.world import task_for
     from specroll.integrations.model_source import load_drafter
-    from specroll.jobs.backends import resolve_models
-    from specroll.jobs.train_config import load_train_config
     from specroll.rollout import SamplingParams
 
-    config = load_train_config(config_path)
-    if config.models.source != "demo":
-        raise ValueError(f"--config {config_path}: its models must be the demo's (models.source: demo)")
-    sources = resolve_models(config)
-    target = AutoModelForCausalLM.from_pretrained(sources.paths.target).eval()
+    from .models import load_config_world
+
+    world = load_config_world(config_path)
+    config, sources, target = world.config, world.sources, world.target
     drafter = load_drafter(sources.paths, dataclasses.replace(config.engine, draft_vocab=None), target)
-    prompts = [list(map(int, encode_prompt(sources.tokenizer, m))) for m in task_for(sources.world).make_prompts(
-        num_prompts, seed=100, max_digits=sources.max_digits)]
+    prompts = world.task_prompts(num_prompts, seed=100)
     base = dataclasses.replace(config.engine, draft_vocab=None, kv_block_size=BLOCK_SIZE)
     params = SamplingParams(max_new_tokens=config.grpo.max_completion_length, temperature=config.grpo.temperature,
                             stop_token_ids=(sources.tokenizer.eos_token_id,), seed=7)
     n = config.grpo.num_generations
-    return (target, drafter, prompts, n, base, params,
-            f"{config_path}'s models (vocabulary {target.config.vocab_size}), {num_prompts} task prompts x {n} "
-            f"samples through {base.max_batch_size} slots, up to {params.max_new_tokens} new tokens, T = "
-            f"{params.temperature}, sampler {base.sampler}")
+    return SpeedWorld(target, drafter, prompts, n, base, params,
+                      f"{config_path}'s models (vocabulary {target.config.vocab_size}), {num_prompts} task prompts "
+                      f"x {n} samples through {base.max_batch_size} slots, up to {params.max_new_tokens} new "
+                      f"tokens, T = {params.temperature}, sampler {base.sampler}")
 
 
 def run_speed(repeats: int, models: str, config_path: str, num_prompts: int) -> None:
@@ -207,20 +213,20 @@ def run_speed(repeats: int, models: str, config_path: str, num_prompts: int) -> 
 
     from specroll.rollout import SpecEngine
 
-    target, drafter, prompts, n, base, params, what = (
-        _demo_world(config_path, num_prompts) if models == "demo" else _synthetic_world())
-    print(f"# tokens/s, paged vs dense: {what}; {repeats} interleaved pairs; torch threads "
+    world = _demo_world(config_path, num_prompts) if models == "demo" else _synthetic_world()
+    drafter, base, params = world.drafter, world.base, world.params
+    print(f"# tokens/s, paged vs dense: {world.description}; {repeats} lockstep repeats; torch threads "
           f"{torch.get_num_threads()}; load {os.getloadavg()}")
     contenders = [("plain", None, 0), ("model γ=3", drafter, 3)]
     if models == "demo":
         contenders.append((f"γ={base.gamma}", drafter, base.gamma))  # the demo's own engine (auto-γ)
     for name, draft, gamma in contenders:
-        engines = {kind: SpecEngine(target, draft, dataclasses.replace(base, gamma=gamma, kv_cache=kind))
+        engines = {kind: SpecEngine(world.target, draft, dataclasses.replace(base, gamma=gamma, kv_cache=kind))
                    for kind in ("dense", "paged")}
         rates: dict[str, list[float]] = {kind: [] for kind in engines}
         same = True
         for repeat in range(repeats + 1):  # the first repeat warms up
-            tallies = _lockstep(engines, prompts, params, n)
+            tallies = _lockstep(engines, world.prompts, params, world.n)
             same = same and tallies["dense"][2] == tallies["paged"][2]
             if repeat:
                 for kind, (tokens, seconds, _) in tallies.items():

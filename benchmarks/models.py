@@ -11,9 +11,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+if TYPE_CHECKING:
+    from specroll.jobs.backends import ModelSources
+    from specroll.jobs.train_config import TrainConfig
 
 
 @dataclass
@@ -80,3 +85,37 @@ def _tiny_models(num_prompts: int, seed: int) -> BenchModels:
     target, drafter = build(2, 64, seed), build(1, 32, seed + 1)
     return BenchModels(target, drafter, prompts, stop_token_ids=(2,), pad_id=0,
                        description=f"tiny random models (smoke run): {_params(target)} / {_params(drafter)}")
+
+
+@dataclass
+class ConfigWorld:
+    """A `specroll train` config whose models are the demo's: the config, its resolved models and its target."""
+
+    config: TrainConfig
+    sources: ModelSources
+    target: PreTrainedModel
+
+    def task_prompts(self, num_prompts: int, seed: int) -> list[list[int]]:
+        """`num_prompts` prompts of the config's task, token ids."""
+        from specroll.demo.tokenizer import encode_prompt
+        from specroll.demo.world import task_for
+
+        messages = task_for(self.sources.world).make_prompts(num_prompts, seed=seed,
+                                                             max_digits=self.sources.max_digits)
+        return [list(map(int, encode_prompt(self.sources.tokenizer, m))) for m in messages]
+
+
+def load_config_world(config_path: str) -> ConfigWorld:
+    """The models of the `specroll train` config at `config_path`, which must be the demo's (`models.source:
+    demo`: the benchmarks' prompts are its task's); raises ValueError otherwise."""
+    from transformers import AutoModelForCausalLM
+
+    from specroll.jobs.backends import resolve_models
+    from specroll.jobs.train_config import load_train_config
+
+    config = load_train_config(config_path)
+    if config.models.source != "demo":
+        raise ValueError(f"--config {config_path}: its models must be the demo's (models.source: demo): the "
+                         "prompts are its task's")
+    sources = resolve_models(config)
+    return ConfigWorld(config, sources, AutoModelForCausalLM.from_pretrained(sources.paths.target).eval())

@@ -14,14 +14,11 @@ import dataclasses
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
 
-from specroll.demo.tokenizer import encode_prompt
-from specroll.demo.world import task_for
 from specroll.integrations.model_source import load_drafter
-from specroll.jobs.backends import resolve_models
-from specroll.jobs.train_config import load_train_config
 from specroll.rollout import SamplingParams, SpecEngine
+
+from .models import load_config_world
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[float]]:
@@ -30,13 +27,12 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per round, each sampled num_generations times")
     args = parser.parse_args(argv)
-    config = load_train_config(args.config)
-    if config.models.source != "demo":
-        parser.error(f"--config {args.config}: its models must be the demo's (models.source: demo): the prompts are "
-                     "its task's")
+    try:
+        world = load_config_world(args.config)
+    except ValueError as err:
+        parser.error(str(err))
+    config, sources, target = world.config, world.sources, world.target
     torch.set_num_threads(config.torch_threads or torch.get_num_threads())
-    sources = resolve_models(config)
-    target = AutoModelForCausalLM.from_pretrained(sources.paths.target)
     engines = {name: SpecEngine(target, load_drafter(sources.paths, config.engine, target), config.engine)
                for name in ("priced", "unpriced")}
     engines["unpriced"].gamma_policy.cost.sampling = None
@@ -45,8 +41,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
                             stop_token_ids=(sources.tokenizer.eos_token_id,), seed=7)
     rates: dict[str, list[float]] = {name: [] for name in engines}
     for round_ in range(args.rounds):
-        prompts = [list(map(int, encode_prompt(sources.tokenizer, message))) for message in task_for(
-            sources.world).make_prompts(args.prompts, seed=100 + round_, max_digits=sources.max_digits)]
+        prompts = world.task_prompts(args.prompts, seed=100 + round_)
         for name in list(engines) if round_ % 2 == 0 else list(reversed(engines)):
             started = time.perf_counter()
             out = engines[name].generate(prompts, params, n=config.grpo.num_generations)
