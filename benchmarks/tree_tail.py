@@ -12,11 +12,16 @@ own steps), so machine noise hits them alike and each ratio is paired within its
   batch ≤ `--small-batch`: tokens per target call (tokens emitted ÷ steps: one target forward each) and tokens/s.
   Contenders: chains at fixed γ ∈ `--chain-gammas`, trees at fixed (γ, w) ∈ `--tree-shapes`, and auto-γ with
   `tree_width="auto"`. Each tree (and auto) is compared with the best chain — the chain with the most tail
-  tokens/s over all repeats — paired per repeat (mean and a 95 % t-interval over the repeats).
+  tokens/s over all repeats — paired per repeat (mean and a 95 % t-interval over the repeats); a tree also with
+  the chain of its own depth where one ran (what its siblings bought, apart from its depth), and, as a projection
+  labelled so, with the best chain *if a step cost what the chain step of the tree's depth cost here* — a target
+  forward flat in the tokens per row, and a drafter forward flat in the nodes per level, as a GPU's nearly is at a
+  few rows (`flat_x` = tree tokens per call ÷ that chain's seconds per call, ÷ the best chain's tokens/s).
 - `full`: `--full-rows` requests in as many slots, equal budgets (the batch stays full): auto-γ with
   `tree_width="auto"` against today's auto-γ chains, tokens/s paired per repeat.
 
-Sampler: `--sampler` (default rejection). Prints the setting, then one table per workload; `--out` writes JSON.
+Sampler: `--sampler` (default rejection). Prints the setting, then one table per workload (`--skip-full`: the tail
+only); `--out` writes JSON.
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ class Contender:
     name: str
     gamma: int | str
     tree_width: int | str
+
+    @property
+    def depth(self) -> int | None:
+        """Levels of a fixed tree or chain (None: auto)."""
+        return self.gamma if isinstance(self.gamma, int) else None
 
 
 @dataclass
@@ -120,18 +130,25 @@ def run_workload(models, contenders: list[Contender], rows: int, max_new: list[i
     return repeats
 
 
-def summarize(repeats: list[dict[str, Tally]], names: list[str], chains: list[str], tail: bool) -> dict:
+def summarize(repeats: list[dict[str, Tally]], names: list[str], chains: list[str], tail: bool,
+              depths: dict[str, int | None] | None = None) -> dict:
+    """Per contender: tokens/s, tokens per call, seconds per call, tree share; each non-chain against the best chain
+    (and, given `depths`, against the chain of its depth and the flat-forward projection: module docstring)."""
     def rate(t: Tally) -> float:
         return (t.tail_tokens / t.tail_seconds if t.tail_seconds else 0.0) if tail else t.tokens / t.seconds
 
     def per_call(t: Tally) -> float:
         return (t.tail_tokens / t.tail_steps if t.tail_steps else 0.0) if tail else t.tokens / max(t.steps, 1)
 
+    def seconds_per_call(t: Tally) -> float:
+        return (t.tail_seconds / t.tail_steps if t.tail_steps else 0.0) if tail else t.seconds / max(t.steps, 1)
+
     out = {}
     for name in names:
         tallies = [r[name] for r in repeats]
         out[name] = {"tokens_per_s": statistics.fmean(rate(t) for t in tallies),
                      "tokens_per_call": statistics.fmean(per_call(t) for t in tallies),
+                     "ms_per_call": 1e3 * statistics.fmean(seconds_per_call(t) for t in tallies),
                      "tree_share": statistics.fmean(t.tree_steps / max(t.steps, 1) for t in tallies),
                      "by_live": {str(k): v for k, v in sorted(tallies[0].by_live.items())}}
     if chains:
@@ -144,6 +161,15 @@ def summarize(repeats: list[dict[str, Tally]], names: list[str], chains: list[st
                                                        [rate(r[best]) for r in repeats])
             out[name]["tokens_per_call_x"] = paired_ratio([per_call(r[name]) for r in repeats],
                                                           [per_call(r[best]) for r in repeats])
+            same = next((c for c in chains if depths and depths.get(c) == depths.get(name)), None)
+            if same is None:
+                continue
+            out[name]["same_depth_chain"] = same
+            out[name]["tokens_per_call_vs_same_depth_x"] = paired_ratio([per_call(r[name]) for r in repeats],
+                                                                        [per_call(r[same]) for r in repeats])
+            out[name]["flat_x"] = paired_ratio(
+                [per_call(r[name]) / max(seconds_per_call(r[same]), 1e-12) for r in repeats],
+                [rate(r[best]) for r in repeats])
     return out
 
 
@@ -155,11 +181,13 @@ def _fmt(ratio: dict | None) -> str:
 
 
 def print_table(title: str, summary: dict) -> None:
-    print(f"\n{title}\n{'contender':<22} {'tok/s':>9} {'tok/call':>9} {'trees':>6}  {'× best chain tok/s':<26}"
-          f" × best chain tok/call")
+    print(f"\n{title}\n{'contender':<22} {'tok/s':>9} {'tok/call':>9} {'ms/call':>8} {'trees':>6}  "
+          f"{'× best chain tok/s':<22} {'× best chain tok/call':<22} {'× same-depth tok/call':<22} flat forward ×")
     for name, row in summary.items():
-        print(f"{name:<22} {row['tokens_per_s']:9.1f} {row['tokens_per_call']:9.2f} {row['tree_share']:6.0%}  "
-              f"{_fmt(row.get('tokens_per_s_x')):<26} {_fmt(row.get('tokens_per_call_x'))}")
+        print(f"{name:<22} {row['tokens_per_s']:9.1f} {row['tokens_per_call']:9.2f} {row['ms_per_call']:8.1f} "
+              f"{row['tree_share']:6.0%}  {_fmt(row.get('tokens_per_s_x')):<22} "
+              f"{_fmt(row.get('tokens_per_call_x')):<22} {_fmt(row.get('tokens_per_call_vs_same_depth_x')):<22} "
+              f"{_fmt(row.get('flat_x'))}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-s", type=float, default=8.0)
     parser.add_argument("--calibration-cache", default=None)
     parser.add_argument("--quick", action="store_true", help="only the first chain and tree shape (smoke runs)")
+    parser.add_argument("--skip-full", action="store_true", help="the tail workload only")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.rows < 1 or args.full_rows < 1:
@@ -198,15 +227,23 @@ def main(argv: list[str] | None = None) -> int:
           f"full: {args.full_rows} rows x {args.new_tokens} tokens")
     tail_max = budgets(args.rows, args.new_tokens, 4 * args.new_tokens)
     tail = run_workload(models, [*chains, *trees, auto_tree], args.rows, tail_max, args)
-    tail_summary = summarize(tail, [c.name for c in [*chains, *trees, auto_tree]], [c.name for c in chains], tail=True)
+    everyone = [*chains, *trees, auto_tree]
+    tail_summary = summarize(tail, [c.name for c in everyone], [c.name for c in chains], tail=True,
+                             depths={c.name: c.depth for c in everyone})
     print_table(f"tail (live batch <= {args.small_batch}): trees and auto vs the best chain", tail_summary)
+    if args.skip_full:
+        return _write(args, tail_summary, None)
     full_contenders = [Contender("auto_chains", "auto", 1), auto_tree]
     full = run_workload(models, full_contenders, args.full_rows, [args.new_tokens] * args.full_rows, args)
     full_summary = summarize(full, [c.name for c in full_contenders], ["auto_chains"], tail=False)
     print_table(f"full batch ({args.full_rows} rows): auto with trees vs today's auto chains", full_summary)
+    return _write(args, tail_summary, full_summary)
+
+
+def _write(args, tail: dict, full: dict | None) -> int:
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "tail": tail_summary, "full": full_summary}, f, indent=1)
+            json.dump({"args": vars(args), "tail": tail, "full": full}, f, indent=1)
     return 0
 
 

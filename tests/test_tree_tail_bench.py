@@ -23,6 +23,23 @@ def test_tree_tail_writes_paired_ratios_for_both_workloads(tmp_path, capsys):
     assert "tail (live batch <= 4)" in printed and "full batch (3 rows)" in printed
 
 
+def test_tree_tail_compares_a_tree_with_the_chain_of_its_depth(tmp_path, capsys):
+    out = tmp_path / "tree_tail.json"
+    assert tree_tail.main(["--models", "tiny", "--repeats", "2", "--rows", "3", "--new-tokens", "8", "--chain-gammas",
+                           "2,3", "--tree-shapes", "3x2", "--skip-full", "--calibration-s", "0.3",
+                           "--calibration-cache", str(tmp_path / "cal"), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    tree, same = data["tail"]["tree_3x2"], data["tail"]["chain_gamma_3"]
+    assert data["full"] is None and tree["same_depth_chain"] == "chain_gamma_3"
+    assert "same_depth_chain" not in data["tail"]["auto_trees"] and tree["ms_per_call"] > 0
+    assert tree["tokens_per_call_vs_same_depth_x"]["mean"] > 0 and tree["flat_x"]["repeats"] == 2
+    # the projection prices the tree's calls at its same-depth chain's: with the mean seconds per call of each
+    best = data["tail"][tree["vs_best_chain"]]
+    rough = tree["tokens_per_call"] / same["ms_per_call"] / (best["tokens_per_s"] / 1e3)
+    assert abs(tree["flat_x"]["mean"] - rough) < 0.5 * rough
+    assert "full batch" not in capsys.readouterr().out
+
+
 def test_lognormal_budgets_drain_the_batch():
     budgets = tree_tail.budgets(16, 100, 400)
     assert len(budgets) == 16 and max(budgets) > 2 * min(budgets) and max(budgets) <= 400
