@@ -77,3 +77,23 @@ def test_shapes_that_do_not_match_are_refused():
         paged_attention.kernel().paged_attention(q, keys, values, table, mask[..., :19], 8, 20, 0.25)
     with pytest.raises(RuntimeError, match="share a dtype"):
         paged_attention.kernel().paged_attention(q.double(), keys, values, table, mask, 8, 20, 0.25)
+
+
+def test_stale_kernel_builds_are_pruned_and_the_loaded_one_kept(tmp_path):
+    import os
+    import time
+
+    from specroll.rollout.models.paged_attention import STALE_DAYS, prune_stale
+
+    loaded, recent, stale, other = (tmp_path / f"paged_attention_{k}" for k in ("aaa", "bbb", "ccc", "ddd"))
+    for path in (loaded, recent, stale):
+        path.mkdir()
+        (path / "kernel.so").write_bytes(b"x")
+    (tmp_path / "unrelated").mkdir()
+    other.write_text("a file, not a build")
+    old = time.time() - (STALE_DAYS + 1) * 86400
+    for path in (loaded, stale, other, tmp_path / "unrelated"):
+        os.utime(path, (old, old))
+    assert prune_stale(tmp_path, loaded) == [stale]
+    assert loaded.is_dir() and recent.is_dir() and other.is_file() and (tmp_path / "unrelated").is_dir()
+    assert time.time() - loaded.stat().st_mtime < 60  # marked used: the next load elsewhere keeps it

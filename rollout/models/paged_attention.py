@@ -12,7 +12,8 @@ fp32 rounding, not bit for bit.
 
 `kernel()` builds it once per process (torch's build lock serialises concurrent builds; the build is cached under
 `SPECROLL_KERNEL_DIR`, default `~/.cache/specroll/kernels`, per source and CPU, since it is compiled for the machine
-it runs on) and returns None, warning once, where it cannot be built (no compiler): the copy path then serves.
+it runs on; a build no process has loaded for `STALE_DAYS` is removed when another is loaded) and returns None,
+warning once, where it cannot be built (no compiler): the copy path then serves.
 `SPECROLL_PAGED_KERNEL=0` turns it off. GPUs keep the copy path (a block-table kernel there is FlashInfer's or
 flash-attn's job).
 """
@@ -23,6 +24,8 @@ import functools
 import hashlib
 import os
 import platform
+import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -198,6 +201,7 @@ DECLARATION = ("at::Tensor paged_attention(at::Tensor q, at::Tensor keys, at::Te
                "at::Tensor mask, int64_t block_size, int64_t kv_len, double scale);")
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp", "-lmvec"]
+STALE_DAYS = 30  # a build directory not loaded for this long is pruned (another source, torch or CPU built it)
 
 
 def enabled() -> bool:
@@ -217,13 +221,32 @@ def kernel():
     build = root / f"paged_attention_{key}"
     build.mkdir(parents=True, exist_ok=True)
     try:
-        return cpp_extension.load_inline(f"specroll_paged_attention_{key}", cpp_sources=[DECLARATION + SOURCE],
-                                         functions=["paged_attention"], extra_cflags=FLAGS, extra_ldflags=LDFLAGS,
-                                         build_directory=str(build), verbose=False)
+        module = cpp_extension.load_inline(f"specroll_paged_attention_{key}", cpp_sources=[DECLARATION + SOURCE],
+                                           functions=["paged_attention"], extra_cflags=FLAGS, extra_ldflags=LDFLAGS,
+                                           build_directory=str(build), verbose=False)
     except (RuntimeError, OSError, ImportError) as err:  # no compiler or ninja: the copy path serves
         warnings.warn(f"the CPU paged-attention kernel could not be built ({err}); the paged cache copies its "
                       "blocks into a workspace instead (slower; SPECROLL_PAGED_KERNEL=0 silences this)", stacklevel=2)
         return None
+    prune_stale(root, build)
+    return module
+
+
+def prune_stale(root: Path, loaded: Path, max_age_s: float = STALE_DAYS * 86400.0) -> list[Path]:
+    """Mark `loaded` used now and remove the other kernel builds under `root` unused for `max_age_s` (their
+    directory's modification time: each load touches its own). A process that loaded one already keeps it mapped;
+    one that would load it rebuilds. Returns what was removed."""
+    now = time.time()
+    os.utime(loaded, (now, now))
+    removed = []
+    for old in root.glob("paged_attention_*"):
+        try:
+            if old != loaded and old.is_dir() and now - old.stat().st_mtime > max_age_s:
+                shutil.rmtree(old)
+                removed.append(old)
+        except OSError:  # another process pruned or rebuilt it meanwhile
+            continue
+    return removed
 
 
 def _cpu_model() -> str:
