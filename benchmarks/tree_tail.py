@@ -20,8 +20,8 @@ own steps), so machine noise hits them alike and each ratio is paired within its
 - `full`: `--full-rows` requests in as many slots, equal budgets (the batch stays full): auto-γ with
   `tree_width="auto"` against today's auto-γ chains, tokens/s paired per repeat.
 
-Sampler: `--sampler` (default rejection). Prints the setting, then one table per workload (`--skip-full`: the tail
-only); `--out` writes JSON.
+Sampler: `--sampler` (default rejection). Prints the setting, then one table per workload (`--skip-full` /
+`--skip-tail`: one of them); `--out` writes JSON.
 """
 
 from __future__ import annotations
@@ -207,10 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-cache", default=None)
     parser.add_argument("--quick", action="store_true", help="only the first chain and tree shape (smoke runs)")
     parser.add_argument("--skip-full", action="store_true", help="the tail workload only")
+    parser.add_argument("--skip-tail", action="store_true", help="the full workload only")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.rows < 1 or args.full_rows < 1:
         raise ValueError(f"repeats={args.repeats}, rows={args.rows}, full-rows={args.full_rows}: each must be >= 1")
+    if args.skip_full and args.skip_tail:
+        raise ValueError("--skip-full and --skip-tail together leave nothing to run: pass at most one")
 
     from .models import load_bench_models
 
@@ -225,12 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tree_tail: {models.description}; sampler {args.sampler}, T = 1, {args.repeats} repeats in lockstep; "
           f"tail: {args.rows} rows, lognormal budgets (median {args.new_tokens}), live batch <= {args.small_batch}; "
           f"full: {args.full_rows} rows x {args.new_tokens} tokens")
-    tail_max = budgets(args.rows, args.new_tokens, 4 * args.new_tokens)
-    tail = run_workload(models, [*chains, *trees, auto_tree], args.rows, tail_max, args)
-    everyone = [*chains, *trees, auto_tree]
-    tail_summary = summarize(tail, [c.name for c in everyone], [c.name for c in chains], tail=True,
-                             depths={c.name: c.depth for c in everyone})
-    print_table(f"tail (live batch <= {args.small_batch}): trees and auto vs the best chain", tail_summary)
+    tail_summary = None if args.skip_tail else tail_workload(models, chains, trees, auto_tree, args)
     if args.skip_full:
         return _write(args, tail_summary, None)
     full_contenders = [Contender("auto_chains", "auto", 1), auto_tree]
@@ -240,7 +238,17 @@ def main(argv: list[str] | None = None) -> int:
     return _write(args, tail_summary, full_summary)
 
 
-def _write(args, tail: dict, full: dict | None) -> int:
+def tail_workload(models, chains: list[Contender], trees: list[Contender], auto_tree: Contender, args) -> dict:
+    """The tail workload's table (module docstring), printed and returned."""
+    everyone = [*chains, *trees, auto_tree]
+    tail = run_workload(models, everyone, args.rows, budgets(args.rows, args.new_tokens, 4 * args.new_tokens), args)
+    summary = summarize(tail, [c.name for c in everyone], [c.name for c in chains], tail=True,
+                        depths={c.name: c.depth for c in everyone})
+    print_table(f"tail (live batch <= {args.small_batch}): trees and auto vs the best chain", summary)
+    return summary
+
+
+def _write(args, tail: dict | None, full: dict | None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "tail": tail, "full": full}, f, indent=1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specroll.benchmarks import tree_tail
 from specroll.jobs.report import PLOTS, SpeedMeasurement, _plot_accepted
 
@@ -38,6 +40,17 @@ def test_tree_tail_compares_a_tree_with_the_chain_of_its_depth(tmp_path, capsys)
     rough = tree["tokens_per_call"] / same["ms_per_call"] / (best["tokens_per_s"] / 1e3)
     assert abs(tree["flat_x"]["mean"] - rough) < 0.5 * rough
     assert "full batch" not in capsys.readouterr().out
+
+
+def test_tree_tail_runs_the_full_workload_alone_and_refuses_running_nothing(tmp_path):
+    out = tmp_path / "tree_tail.json"
+    common = ["--models", "tiny", "--repeats", "1", "--full-rows", "3", "--new-tokens", "6", "--calibration-s", "0.3",
+              "--calibration-cache", str(tmp_path / "cal")]
+    assert tree_tail.main([*common, "--skip-tail", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["tail"] is None and set(data["full"]) == {"auto_chains", "auto_trees"}
+    with pytest.raises(ValueError, match="leave nothing to run"):
+        tree_tail.main([*common, "--skip-tail", "--skip-full"])
 
 
 def test_lognormal_budgets_drain_the_batch():
