@@ -97,3 +97,16 @@ def test_stale_kernel_builds_are_pruned_and_the_loaded_one_kept(tmp_path):
     assert prune_stale(tmp_path, loaded) == [stale]
     assert loaded.is_dir() and recent.is_dir() and other.is_file() and (tmp_path / "unrelated").is_dir()
     assert time.time() - loaded.stat().st_mtime < 60  # marked used: the next load elsewhere keeps it
+
+
+def test_pruning_a_cache_it_cannot_write_leaves_it_alone(tmp_path, monkeypatch):
+    import os
+
+    from specroll.rollout.models import paged_attention
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(os, "utime", refuse)
+    (tmp_path / "paged_attention_aaa").mkdir()
+    assert paged_attention.prune_stale(tmp_path, tmp_path / "paged_attention_aaa") == []

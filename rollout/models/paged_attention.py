@@ -237,7 +237,10 @@ def prune_stale(root: Path, loaded: Path, max_age_s: float = STALE_DAYS * 86400.
     directory's modification time: each load touches its own). A process that loaded one already keeps it mapped;
     one that would load it rebuilds. Returns what was removed."""
     now = time.time()
-    os.utime(loaded, (now, now))
+    try:
+        os.utime(loaded, (now, now))
+    except OSError:  # a read-only cache (shared, prebuilt): nothing to mark, and nothing of ours to prune
+        return []
     removed = []
     for old in root.glob("paged_attention_*"):
         try:
