@@ -41,7 +41,7 @@ from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.online_drafter.learner_config import BufferConfig
 from specroll.online_drafter.recording import recorded_calls
 from specroll.online_drafter.reports import ProbeReport
-from specroll.rollout.drafters.block_head import BlockHead
+from specroll.rollout.drafters.heads.block import BlockHead
 
 TRAIN_COST_MS = (6.8, 0.106)  # per optimizer step's forward + backward: fixed, per padded token
 EVAL_COST_MS = (2.0, 0.034)  # per scoring forward

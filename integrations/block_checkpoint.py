@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
-from specroll.rollout.drafters.block_head import BlockHead, default_layers
+from specroll.rollout.drafters.heads.block import BlockHead, default_layers
 
 CONFIG_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
                  "vocab_size", "block_size", "num_target_layers")

@@ -38,7 +38,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import CONFIG_MAPPING, PreTrainedModel
 
-from specroll.rollout.drafters.eagle3_head import Eagle3Head, default_layers
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head, default_layers
 
 SPECULATORS, SPECFORGE = "speculators", "specforge"
 LAYER_TYPES = ("llama", "qwen3")  # the draft decoder layers speculators defines (`model_definitions.model_classes`)

@@ -6,7 +6,7 @@ path, so a recording made before a module moved names a module that no longer ex
 each old path to the one that holds the name now — a whole module (`"old.module": "new.module"`), or one
 name that left its module or was renamed (`"old.module:Name": "new.module:NewName"`, which wins over its
 module's line) — and `load_moved` reads a file through it. Issue 34 gave both packages a folder per concept:
-its moves are listed here; a later move adds its lines (`rollout/` lists its own in the same form).
+its moves are listed here, and issue 59's (the heads package); a later move adds its lines (`rollout/` lists its own in the same form).
 """
 
 from __future__ import annotations
@@ -103,6 +103,11 @@ MOVED_PATHS: dict[str, str] = {
     "specroll.rollout.acceptance:PRIOR_ACCEPTANCE": "specroll.rollout.core.rates:PRIOR_ACCEPTANCE",
     "specroll.rollout.acceptance": "specroll.rollout.gamma.estimate",
     "specroll.rollout.break_even": "specroll.rollout.gamma.break_even",
+    # rollout/drafters/heads/: one file per head (issue 59)
+    "specroll.rollout.drafters.heads:EagleHead": "specroll.rollout.drafters.heads.eagle:EagleHead",
+    "specroll.rollout.drafters.heads:MedusaHeads": "specroll.rollout.drafters.heads.medusa:MedusaHeads",
+    "specroll.rollout.drafters.eagle3_head": "specroll.rollout.drafters.heads.eagle3",
+    "specroll.rollout.drafters.block_head": "specroll.rollout.drafters.heads.block",
 }
 
 

@@ -17,8 +17,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specroll.rollout import Rollout
-from specroll.rollout.drafters.block_head import BlockHead
-from specroll.rollout.drafters.eagle3_head import Eagle3Head
+from specroll.rollout.drafters.heads.block import BlockHead
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 from .heads.block_learner import BlockLearner

@@ -143,12 +143,12 @@ class EngineConfig:
     most tokens (`drafters.suffix_or_model`), all rows still verified in one target forward.
     None: the drafter passed to `SpecEngine` as what it is (an LM: "model"), else plain decoding.
     "eagle3" is an EAGLE-3 head (`drafters.eagle3`) on the residual stream entering the target's decoder layers
-    `eagle3_layers` (sorted ids, vLLM's numbering; None: low / middle / high, `eagle3_head.default_layers`),
+    `eagle3_layers` (sorted ids, vLLM's numbering; None: low / middle / high, `heads.eagle3.default_layers`),
     captured by verification; a fresh one is trained online at `eagle3_ttt_steps` draft depths (its training-time
     test) and drafts through the target's LM head; one passed as the drafter (a public checkpoint:
     `integrations.eagle3_checkpoint`) brings its layers, depths and LM head.
     "block" (alias "dflash"): a DFlash-style block drafter (`drafters.block`) on the outputs of target layers
-    `block_layers` (None: `block_head.default_layers`); one forward drafts up to `block_size` - 1 tokens (`max_gamma`
+    `block_layers` (None: `heads.block.default_layers`); one forward drafts up to `block_size` - 1 tokens (`max_gamma`
     is capped there). A head passed as the drafter (`integrations.block_checkpoint`) brings both.
 
     `draft_vocab` N: the drafter with an LM head ("model", "eagle", "eagle3", "medusa", "block", "layer_skip")

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, Qwen3Config
 
-from specroll.rollout.drafters.eagle3_head import Eagle3Head
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 OURS_TO_PUBLIC = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
                   "o_proj": "self_attn.o_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",

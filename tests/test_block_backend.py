@@ -21,7 +21,7 @@ from specroll.integrations.local_backend import LocalBackend
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.heads.block_learner import BlockLearner
 from specroll.rollout import EngineConfig
-from specroll.rollout.drafters.block_head import BlockHead
+from specroll.rollout.drafters.heads.block import BlockHead
 
 ENGINE = EngineConfig(max_batch_size=16, max_seq_len=40, gamma=3, drafters=("block",), block_size=4, signal_top_k=64)
 LEARNER = LearnerConfig(lr=3e-3, max_steps=120, holdout_fraction=0.25, warmup_steps=0)

@@ -21,7 +21,7 @@ from tiny_models import make_prompts, tiny_lm
 
 from specroll.integrations.model_source import ModelPaths, load_drafter
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.drafters.block_head import BlockHead
+from specroll.rollout.drafters.heads.block import BlockHead
 
 LAYER_IDS, MASK_ID, BLOCK, DRAFT_LAYERS = [0, 2, 3], 63, 4, 2
 

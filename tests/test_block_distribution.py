@@ -21,7 +21,7 @@ from tiny_models import build_lm, make_prompts
 
 from specroll.online_drafter import LearnerConfig, make_online_learner
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.drafters.block_head import BlockHead
+from specroll.rollout.drafters.heads.block import BlockHead
 
 ROWS, NEW_TOKENS = 1500, 40
 VOCAB = 16

@@ -22,7 +22,7 @@ from specroll.online_drafter.heads.block_learner import BlockLearner
 from specroll.online_drafter.heads.block_scorer import BlockScorer
 from specroll.online_drafter.heads.data import FeatureBatch
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.drafters.block_head import BlockHead, default_layers
+from specroll.rollout.drafters.heads.block import BlockHead, default_layers
 from specroll.rollout.gamma.cost_model import CostModel
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 from specroll.rollout.models.timing import ForwardTimes

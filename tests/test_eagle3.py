@@ -21,7 +21,7 @@ from specroll.online_drafter.heads.data import FeatureBatch
 from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.online_drafter.heads.objectives import objective_for
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.drafters.eagle3_head import Eagle3Head, default_layers
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head, default_layers
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 
 PROMPTS = make_prompts(12, 1, 9)  # one-token prompts included: a row with no captured state yet

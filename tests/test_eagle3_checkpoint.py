@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerFast
 from specroll.integrations.eagle3_checkpoint import load_eagle3_checkpoint
 from specroll.integrations.model_source import ModelPaths, load_drafter
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.drafters.eagle3_head import Eagle3Head
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 PROMPTS = make_prompts(10, 1, 9)
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0)

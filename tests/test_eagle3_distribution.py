@@ -22,7 +22,7 @@ from tiny_models import build_lm, make_prompts
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.drafters.eagle3_head import Eagle3Head
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 ROWS, NEW_TOKENS = 1500, 40
 VOCAB = 16

@@ -21,7 +21,7 @@ from specroll.integrations.local_backend import LocalBackend
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.rollout import EngineConfig, SamplingParams
-from specroll.rollout.drafters.eagle3_head import Eagle3Head
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 PROMPTS = make_prompts(12, 2, 6, seed=5)
 PROBE_PROMPTS = make_prompts(6, 2, 6, seed=9)

@@ -114,7 +114,7 @@ def test_a_block_head_learner_recorded_through_a_backend_replays_exactly(tmp_pat
     from tiny_models import build_lm
 
     from specroll.integrations.local_backend import LocalBackend
-    from specroll.rollout.drafters.block_head import BlockHead
+    from specroll.rollout.drafters.heads.block import BlockHead
 
     target = build_lm("llama", "sdpa", layers=4, logit_scale=10.0)  # not the cached one: the syncs move it
     config = LearnerConfig(lr=3e-3, max_steps=6, holdout_fraction=0.25, warmup_steps=0, seed=3,

@@ -1,4 +1,4 @@
-"""BlockLearner: trains a block drafter (`rollout.drafters.block_head.BlockHead`) online, publish-if-better.
+"""BlockLearner: trains a block drafter (`rollout.drafters.heads.block.BlockHead`) online, publish-if-better.
 
 The one `learner.Learner` (rounds, candidate, held-out set, gate, watchdog, probe, `LearnerConfig`) on the
 feature heads' data (`heads.data`: the rollouts' captured target states — the outputs of the head's

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specroll.rollout.drafters.block_head import BlockHead
+from specroll.rollout.drafters.heads.block import BlockHead
 
 from ..divergence import expected_acceptance
 from ..scorer import Loss, Scorer

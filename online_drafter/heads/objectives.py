@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specroll.rollout.drafters.eagle3_head import Eagle3Head
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 from .data import FeatureBatch

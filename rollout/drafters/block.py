@@ -1,4 +1,4 @@
-"""BlockDrafter: a DFlash-style block drafter (`block_head.BlockHead`) — one forward drafts a whole block.
+"""BlockDrafter: a DFlash-style block drafter (`heads.block.BlockHead`) — one forward drafts a whole block.
 
 Per step and live row of S tokens: the anchor is the row's last kept token (position S − 1), the block is the
 anchor and k − 1 mask positions, and its context is the target's captured states at positions 0 … S − 2
@@ -32,14 +32,14 @@ from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, tim
 from ..models.weights import cast_module
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
-from .block_head import BlockHead
+from .heads.block import BlockHead
 from .draft_vocab import VocabDraws
-from .head_cache import OwnCacheHead
+from .own_cache_mixin import OwnCacheMixin
 from .protocol import DraftDraw, Proposal
 from .tree_draft import confidence, grow_tree
 
 
-class BlockDrafter(OwnCacheHead):
+class BlockDrafter(OwnCacheMixin):
     weights_role = "block head"
     names = ("block",)
     trainable = True

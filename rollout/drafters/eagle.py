@@ -33,13 +33,13 @@ from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
 from ..sampling.tree import tree_ancestors
 from .draft_vocab import VocabDraws
-from .head_cache import OwnCacheHead
-from .heads import EagleHead
+from .own_cache_mixin import OwnCacheMixin
+from .heads.eagle import EagleHead
 from .protocol import DraftDraw, Proposal
 from .tree_draft import confidence, grow_tree
 
 
-class EagleDrafter(OwnCacheHead):
+class EagleDrafter(OwnCacheMixin):
     weights_role = "eagle head"
     names = ("eagle",)
     trainable = True

@@ -1,4 +1,4 @@
-"""Eagle3Drafter: the EAGLE-3 head (`eagle3_head.Eagle3Head`) drafting over fused target features.
+"""Eagle3Drafter: the EAGLE-3 head (`heads.eagle3.Eagle3Head`) drafting over fused target features.
 
 The drafting loop, its one-layer ragged cache and its rollback are `eagle.EagleDrafter`'s (pairs at
 positions t, caught up from verification's states, rolled back to the real pairs after each step); what
@@ -18,7 +18,7 @@ from torch import nn
 
 from .draft_vocab import VocabDraws
 from .eagle import EagleDrafter
-from .eagle3_head import Eagle3Head
+from .heads.eagle3 import Eagle3Head
 
 
 class Eagle3Drafter(EagleDrafter):

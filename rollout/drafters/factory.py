@@ -18,10 +18,10 @@ from ..models.cache import LayerShape, probe_layer_shapes
 from ..models.memory import module_bytes
 from ..models.runner import ModelRunner
 from .block import BlockDrafter
-from .block_head import BlockHead
+from .heads.block import BlockHead
 from .eagle import EagleDrafter
 from .eagle3 import Eagle3Drafter
-from .eagle3_head import Eagle3Head
+from .heads.eagle3 import Eagle3Head
 from .heads import EagleHead, MedusaHeads
 from .layer_skip import LayerSkipDrafter
 from .medusa import MedusaDrafter

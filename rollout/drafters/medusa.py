@@ -24,7 +24,7 @@ from ..models.timing import DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
 from .draft_vocab import DraftVocab, VocabDraws
-from .heads import MedusaHeads
+from .heads.medusa import MedusaHeads
 from .hidden import last_hidden
 from .protocol import DraftDraw, Proposal
 from .tree_draft import confidence, grow_tree

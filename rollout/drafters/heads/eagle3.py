@@ -7,7 +7,7 @@ fuses them with `fc` ([a_1 ‖ … ‖ a_k], k·H → H), and runs one decoder l
 through an LM head is q for token t + 2; o_t itself is the hidden input of the next draft (the "training-time
 test" trains the head on these states of its own: `online_drafter.heads.objectives`). The LM head is the
 target's, or its own over a draft vocabulary (`draft_ids`, the target ids of its rows: the public checkpoints'
-`d2t`, `rollout.drafters.draft_vocab`).
+`d2t`, `drafters.draft_vocab`).
 
 The module's names follow the public EAGLE-3 layer (vllm-project/speculators' `layers.0.*`, SpecForge's
 `midlayer.*`) one to one, so `integrations.eagle3_checkpoint` maps a checkpoint's tensors by name alone:
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .heads import KVWrite, _normed, attend
+from .parts import KVWrite, attend, config_value, normed
 
 FUSION_NORMS = (None, "joint", "per_layer")  # `Eagle3Head.fusion_norm`
 
@@ -99,16 +99,16 @@ class Eagle3Head(nn.Module):
         hidden = text.hidden_size
         # The head's attention is its own: the target's geometry where its config has one for every layer, else
         # 64-wide heads (an attention-free target: Mamba; a per-layer geometry: Gemma 4).
-        heads = _value(text, "num_attention_heads") or max(1, hidden // 64)
-        head_dim = _value(text, "head_dim") or hidden // heads
-        kv_heads = _value(text, "num_key_value_heads") or heads
-        theta = _value(text, "rope_theta") or (_value(text, "rope_parameters") or {}).get("rope_theta", 10000.0)
+        heads = config_value(text, "num_attention_heads") or max(1, hidden // 64)
+        head_dim = config_value(text, "head_dim") or hidden // heads
+        kv_heads = config_value(text, "num_key_value_heads") or heads
+        theta = config_value(text, "rope_theta") or (config_value(text, "rope_parameters") or {}).get("rope_theta", 10000.0)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             return cls(hidden, layers or default_layers(text.num_hidden_layers), heads,
                        kv_heads if heads % kv_heads == 0 else heads, head_dim,
-                       intermediate_size or _value(text, "intermediate_size") or 4 * hidden,
-                       float(theta), _value(text, "rms_norm_eps") or 1e-6, draft_ids, ttt_steps)
+                       intermediate_size or config_value(text, "intermediate_size") or 4 * hidden,
+                       float(theta), config_value(text, "rms_norm_eps") or 1e-6, draft_ids, ttt_steps)
 
     @property
     def hidden_size(self) -> int:
@@ -117,10 +117,10 @@ class Eagle3Head(nn.Module):
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The target's captured states [..., k·H] (`models.runner.ModelRunner.capture_hidden`) → [..., H]."""
         if self.fc_input_norm is not None:
-            features = _normed(self.fc_input_norm, features)
+            features = normed(self.fc_input_norm, features)
         elif self.fc_norms is not None:
             chunks = features.chunk(len(self.fc_norms), dim=-1)  # [..., H] each
-            features = torch.cat([_normed(norm, chunk) for norm, chunk in zip(self.fc_norms, chunks)], dim=-1)
+            features = torch.cat([normed(norm, chunk) for norm, chunk in zip(self.fc_norms, chunks)], dim=-1)
         return self.fc(features)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -130,24 +130,15 @@ class Eagle3Head(nn.Module):
         and hidden inputs [n, Q, H] (fused features, or the head's own earlier outputs) at `positions` [n, Q].
         `kv`, `mask`: as `heads.attend` (the ragged cache's write and its mask; neither: causal over the Q)."""
         residual = hidden
-        hidden = _normed(self.hidden_norm, hidden)
+        hidden = normed(self.hidden_norm, hidden)
         if self.norm_before_residual:
             residual = hidden
-        x = torch.cat([_normed(self.input_norm, embeds), hidden], dim=-1)  # [n, Q, 2H]
+        x = torch.cat([normed(self.input_norm, embeds), hidden], dim=-1)  # [n, Q, 2H]
         x = residual + self.o_proj(attend(self, x, positions, kv, mask))
-        h = _normed(self.mlp_norm, x)
+        h = normed(self.mlp_norm, x)
         out = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        return _normed(self.norm, out) if self.norm_output else out
+        return normed(self.norm, out) if self.norm_output else out
 
     def final(self, out: torch.Tensor) -> torch.Tensor:
         """What the LM head reads: the final-normed output (normed already with `norm_output`)."""
-        return out if self.norm_output else _normed(self.norm, out)
-
-
-def _value(config, name: str):
-    """`config.name`, or None where it has none or none that holds for every layer (transformers raises its
-    `AmbiguousGlobalPerLayerAttributeError`, a RuntimeError, for a per-layer attribute of a heterogeneous config)."""
-    try:
-        return getattr(config, name, None)
-    except RuntimeError:
-        return None
+        return out if self.norm_output else normed(self.norm, out)

@@ -26,10 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.attention import attention
-from ..models.lean import rotate_half
-from .eagle3_head import _value
-from .heads import _normed
+from ...models.attention import attention
+from ...models.lean import rotate_half
+from .parts import config_value, normed
 
 # kv(layer, k, v) → (keys, values) the block attends over: the ragged cache's update, or context ‖ block in training.
 LayerKV = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -61,7 +60,7 @@ class BlockAttention(nn.Module):
     def keys_values(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs [n, Q, H] → roped keys and values [n, Hkv, Q, D]."""
         n, q_len, _ = h.shape
-        k = _normed(self.k_norm, self.k_proj(h).view(n, q_len, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        k = normed(self.k_norm, self.k_proj(h).view(n, q_len, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(h).view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return k * cos + rotate_half(k) * sin, v
 
@@ -122,16 +121,16 @@ class BlockHead(nn.Module):
         hidden = text.hidden_size
         # The target's attention geometry where its config has one for every layer, else 64-wide heads (an
         # attention-free target; a per-layer geometry: Gemma 4), as the EAGLE-3 head does.
-        heads = _value(text, "num_attention_heads") or max(1, hidden // 64)
-        head_dim = _value(text, "head_dim") or hidden // heads
-        kv_heads = _value(text, "num_key_value_heads") or heads
-        theta = _value(text, "rope_theta") or (_value(text, "rope_parameters") or {}).get("rope_theta", 10000.0)
+        heads = config_value(text, "num_attention_heads") or max(1, hidden // 64)
+        head_dim = config_value(text, "head_dim") or hidden // heads
+        kv_heads = config_value(text, "num_key_value_heads") or heads
+        theta = config_value(text, "rope_theta") or (config_value(text, "rope_parameters") or {}).get("rope_theta", 10000.0)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             return cls(hidden, layers or default_layers(text.num_hidden_layers), num_layers, heads,
                        kv_heads if heads % kv_heads == 0 else heads, head_dim,
-                       intermediate_size or _value(text, "intermediate_size") or 4 * hidden, block_size,
-                       float(theta), _value(text, "rms_norm_eps") or 1e-6)
+                       intermediate_size or config_value(text, "intermediate_size") or 4 * hidden, block_size,
+                       float(theta), config_value(text, "rms_norm_eps") or 1e-6)
 
     @property
     def hidden_size(self) -> int:
@@ -145,7 +144,7 @@ class BlockHead(nn.Module):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The target's captured states [..., m·H] → the context [..., H]."""
-        return _normed(self.hidden_norm, self.fc(features))
+        return normed(self.hidden_norm, self.fc(features))
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [n, 1, Q, D] at `positions` [n, Q]."""
@@ -171,11 +170,11 @@ class BlockHead(nn.Module):
         cos, sin = self.rotary(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = _normed(layer.input_layernorm, x)
-            q = _normed(attn.q_norm, attn.q_proj(h).view(n, q_len, attn.num_heads, attn.head_dim)).transpose(1, 2)
+            h = normed(layer.input_layernorm, x)
+            q = normed(attn.q_norm, attn.q_proj(h).view(n, q_len, attn.num_heads, attn.head_dim)).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin  # [n, Hq, Q, D]
             k, v = kv(i, *attn.keys_values(h, cos, sin))  # [n, Hkv, K, D]
             out = attention(q, k, v, mask, attn.num_heads // attn.num_kv_heads)  # [n, Hq, Q, D]
             x = x + attn.o_proj(out.transpose(1, 2).reshape(n, q_len, -1))
-            x = x + layer.mlp(_normed(layer.post_attention_layernorm, x))
-        return _normed(self.norm, x)
+            x = x + layer.mlp(normed(layer.post_attention_layernorm, x))
+        return normed(self.norm, x)

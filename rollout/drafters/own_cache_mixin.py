@@ -1,4 +1,4 @@
-"""OwnCacheHead: the drafter-protocol parts shared by the heads that keep a ragged KV cache of their own.
+"""OwnCacheMixin: a mixin of the drafter-protocol parts shared by the heads that keep a ragged KV cache of their own.
 
 EAGLE (`eagle.EagleDrafter`), EAGLE-3 (`eagle3.Eagle3Drafter`) and the block drafter (`block.BlockDrafter`) each
 hold `head` (their weights, cast to the engine's dtype), `cache` (a `models.cache.RaggedKVCache` per row slot),
@@ -18,7 +18,7 @@ from ..core.batch import RowBuffers
 from .draft_vocab import DraftVocab
 
 
-class OwnCacheHead:
+class OwnCacheMixin:
     weights_role = "head"
 
     def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:
