@@ -24,8 +24,8 @@ from specroll.online_drafter.divergence import LOSSES
 from specroll.online_drafter.heads.data import FeatureBatch
 from specroll.online_drafter.heads.objectives import objective_for
 from specroll.online_drafter.heads.scorer import HeadScorer
-from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 
 def bpe_target_shape() -> LlamaForCausalLM:

@@ -14,11 +14,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
-from specroll.rollout.drafters.heads.block import BlockHead
 from specroll.rollout.drafters.draft_vocab import carry, split_state
-from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 from specroll.rollout.drafters.factory import fresh_block, fresh_eagle3
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads.block import BlockHead
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 # drafter kinds whose weights are a head on the target's hidden states
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "block")

@@ -6,7 +6,8 @@ path, so a recording made before a module moved names a module that no longer ex
 each old path to the one that holds the name now — a whole module (`"old.module": "new.module"`), or one
 name that left its module or was renamed (`"old.module:Name": "new.module:NewName"`, which wins over its
 module's line) — and `load_moved` reads a file through it. Issue 34 gave both packages a folder per concept:
-its moves are listed here, and issue 59's (the heads package); a later move adds its lines (`rollout/` lists its own in the same form).
+its moves are listed here, then issue 59's (the heads package); a later move adds its lines (`rollout/` lists its
+own in the same form).
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specroll.rollout import Rollout
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.drafters.heads.block import BlockHead
 from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
-from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 
 from .heads.block_learner import BlockLearner
 from .heads.learner import HeadLearner

@@ -19,8 +19,8 @@ from specroll.online_drafter.divergence import LOSSES, expected_acceptance
 from specroll.online_drafter.heads.block_scorer import BlockScorer, _anchorable
 from specroll.online_drafter.heads.data import collate, from_rollout
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.drafters.heads.block import BlockHead
 from specroll.rollout.drafters.draft_vocab import STATE_KEY
+from specroll.rollout.drafters.heads.block import BlockHead
 
 
 def rollouts(target, n: int = 8):

@@ -13,8 +13,8 @@ from specroll.online_drafter.divergence import LOSSES, expected_acceptance
 from specroll.online_drafter.heads.data import FeatureBatch
 from specroll.online_drafter.heads.objectives import objective_for
 from specroll.online_drafter.heads.scorer import HeadScorer, completion_index
-from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 T = 0.8
 

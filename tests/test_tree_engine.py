@@ -17,9 +17,9 @@ from tiny_models import make_prompts, tiny_lm
 from specroll.benchmarks import arch_sweep
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.drafters.heads.block import BlockHead
 from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
-from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 
 GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0)

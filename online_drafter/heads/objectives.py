@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 from .data import FeatureBatch
 

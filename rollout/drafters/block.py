@@ -32,8 +32,8 @@ from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, tim
 from ..models.weights import cast_module
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
-from .heads.block import BlockHead
 from .draft_vocab import VocabDraws
+from .heads.block import BlockHead
 from .own_cache_mixin import OwnCacheMixin
 from .protocol import DraftDraw, Proposal
 from .tree_draft import confidence, grow_tree

@@ -33,8 +33,8 @@ from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
 from ..sampling.tree import tree_ancestors
 from .draft_vocab import VocabDraws
-from .own_cache_mixin import OwnCacheMixin
 from .heads.eagle import EagleHead
+from .own_cache_mixin import OwnCacheMixin
 from .protocol import DraftDraw, Proposal
 from .tree_draft import confidence, grow_tree
 

@@ -18,11 +18,11 @@ from ..models.cache import LayerShape, probe_layer_shapes
 from ..models.memory import module_bytes
 from ..models.runner import ModelRunner
 from .block import BlockDrafter
-from .heads.block import BlockHead
 from .eagle import EagleDrafter
 from .eagle3 import Eagle3Drafter
-from .heads.eagle3 import Eagle3Head
 from .heads import EagleHead, MedusaHeads
+from .heads.block import BlockHead
+from .heads.eagle3 import Eagle3Head
 from .layer_skip import LayerSkipDrafter
 from .medusa import MedusaDrafter
 from .model import ModelDrafter

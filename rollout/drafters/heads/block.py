@@ -124,7 +124,8 @@ class BlockHead(nn.Module):
         heads = config_value(text, "num_attention_heads") or max(1, hidden // 64)
         head_dim = config_value(text, "head_dim") or hidden // heads
         kv_heads = config_value(text, "num_key_value_heads") or heads
-        theta = config_value(text, "rope_theta") or (config_value(text, "rope_parameters") or {}).get("rope_theta", 10000.0)
+        theta = config_value(text, "rope_theta") or (config_value(text, "rope_parameters") or {}).get(
+            "rope_theta", 10000.0)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             return cls(hidden, layers or default_layers(text.num_hidden_layers), num_layers, heads,
