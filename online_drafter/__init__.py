@@ -1,7 +1,7 @@
 """specroll.online_drafter — the drafter follows the moving policy: rollouts' signals → replay buffer → learner.
 
 No Ray, no TRL: the learner runs in any process that receives rollouts (`specroll.rollout.Rollout` with
-`signals`) and pushes `published_state_dict()` to engines with `update_drafter`. Backends take the
+`signals`) and pushes `published_version()` (a `DrafterVersion`) to engines with `load_drafter`. Backends take the
 `OnlineLearner` protocol (`online_learner.py`) and let `make_online_learner` pick the learner for a drafter.
 
 One learner seam, `learner.Learner` (rounds, publish gate, watchdog, probe, alarms; no files), and per

@@ -9,7 +9,7 @@ learner, `lm.learner.DraftLearner` or `heads.learner.HeadLearner`, is this class
         learner.add_rollouts(rollouts)
         report = learner.train_round(budget_s=...)          # while the trainer updates the policy
         if report.published:
-            engine.update_drafter(learner.published_state_dict(), learner.version)
+            engine.load_drafter(learner.published_version())
         probe = learner.probe(engine.generate(probe_prompts, params, n=2))   # fresh, never trained on
 
 The learner trains a private fp32 copy of the drafter — the *candidate* (`candidate.py`: warmup, and
@@ -61,7 +61,8 @@ import torch
 from torch import nn
 
 from specroll.rollout import Rollout
-from specroll.rollout.drafters.draft_vocab import STATE_KEY as VOCAB_STATE_KEY
+from specroll.rollout.drafters.draft_vocab import DraftVocab
+from specroll.rollout.drafters.version import DrafterVersion
 from specroll.rollout.models.weights import copy_into
 
 from . import autocast
@@ -110,10 +111,11 @@ class Learner(HeldOutScores):
 
     # ------------------------------------------------------------------ public API
 
-    def set_draft_vocab(self, ids: torch.Tensor, vocab_size: int) -> None:
-        """Drafters draft over N of `vocab_size` ids, first the engine's `ids` [N]; then each round's candidate over the
-        N most counted (`config.draft_vocab_updates`), published with its weights. Call before the first round."""
-        self.vocab = DraftVocabs(ids, vocab_size, self.config.draft_vocab_decay)
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """Drafters draft over `vocab`'s N ids (None: the whole vocabulary), first the engine's; then each round's
+        candidate over the N most counted (`config.draft_vocab_updates`), published with its weights. Call before the
+        first round."""
+        self.vocab = None if vocab is None else DraftVocabs(vocab.ids, vocab.vocab_size, self.config.draft_vocab_decay)
         self._entry_scores.clear()
 
     @property
@@ -232,12 +234,10 @@ class Learner(HeldOutScores):
         self.alarms.after_probe(report)
         return report
 
-    def published_state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters of the published version, for `engine.update_drafter(sd, learner.version)` (its draft
-        vocabulary under `draft_vocab.STATE_KEY`, if any): the learner's own snapshot, the engine copies it."""
-        if self.vocab is None:
-            return self._published_weights
-        return {**self._published_weights, VOCAB_STATE_KEY: self.vocab.ids["published"]}
+    def published_version(self) -> DrafterVersion:
+        """The published version, for `engine.load_drafter`: its weights (the learner's own snapshot, the engine
+        copies it) and draft vocabulary; its held-out acceptance is `served_acceptance.ServedAcceptance`'s to add."""
+        return DrafterVersion(self.version, self._published_weights, self.draft_vocab("published"))
 
     def draft_vocab(self, name: str = "published") -> torch.Tensor | None:
         """The draft vocabulary [N] of the "frozen", "published" or "candidate" drafter (None: the whole one)."""

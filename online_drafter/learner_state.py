@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from specroll.rollout.drafters.draft_vocab import DraftVocab
 from specroll.rollout.models.weights import copy_into
 
 from .candidate import weights_of
@@ -76,7 +77,7 @@ def restore(learner: Learner, state: dict[str, Any], where: str) -> None:
     learner._generator.set_state(state["generator"])
     vocab = state.get("draft_vocab")
     if vocab is not None:
-        learner.set_draft_vocab(vocab["frozen"], vocab["counts"].shape[0])
+        learner.set_draft_vocab(DraftVocab(vocab["frozen"], vocab["counts"].shape[0]))
         learner.vocab.load(vocab)
     # Scores saved before the invariant-bound column (`scorer.SCORE_COLUMNS`) are rescored when next read.
     learner._entry_scores = {name: scores.clone() for name, scores in state["entry_scores"].items()

@@ -1,11 +1,11 @@
 """OnlineLearner: what the backends and the learner schedule need from an online drafter learner.
 
-Two learners stand behind it, both the one `learner.Learner` on a drafter family's data: `DraftLearner`
-(`lm/`) distils an independent drafter LM, `HeadLearner` (`heads/`) an EAGLE-style head or Medusa heads
-on the policy's hidden states. Both take the rollouts a round trains
-on, run a budgeted round with the same publish gate, frozen shadow and watchdog, score a probe, and
-publish versioned weights for `SpecEngine.update_drafter`. A backend takes an `OnlineLearner` and
-never asks which one it holds; `make_online_learner` picks the one that trains a given drafter.
+The learners behind it are all the one `learner.Learner` on a drafter family's data: `DraftLearner` (`lm/`)
+distils an independent drafter LM, `HeadLearner` (`heads/`) an EAGLE-style, EAGLE-3 or Medusa head on the policy's
+hidden states, `BlockLearner` a block head. Each takes the rollouts a round trains on, runs a budgeted round with
+the same publish gate, frozen shadow and watchdog, scores a probe, and publishes a `DrafterVersion` for
+`SpecEngine.load_drafter`. A backend takes an `OnlineLearner` and never asks which one it holds;
+`make_online_learner` picks the one the drafter's kind names (`rollout.drafters.registry`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ import torch
 from transformers import PreTrainedModel
 
 from specroll.rollout import Rollout
-from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
-from specroll.rollout.drafters.heads.block import BlockHead
-from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
+from specroll.rollout.drafters.draft_vocab import DraftVocab
+from specroll.rollout.drafters.registry import DRAFTERS, kind_of, resolve
+from specroll.rollout.drafters.version import DrafterVersion
 
-from .heads.block_learner import BlockLearner
-from .heads.learner import HeadLearner
 from .learner_config import LearnerConfig
-from .lm.learner import DraftLearner
 from .recording import RecordingLearner
 from .reports import LearnerReport, ProbeReport
 from .served_acceptance import ServedAcceptance
@@ -33,9 +30,9 @@ from .served_acceptance import ServedAcceptance
 class OnlineLearner(Protocol):
     version: int  # the published version: moves when a round (or its watchdog) publishes
 
-    def set_draft_vocab(self, ids: torch.Tensor, vocab_size: int) -> None:
-        """Drafters draft over a subset of the vocabulary: the engine's first one; the learner recounts it from the
-        rollouts and publishes new ones with its versions (`learner.Learner.set_draft_vocab`)."""
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """Drafters draft over a subset of the vocabulary (None: the whole one): the engine's first one; the learner
+        recounts it from the rollouts and publishes new ones with its versions (`learner.Learner.set_draft_vocab`)."""
         ...
 
     def draft_vocab(self, name: str = "published") -> torch.Tensor | None:
@@ -56,8 +53,9 @@ class OnlineLearner(Protocol):
         """Score the served and the frozen drafter on fresh probe rollouts (never buffered)."""
         ...
 
-    def published_state_dict(self) -> dict[str, torch.Tensor]:
-        """The published version's weights, for `engine.update_drafter(sd, learner.version)`."""
+    def published_version(self) -> DrafterVersion:
+        """The published version (weights, draft vocabulary, held-out acceptance if known), for
+        `engine.load_drafter`."""
         ...
 
     def served_estimate(self) -> float:
@@ -69,24 +67,28 @@ class OnlineLearner(Protocol):
         ...
 
 
-def make_online_learner(drafter: PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads | BlockHead,
-                        policy: PreTrainedModel | None,
+def make_online_learner(drafter: torch.nn.Module, policy: PreTrainedModel | None,
                         config: LearnerConfig) -> OnlineLearner:
-    """The learner for `drafter`: a `BlockLearner` for a block head, a `HeadLearner` for another head (either
-    reading `policy`'s embedding and LM head, which it never trains), else a `DraftLearner` (`policy` unused).
-    Each is wrapped in a `RecordingLearner` when `config.record_dir` is set (a head's with the policy modules it
-    reads), in a `ServedAcceptance` when `config.publish_acceptance` is (its versions carry their held-out
-    acceptance, for an engine that speculates only once it pays). Each trains its own copy of `drafter`."""
-    reads = None
-    if isinstance(drafter, (EagleHead, Eagle3Head, MedusaHeads, BlockHead)):
+    """The learner of `drafter`'s kind (its spec's `learner`: for a kind that reads the target's hidden states, one
+    reading `policy`'s embedding and LM head, which it never trains; else `policy` is unused). It is wrapped in a
+    `RecordingLearner` when `config.record_dir` is set (a head's with the policy modules it reads), in a
+    `ServedAcceptance` when `config.publish_acceptance` is (its versions carry their held-out acceptance, for an
+    engine that speculates only once it pays). Each trains its own copy of `drafter`."""
+    kind = kind_of(drafter)
+    if kind is None or not DRAFTERS[kind].trainable:
+        trainable = [spec.weights.__name__ for spec in DRAFTERS.values() if spec.trainable]
+        raise ValueError(f"a {type(drafter).__name__} is not the weights of a trainable drafter kind: one of "
+                         f"{trainable}")
+    spec = DRAFTERS[kind]
+    learner_class, reads = resolve(spec.learner), None
+    if spec.reads_hidden:
         if policy is None:
             raise ValueError(f"a {type(drafter).__name__} learner reads the policy's embedding and LM head: "
                              "pass the policy, got None")
         reads = {"embed": policy.get_input_embeddings(), "lm_head": policy.get_output_embeddings()}
-        kind = BlockLearner if isinstance(drafter, BlockHead) else HeadLearner
-        learner = kind(drafter, reads["embed"], reads["lm_head"], config)
+        learner = learner_class(drafter, reads["embed"], reads["lm_head"], config)
     else:
-        learner = DraftLearner(drafter, config)
+        learner = learner_class(drafter, config)
     if config.publish_acceptance:
         if config.record_dir is not None:
             raise ValueError("learner.record_dir and learner.publish_acceptance are exclusive: a recording replays "

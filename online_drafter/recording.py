@@ -40,6 +40,8 @@ import torch
 from torch import nn
 
 from specroll.rollout import Rollout
+from specroll.rollout.drafters.draft_vocab import DraftVocab
+from specroll.rollout.drafters.version import DrafterVersion
 
 from .moved_paths import load_moved
 from .reports import LearnerReport, ProbeReport
@@ -68,9 +70,10 @@ class RecordingLearner:
     def version(self) -> int:
         return self.learner.version
 
-    def set_draft_vocab(self, ids: torch.Tensor, vocab_size: int) -> None:
-        self._record("vocab", {"ids": torch.as_tensor(ids).clone(), "vocab_size": vocab_size})
-        self.learner.set_draft_vocab(ids, vocab_size)
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        ids = None if vocab is None else vocab.ids.cpu().clone()
+        self._record("vocab", None if vocab is None else {"ids": ids, "vocab_size": vocab.vocab_size})
+        self.learner.set_draft_vocab(vocab)
 
     def draft_vocab(self, name: str = "published") -> torch.Tensor | None:
         return self.learner.draft_vocab(name)
@@ -92,8 +95,8 @@ class RecordingLearner:
         self._record("probe", list(rollouts))
         return self.learner.probe(rollouts)
 
-    def published_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.learner.published_state_dict()
+    def published_version(self) -> DrafterVersion:
+        return self.learner.published_version()
 
     def served_estimate(self) -> float:
         return self.learner.served_estimate()

@@ -3,11 +3,10 @@
 A drafter that starts from nothing (a fresh EAGLE head: the cold start of `docs/get_a_drafter.md`) must
 cost nothing while it is useless. The learner knows how good it is without drafting — expected acceptance
 Σ min(p, q) on held-out recorded positions — and the engine knows where drafting starts to pay
-(`SpecEngine.break_even_acceptance`). This wrapper hands the first to the second: every state dict it
-publishes carries the served version's held-out acceptance under `engine.ACCEPTANCE_STATE_KEY` — two numbers, in
-parts per million: Σ min(p, q) (what rejection sampling keeps) and the mean of the positions' invariant-sampler
-bounds (`scorer.invariant_bound`) — and an engine with `EngineConfig(speculation="when_learned")` drafts only while
-the one for its sampler reaches its break-even.
+(`SpecEngine.break_even_acceptance`). This wrapper hands the first to the second: every `DrafterVersion` it
+publishes carries the served version's held-out acceptance — Σ min(p, q) (what rejection sampling keeps) and the
+mean of the positions' invariant-sampler bounds (`scorer.invariant_bound`) — and an engine with
+`EngineConfig(speculation="when_learned")` drafts only while the one for its sampler reaches its break-even.
 
 `make_online_learner` wraps a learner in it when `LearnerConfig.publish_acceptance` is set. The served version's
 acceptance is the learner's own `served_estimate()` after every gated round and every call that moved the version
@@ -18,13 +17,15 @@ acceptance is taken when it is first published.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 import torch
 
 from specroll.rollout import Rollout
-from specroll.rollout.engine import ACCEPTANCE_STATE_KEY
+from specroll.rollout.drafters.draft_vocab import DraftVocab
+from specroll.rollout.drafters.version import DrafterVersion
 
 from .learner import Learner
 from .reports import LearnerReport, ProbeReport
@@ -44,8 +45,8 @@ class ServedAcceptance:
     def version(self) -> int:
         return self.learner.version
 
-    def set_draft_vocab(self, ids: torch.Tensor, vocab_size: int) -> None:
-        self.learner.set_draft_vocab(ids, vocab_size)
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        self.learner.set_draft_vocab(vocab)
 
     def draft_vocab(self, name: str = "published") -> torch.Tensor | None:
         return self.learner.draft_vocab(name)
@@ -75,16 +76,14 @@ class ServedAcceptance:
         self._note()
         return event
 
-    def published_state_dict(self) -> dict[str, torch.Tensor]:
-        """The learner's published weights with the served version's held-out acceptance (parts per million),
-        when it is known for this version."""
-        state = self.learner.published_state_dict()
+    def published_version(self) -> DrafterVersion:
+        """The learner's published version with its held-out acceptance, when it is known for this version."""
+        version = self.learner.published_version()
         if self._scored_version != self.learner.version and self.learner.holdout:  # a restored learner's version
             self._note()
         if self.acceptance is None or self._scored_version != self.learner.version:
-            return state
-        return {**state, ACCEPTANCE_STATE_KEY: torch.tensor([round(self.acceptance * 1e6), round(self.invariant * 1e6)],
-                                                            dtype=torch.int64)}
+            return version
+        return dataclasses.replace(version, acceptance=self.acceptance, invariant_acceptance=self.invariant)
 
     def _note(self) -> None:
         """Take the served version's held-out acceptance (none while nothing is held out)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -70,15 +70,13 @@ class SamplingParams:
 GammaSetting = int | Literal["auto", "auto_simple"]
 SamplerName = Literal["rejection", "invariant"]
 SAMPLER_NAMES = ("rejection", "invariant")
-DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "eagle3", "medusa", "block", "dflash"]  # dflash: block
 KVCacheKind = Literal["dense", "paged"]
 KV_CACHE_KINDS = ("dense", "paged")
 SPECULATION_MODES = ("always", "when_learned")  # EngineConfig.speculation
 MAX_TREE_WIDTH = 16  # nodes per tree level (`EngineConfig.max_tree_width`)
-DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "eagle3", "medusa", "block")
-DRAFTER_ALIASES = {"dflash": "block"}  # EngineConfig.drafters: another name of a kind
-# at most one of these, with or without "suffix"
-MODEL_DRAFTER_KINDS = ("model", "layer_skip", "eagle", "eagle3", "medusa", "block")
+# The kinds `EngineConfig.drafters` may list, by name and alias → their `drafters.registry.DrafterSpec`: the registry
+# fills it (`specroll.rollout` imports it before any config can be made); kinds are registered there, in one place.
+DRAFTER_SPECS: dict[str, Any] = {}
 
 
 @dataclass
@@ -203,7 +201,7 @@ class EngineConfig:
     stats_trace_steps: int = TRACE_STEPS
     sampler: SamplerName = "rejection"
     allow_unverified_architectures: bool = False
-    drafters: tuple[DrafterKind, ...] | None = None
+    drafters: tuple[str, ...] | None = None
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
     layer_skip_layers: int | None = None
     eagle_intermediate_size: int | None = None
@@ -266,12 +264,7 @@ class EngineConfig:
         )
         require(self.sampler in SAMPLER_NAMES, "sampler", self.sampler, "'rejection' or 'invariant'")
         if self.drafters is not None:
-            self.drafters = tuple(DRAFTER_ALIASES.get(k, k) if isinstance(k, str) else k for k in self.drafters)
-            require(len(self.drafters) >= 1 and all(k in DRAFTER_KINDS for k in self.drafters)
-                    and len(set(self.drafters)) == len(self.drafters), "drafters", self.drafters,
-                    f"None or a non-empty list of distinct kinds from {DRAFTER_KINDS}")
-            require(sum(k in MODEL_DRAFTER_KINDS for k in self.drafters) <= 1, "drafters", self.drafters,
-                    f"at most one of {MODEL_DRAFTER_KINDS} (with or without 'suffix')")
+            self._check_drafters()
         require(self.layer_skip_layers is None or (isinstance(self.layer_skip_layers, int)
                 and not isinstance(self.layer_skip_layers, bool) and self.layer_skip_layers >= 1),
                 "layer_skip_layers", self.layer_skip_layers, "None (half the target's layers) or an int >= 1")
@@ -319,6 +312,18 @@ class EngineConfig:
             torch.device(self.device)
         except RuntimeError as err:
             raise ValueError(f"device={self.device!r} is invalid: {err}") from err
+
+    def _check_drafters(self) -> None:
+        """`drafters`: registered kinds (an alias becomes its kind), distinct, at most one that runs a model."""
+        kinds = tuple(self.drafters)
+        self.drafters = tuple(DRAFTER_SPECS[k].kind if isinstance(k, str) and k in DRAFTER_SPECS else k for k in kinds)
+        require(len(self.drafters) >= 1 and all(isinstance(k, str) and k in DRAFTER_SPECS for k in kinds)
+                and len(set(self.drafters)) == len(self.drafters), "drafters", kinds,
+                f"None or a non-empty list of distinct kinds from {sorted(DRAFTER_SPECS)}")
+        runs_model = sorted(k for k, spec in DRAFTER_SPECS.items() if not spec.model_free and spec.kind == k)
+        require(sum(not DRAFTER_SPECS[k].model_free for k in self.drafters) <= 1, "drafters", self.drafters,
+                f"at most one of {runs_model} (with or without a model-free kind: "
+                f"{sorted(k for k, spec in DRAFTER_SPECS.items() if spec.model_free)})")
 
     def _check_block(self) -> None:
         require(isinstance(self.block_size, int) and not isinstance(self.block_size, bool) and self.block_size >= 2,

@@ -63,11 +63,11 @@ from .core.request import Request, Rollout, make_requests
 from .core.scheduler import Scheduler
 from .core.stats import EngineStats
 from .core.validate import validate_generate_args
-from .drafters.factory import DrafterWeights, make_drafter
+from .drafters.factory import DrafterWeights, initial_draft_vocab, make_drafter
 from .drafters.protocol import Drafter, Proposal
 from .engine_memory import EngineMemory
 from .engine_speculation import EngineSpeculation
-from .engine_weights import ACCEPTANCE_STATE_KEY, VOCAB_DRAFTER_KINDS, EngineWeights
+from .engine_weights import EngineWeights
 from .gamma.factory import make_gamma_policy
 from .gamma.policy import GammaPolicy, StepOutcome, StepShape
 from .gamma.speculation_gate import SpeculationGate
@@ -84,7 +84,7 @@ from .sampling.noise import StepNoise
 from .sampling.randomness import draw_seed
 from .tree_step import make_tree_step
 
-__all__ = ["ACCEPTANCE_STATE_KEY", "DRAFT_TIMING_EVERY", "VOCAB_DRAFTER_KINDS", "SpecEngine"]
+__all__ = ["DRAFT_TIMING_EVERY", "SpecEngine"]
 DRAFT_TIMING_EVERY = 16  # on an async device, the drafting steps whose draft part auto-γ times (one sync each)
 
 
@@ -99,8 +99,8 @@ class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
         target_tokenizer=None,
         drafter_tokenizer=None,
     ):
-        """`drafter`: a drafter LM or a head (`drafters.heads.EagleHead`, `drafters.heads.MedusaHeads`), wrapped
-        as `config.drafters` says (by default as what it is: `drafters.factory`), any object implementing
+        """`drafter`: a drafter LM or a head (`drafters.heads`), wrapped as `config.drafters` says (by default as
+        what it is: `drafters.factory`, `drafters.registry`), any object implementing
         `Drafter` (used as given), or None (with `config.drafters` None: plain decoding)."""
         self.config = config = config or EngineConfig()
         check_architecture(target, "target", config.allow_unverified_architectures)
@@ -116,7 +116,7 @@ class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
         self.vocab_size = self.target.vocab_size
         self.drafter: Drafter | None = make_drafter(drafter, config, self.target)
         if config.draft_vocab is not None:
-            self._first_draft_vocab(target, config.draft_vocab, drafter)
+            self.set_draft_vocab(initial_draft_vocab(config, self.vocab_size, target.config, drafter))
         wants_hidden = self.drafter is not None and self.drafter.wants_hidden
         self._hidden_size = self.target.hidden_width if wants_hidden else None
         self.rows: RowBuffers | None = self._row_buffers()

@@ -26,8 +26,8 @@ class EngineMemory:
 
     def _plan_memory(self, target: PreTrainedModel, drafter: DrafterWeights | Drafter | None) -> MemoryPlan:
         """`models.memory.plan_memory` for what `drafter` will be, before anything is allocated."""
-        shapes, weights, hidden_width = drafter_memory(drafter, self.config, target)
-        return plan_memory(self.config, target, shapes, weights, hidden_width)
+        need = drafter_memory(drafter, self.config, target)
+        return plan_memory(self.config, target, need.cache_shapes, need.weight_bytes, need.hidden_width)
 
     @property
     def released(self) -> bool:

@@ -4,25 +4,20 @@ A base of `engine.SpecEngine`, which sets `target`, `drafter`, `vocab_size` and 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
-from transformers import PreTrainedModel
 
-from .drafters.draft_vocab import DraftVocab, initial_ids
+from .config import EngineConfig
+from .drafters.draft_vocab import DraftVocab
 from .drafters.protocol import Drafter
+from .drafters.version import DrafterVersion, drafter_digest
 from .models.runner import ModelRunner
 from .models.weights import copy_into
 
-# the drafters with an LM head to cut
-VOCAB_DRAFTER_KINDS = ("model", "eagle", "eagle3", "medusa", "layer_skip", "block")
-# A drafter state dict's held-out acceptance, in parts per million (an int64 [1] or [2]: no weight cast moves it):
-# expected acceptance Σ min(p, q), then (optional) the mean of the positions' bounds under the invariant sampler;
-# with `EngineConfig.speculation = "when_learned"` it decides whether the engine drafts at all (`speculating`).
-ACCEPTANCE_STATE_KEY = "specroll.held_out_acceptance_ppm"
-
 
 class EngineWeights:
+    config: EngineConfig
     target: ModelRunner
     drafter: Drafter | None
     vocab_size: int
@@ -31,45 +26,41 @@ class EngineWeights:
     drafter_acceptance: float | None
     drafter_invariant_acceptance: float | None
 
-    def set_draft_vocab(self, ids: torch.Tensor | Sequence[int] | None) -> None:
-        """Draft over these target ids only (None: the whole vocabulary), between `generate` calls. The
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """Draft over `vocab`'s target ids only (None: the whole vocabulary), between `generate` calls. The
         output is the target's either way; a subset only makes drafts cheaper and some of them impossible.
-        A drafter state dict carrying `drafters.draft_vocab.STATE_KEY` (`update_drafter`) does the same."""
+        A drafter version that carries one (`load_drafter`) does the same."""
         if self.drafter is None:
             raise ValueError("set_draft_vocab called on an engine without a drafter")
-        self.drafter.set_draft_vocab(None if ids is None else DraftVocab(torch.as_tensor(ids), self.vocab_size))
+        if vocab is not None and vocab.vocab_size != self.vocab_size:
+            raise ValueError(f"draft vocabulary over {vocab.vocab_size} ids is invalid: the target has "
+                             f"{self.vocab_size}")
+        self.drafter.set_draft_vocab(vocab)
 
     def draft_vocab(self) -> torch.Tensor | None:
         """The target ids the drafter drafts over now [N] (None: the whole vocabulary, or no drafter)."""
         return None if self.drafter is None else self.drafter.draft_vocab()
-
-    def _first_draft_vocab(self, target: PreTrainedModel, size: int, weights: object = None) -> None:
-        """`config.draft_vocab` before any rollout was counted: the subset the drafter's `weights` were trained over
-        if they carry one, else the first `size` ids and the EOS ids (`drafters.draft_vocab.initial_ids`); the online
-        learner publishes subsets counted from rollouts."""
-        if size > self.vocab_size:
-            raise ValueError(f"draft_vocab={size} is invalid: an int in [1, {self.vocab_size}] (the target's "
-                             "vocabulary)")
-        kinds = self.drafter.names if self.drafter else ()
-        if not set(kinds) & set(VOCAB_DRAFTER_KINDS):
-            raise ValueError(f"draft_vocab={size} is invalid with drafters {kinds}: it needs a drafter with an LM "
-                             f"head, one of {VOCAB_DRAFTER_KINDS}")
-        self.set_draft_vocab(initial_ids(size, self.vocab_size, target.config, weights))
 
     def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (all or some parameters, by name) between `generate` calls."""
         copy_into(self.target.model, named_tensors, "target")
         self.policy_version = version
 
-    def update_drafter(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load new drafter weights between `generate` calls; caches are kept, not reallocated."""
+    def load_drafter(self, version: DrafterVersion) -> None:
+        """Serve drafter `version` between `generate` calls: its weights (caches are kept, not reallocated), its draft
+        vocabulary (None: the whole one) and its held-out acceptance (with `EngineConfig.speculation="when_learned"`
+        it decides whether the engine drafts at all: `speculating`)."""
         if self.drafter is None or not self.drafter.trainable:
-            raise ValueError("update_drafter called on an engine without a drafter that has weights "
+            raise ValueError("load_drafter called on an engine without a drafter that has weights "
                              f"(drafters: {self.drafter.names if self.drafter else None})")
-        ppm = state_dict.get(ACCEPTANCE_STATE_KEY)
-        ppm = [] if ppm is None else [int(x) / 1e6 for x in ppm.reshape(-1).tolist()]
-        self.drafter_acceptance = ppm[0] if ppm else None
-        # Without its own bound (a one-number tag), the bound of the mean: a / (2 - a) (see `speculating`).
-        self.drafter_invariant_acceptance = ppm[1] if len(ppm) > 1 else ppm[0] / (2 - ppm[0]) if ppm else None
-        self.drafter.load_weights({k: v for k, v in state_dict.items() if k != ACCEPTANCE_STATE_KEY})
-        self.drafter_version = version
+        self.drafter.load_weights(version.weights)
+        self.set_draft_vocab(None if version.draft_vocab is None else DraftVocab(version.draft_vocab, self.vocab_size))
+        self.drafter_acceptance = version.acceptance
+        self.drafter_invariant_acceptance = version.served_invariant_acceptance
+        self.drafter_version = version.number
+
+    def served_drafter_digest(self, weights: torch.nn.Module) -> str:
+        """The digest of the drafter this engine serves (`DrafterVersion.digest` in the engine's dtype): `weights`'
+        parameters — the module passed to the engine as its drafter, which it drafts with — and the draft
+        vocabulary it drafts over now."""
+        return drafter_digest(dict(weights.named_parameters()), self.draft_vocab(), self.config.dtype)

@@ -7,7 +7,7 @@ carries the target's hidden states and top-k p; backends reach it as an `OnlineL
     learner.add_rollouts(rollouts)
     report = learner.train_round(budget_s=..., break_even=...)   # while the trainer updates the policy
     if report.published:
-        engine.update_drafter(learner.published_state_dict(), learner.version)
+        engine.load_drafter(learner.published_version())
     probe = learner.probe(engine.generate(probe_prompts, params, n=2))   # fresh, never trained on
 
 The learner (`learner.Learner`: the same rounds, candidate, held-out set, gate, watchdog, probe, alarms,

@@ -24,10 +24,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import SamplingParams
+from ..config import EngineConfig, SamplingParams
 from ..core.batch import RowBuffers
 from ..models.cache import LayerShape, RaggedKVCache
+from ..models.memory import module_bytes
 from ..models.rows import RowIds, Rows, device_index, pick
+from ..models.runner import ModelRunner
 from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..models.weights import cast_module
 from ..sampling.logits import process_logits
@@ -35,7 +37,7 @@ from ..sampling.noise import StepNoise, gumbel_max
 from .draft_vocab import VocabDraws
 from .heads.block import BlockHead
 from .own_cache_mixin import OwnCacheMixin
-from .protocol import DraftDraw, Proposal
+from .protocol import DraftDraw, DrafterMemory, Proposal
 from .tree_draft import confidence, grow_tree
 
 
@@ -181,3 +183,39 @@ class BlockDrafter(OwnCacheMixin):
         # `time_draft_calls` timed `samples` = 1, 2 (its query lengths): Q = 2 is the block and one sample, each
         # further draft the difference.
         return ForwardTimes(times.batch_sizes, [1, 2], [[max(two - one, 1e-7), one] for one, two in times.times])
+
+
+def fresh_head(config: EngineConfig, target_config) -> BlockHead:
+    """A fresh block head for the target: `config.block_layers` (None: `heads.block.default_layers`), one draft
+    layer, `config.block_size`."""
+    return BlockHead.for_target(target_config, config.block_layers, config.block_size)
+
+
+def check_fits(head: BlockHead, target_config, config: EngineConfig) -> None:
+    """A `ValueError` naming the field where `head` cannot serve this target under `config`. Its block size is
+    its own (a step drafts at most min(its k, `config.block_size`) - 1: `max_gamma` is capped by the config's)."""
+    count = target_config.get_text_config().num_hidden_layers
+    if head.target_layers[-1] > count - 2:
+        raise ValueError(f"block layers {list(head.target_layers)} do not fit a target of {count} layers: "
+                         f"ids in [0, {count - 2}] (the outputs verification captures are below the last layer)")
+    if config.block_layers not in (None, head.target_layers):
+        raise ValueError(f"engine.block_layers={config.block_layers} does not match the block head's target_layers="
+                         f"{head.target_layers}: leave engine.block_layers unset (the head decides)")
+
+
+def build(head: BlockHead | None, config: EngineConfig, target: ModelRunner) -> BlockDrafter:
+    """The "block" kind (`registry`): `head` (None: a fresh one); verification captures its target layers."""
+    model = target.model
+    head = head if head is not None else fresh_head(config, model.config)
+    check_fits(head, model.config, config)
+    target.capture_hidden(head.capture_layers)
+    return BlockDrafter(head, model.get_input_embeddings(), model.get_output_embeddings(), config.max_batch_size,
+                        config.cache_len, config.dtype, target.device)
+
+
+def memory(head: object, config: EngineConfig, target) -> DrafterMemory:
+    """Its cache (one layer per draft layer, a block past each row), its weights and the fused target states."""
+    head = head if isinstance(head, BlockHead) else fresh_head(config, target.config)
+    shape = LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)
+    return DrafterMemory([shape] * len(head.layers), module_bytes(head, config.dtype),
+                         target.config.get_text_config().hidden_size * len(head.target_layers))

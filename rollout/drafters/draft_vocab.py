@@ -9,27 +9,25 @@ proposes a token outside the subset (EAGLE-3's `d2t` map, FR-Spec).
 
 Which ids: the most frequent in the policy's own rollouts (`top_ids`), counted by the online learner, which
 publishes a new subset with a new drafter version when the policy's token frequencies drift
-(`online_drafter.token_counts`). The subset travels inside the drafter's state dict under `STATE_KEY`, so
-every weight-sync path carries it; `split_state` takes it out before the weights are copied in. Before any
-rollout there is no count: a head saved with the subset it was trained over (`specroll distill --draft-vocab`)
-starts from that one (`carry`); otherwise `first_ids` takes the tokenizer's first N ids (byte-level BPE numbers
-its merges in the order it learned them, most frequent first) plus the stop ids.
+(`online_drafter.token_counts`). The subset travels with the drafter version (`version.DrafterVersion.draft_vocab`),
+beside its weights, on every path to an engine. Before any rollout there is no count: a head saved with the subset
+it was trained over (`specroll distill --draft-vocab`) starts from that one (`carry`); otherwise `first_ids` takes
+the tokenizer's first N ids (byte-level BPE numbers its merges in the order it learned them, most frequent first)
+plus the stop ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 
 from ..config import SamplingParams
-from ..models.weights import copy_into
 from ..sampling.draft_q import DraftQ
 from ..sampling.logits import process_logits
 
-STATE_KEY = "draft_vocab.ids"  # int64 [N] sorted target ids, in a drafter's state dict
-CARRIED_ATTR = "specroll_draft_vocab_ids"  # on a head loaded from a state dict that carried STATE_KEY (`carry`)
+CARRIED_ATTR = "specroll_draft_vocab_ids"  # on a head loaded from a file that carried its draft vocabulary (`carry`)
 
 
 class DraftVocab:
@@ -76,9 +74,6 @@ class DraftVocab:
             self._rows = (key, rows, None if bias is None else bias.index_select(0, ids))
         return self._rows[1], self._rows[2]
 
-    def state(self) -> dict[str, torch.Tensor]:
-        return {STATE_KEY: self.ids.cpu()}
-
 
 def top_ids(counts: torch.Tensor, size: int, always: Iterable[int] = ()) -> torch.Tensor:
     """The `size` ids with the highest `counts` [V] (ties: lower id first), `always` included first."""
@@ -100,7 +95,7 @@ def first_ids(size: int, vocab_size: int, always: Iterable[int] = ()) -> torch.T
 
 def carry(head: nn.Module, ids: torch.Tensor | None) -> nn.Module:
     """`head` (a drafter's weights, loaded from a state dict) with the draft vocabulary it was trained over
-    (`STATE_KEY` of its file: `specroll distill --draft-vocab`), which `initial_ids` then starts from."""
+    (its file's, `specroll distill --draft-vocab`), which `initial_ids` then starts from."""
     setattr(head, CARRIED_ATTR, None if ids is None else torch.as_tensor(ids, dtype=torch.long).cpu())
     return head
 
@@ -122,12 +117,6 @@ def initial_ids(size: int, vocab_size: int, model_config, drafter: object = None
     return first_ids(size, vocab_size, always=stop)
 
 
-def split_state(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """A drafter's state dict → (its weights, the draft vocabulary's ids if it carries one)."""
-    weights = {k: v for k, v in state_dict.items() if k != STATE_KEY}
-    return weights, state_dict.get(STATE_KEY)
-
-
 def _check_size(size: int, vocab_size: int) -> None:
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= vocab_size:
         raise ValueError(f"draft_vocab={size!r} is invalid: an int in [1, {vocab_size}] (the target's vocabulary)")
@@ -142,7 +131,8 @@ class VocabDraws:
     `d2t` maps row i to target id i + d2t[i]); it drafts over those ids, or over those also in a `set` vocabulary
     (its rows of the head). None: the head's row r is target id r. Its `ids` are the vocabulary set on it (None:
     none), as a drafter LM with fewer head rows reports what was set: the own head's ids are its weights', fixed,
-    and what travels with a drafter version (`STATE_KEY`) and is compared across workers is the set one."""
+    and what travels with a drafter version (`DrafterVersion.draft_vocab`) and is compared across workers is the
+    set one."""
 
     def __init__(self, vocab_size: int, head_ids: torch.Tensor | None = None):
         self.vocab_size = vocab_size  # the target's: what drafts are ids of
@@ -171,14 +161,6 @@ class VocabDraws:
             ids = vocab.ids.to(device)
             vocab = DraftVocab(ids if head_rows is None else ids[ids < head_rows], self.vocab_size)
         self.vocab = vocab
-
-    def load(self, module: nn.Module, state_dict: Mapping[str, torch.Tensor], role: str, device: torch.device,
-             head_rows: int | None = None) -> None:
-        """A drafter's `load_weights`: the weights into `module`, and the draft vocabulary if the state carries one."""
-        weights, ids = split_state(state_dict)
-        copy_into(module, weights, role)
-        if ids is not None:
-            self.set(DraftVocab(ids, self.vocab_size), device, head_rows)
 
     @property
     def ids(self) -> torch.Tensor | None:

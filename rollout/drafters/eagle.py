@@ -23,10 +23,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import SamplingParams
+from ..config import EngineConfig, SamplingParams
 from ..core.batch import RowBuffers
 from ..models.cache import LayerShape, RaggedKVCache
+from ..models.memory import module_bytes
 from ..models.rows import RowIds, Rows, device_index, pick
+from ..models.runner import ModelRunner
 from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..models.weights import cast_module
 from ..sampling.logits import process_logits
@@ -35,7 +37,7 @@ from ..sampling.tree import tree_ancestors
 from .draft_vocab import VocabDraws
 from .heads.eagle import EagleHead
 from .own_cache_mixin import OwnCacheMixin
-from .protocol import DraftDraw, Proposal
+from .protocol import DraftDraw, DrafterMemory, Proposal
 from .tree_draft import confidence, grow_tree
 
 
@@ -194,3 +196,24 @@ class EagleDrafter(OwnCacheMixin):
         finally:
             self.cache.set_lens(slice(None), torch.zeros_like(self.cache.lens), [0] * len(self.cache.host_lens))
             self.num_forwards = 0
+
+
+def fresh_head(config: EngineConfig, target_config) -> EagleHead:
+    """A fresh EAGLE head for the target: one of its layers, its MLP `config.eagle_intermediate_size` wide (None: the
+    target's)."""
+    return EagleHead.for_target(target_config, intermediate_size=config.eagle_intermediate_size)
+
+
+def build(head: EagleHead | None, config: EngineConfig, target: ModelRunner) -> EagleDrafter:
+    """The "eagle" kind (`registry`): `head` (None: a fresh one) on the target's hidden states."""
+    model = target.model
+    head = head if head is not None else fresh_head(config, model.config)
+    return EagleDrafter(head, model.get_input_embeddings(), model.get_output_embeddings(), config.max_batch_size,
+                        config.cache_len, config.dtype, target.device)
+
+
+def memory(head: object, config: EngineConfig, target) -> DrafterMemory:
+    """Its one-layer cache, its weights and the target's last hidden state per position."""
+    head = head if isinstance(head, EagleHead) else EagleHead.for_target(target.config)
+    return DrafterMemory([LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)],
+                         module_bytes(head, config.dtype), target.config.get_text_config().hidden_size)

@@ -16,9 +16,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..config import EngineConfig
+from ..models.cache import LayerShape
+from ..models.memory import module_bytes
+from ..models.runner import ModelRunner
 from .draft_vocab import VocabDraws
 from .eagle import EagleDrafter
 from .heads.eagle3 import Eagle3Head
+from .protocol import DrafterMemory
 
 
 class Eagle3Drafter(EagleDrafter):
@@ -52,3 +57,26 @@ class Eagle3Drafter(EagleDrafter):
         return (f"eagle3:{head.target_layers}:{head.fc.weight.shape}:{head.gate_proj.weight.shape}:"
                 f"{head.num_heads}/{head.num_kv_heads}:{head.fc.weight.dtype}:{self.lm_head.weight.shape}:"
                 f"draft_vocab{self.draws.width}")
+
+
+def fresh_head(config: EngineConfig, target_config) -> Eagle3Head:
+    """A fresh EAGLE-3 head for the target: `config.eagle3_layers` (None: low / middle / high), the target's MLP
+    width, `config.eagle3_ttt_steps` depths, the target's LM head."""
+    return Eagle3Head.for_target(target_config, config.eagle3_layers, ttt_steps=config.eagle3_ttt_steps)
+
+
+def build(head: Eagle3Head | None, config: EngineConfig, target: ModelRunner) -> Eagle3Drafter:
+    """The "eagle3" kind (`registry`): `head` (None: a fresh one); verification captures its target layers."""
+    model = target.model
+    head = head if head is not None else fresh_head(config, model.config)
+    target.capture_hidden(head.target_layers)
+    return Eagle3Drafter(head, model.get_input_embeddings(), model.get_output_embeddings(), config.max_batch_size,
+                         config.cache_len, config.dtype, target.device)
+
+
+def memory(head: object, config: EngineConfig, target) -> DrafterMemory:
+    """Its one-layer cache, its weights and the target layers' states it fuses per position."""
+    head = head if isinstance(head, Eagle3Head) else fresh_head(config, target.config)
+    return DrafterMemory([LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)],
+                         module_bytes(head, config.dtype),
+                         target.config.get_text_config().hidden_size * len(head.target_layers))

@@ -1,147 +1,91 @@
 """make_drafter: the engine's `Drafter` from what `SpecEngine` was given and what `EngineConfig.drafters` lists.
 
-The kinds and what each needs: "model" the drafter LM passed to `SpecEngine`; "suffix" nothing;
-"layer_skip" the target's own layers (`layer_skip.LayerSkipDrafter`); "eagle" / "eagle3" / "medusa" a head
-passed as the drafter (`heads.EagleHead` / `eagle3_head.Eagle3Head` / `heads.MedusaHeads`) or, without one, a
-fresh head shaped after the target (the learner trains its first version from the first rollouts).
-"eagle3" also tells the target's runner which layers' states verification captures
-(`ModelRunner.capture_hidden`); so does "block" (`block.BlockDrafter`, a `block_head.BlockHead`: the outputs of its
-`target_layers`). "suffix" with one model-like kind is a `suffix_or_model.SuffixOrModelDrafter`.
+Each listed kind is built by its spec (`registry`): "model" from the drafter LM passed to `SpecEngine`; a head kind
+from the head passed as the drafter or, without one, a fresh head shaped after the target (the learner trains its
+first version from the first rollouts); "layer_skip" and "suffix" from nothing of their own. A model-free kind
+("suffix") with one that runs a model is a `suffix_or_model.SuffixOrModelDrafter`. `drafter_memory` says what that
+drafter will need before it is built; `initial_draft_vocab` is its first draft vocabulary, the one the engine, the
+local backend and the Ray learner all start from.
 """
 
 from __future__ import annotations
 
+from torch import nn
 from transformers import PreTrainedModel
 
 from ..config import EngineConfig
-from ..models.cache import LayerShape, probe_layer_shapes
-from ..models.memory import module_bytes
 from ..models.runner import ModelRunner
-from .block import BlockDrafter
-from .eagle import EagleDrafter
-from .eagle3 import Eagle3Drafter
-from .heads import EagleHead, MedusaHeads
-from .heads.block import BlockHead
-from .heads.eagle3 import Eagle3Head
-from .layer_skip import LayerSkipDrafter
-from .medusa import MedusaDrafter
-from .model import ModelDrafter
-from .protocol import Drafter
-from .suffix import SuffixDrafter
+from .draft_vocab import DraftVocab, initial_ids
+from .protocol import Drafter, DrafterMemory
+from .registry import DRAFTERS, DrafterSpec, kind_of
 from .suffix_or_model import SuffixOrModelDrafter
 
-# The drafter objects SpecEngine wraps (anything else non-None is a `Drafter`, used as given).
-DrafterWeights = PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads | BlockHead
-HEAD_KINDS = {EagleHead: "eagle", Eagle3Head: "eagle3", MedusaHeads: "medusa", BlockHead: "block"}
+# The weights SpecEngine wraps as a registered kind's drafter (a drafter LM, a head: `registry.kind_of`); anything
+# else non-None is a `Drafter`, used as given.
+DrafterWeights = nn.Module
 
 
 def make_drafter(drafter: DrafterWeights | Drafter | None, config: EngineConfig, target: ModelRunner) -> Drafter | None:
     """The engine's drafter: a `Drafter` object as given; else what `config.drafters` lists, built from
     `drafter` (None: what `drafter` is — an LM "model", a head its kind — else no drafter)."""
-    if drafter is not None and not isinstance(drafter, DrafterWeights):
+    given = kind_of(drafter)
+    if drafter is not None and given is None:
         if config.drafters is not None:
             raise ValueError(f"drafters={config.drafters!r} is invalid with a Drafter object passed to "
                              "SpecEngine (it is used as given): leave drafters None")
         return drafter
-    kinds = config.drafters if config.drafters is not None else _kinds_of(drafter)
-    given = "model" if isinstance(drafter, PreTrainedModel) else HEAD_KINDS.get(type(drafter))
-    if "model" in kinds and given != "model":
-        raise ValueError(f"drafters={kinds!r} is invalid: 'model' needs a drafter LM passed to SpecEngine")
+    kinds = config.drafters if config.drafters is not None else (() if given is None else (given,))
+    for kind in kinds:
+        spec = DRAFTERS[kind]
+        if spec.weights is not None and spec.fresh is None and given != kind:
+            needs = "a drafter LM" if issubclass(spec.weights, PreTrainedModel) else f"a {spec.weights.__name__}"
+            raise ValueError(f"drafters={kinds!r} is invalid: {kind!r} needs {needs} passed to SpecEngine")
     if given is not None and given not in kinds:
         raise ValueError(f"drafters={kinds!r} is invalid with a {type(drafter).__name__} passed to SpecEngine "
                          f"(it drafts as {given!r}): list {given!r}")
-    model = _model_kind(kinds, drafter, config, target)
-    suffix = SuffixDrafter(config.max_batch_size, target.vocab_size, target.device, config.suffix) \
-        if "suffix" in kinds else None
-    if model is not None and suffix is not None:
-        return SuffixOrModelDrafter(suffix, model, target.vocab_size)
-    return model or suffix
-
-
-def _kinds_of(drafter: DrafterWeights | None) -> tuple[str, ...]:
-    if drafter is None:
-        return ()
-    return ("model",) if isinstance(drafter, PreTrainedModel) else (HEAD_KINDS[type(drafter)],)
-
-
-def _model_kind(kinds: tuple[str, ...], drafter: DrafterWeights | None, config: EngineConfig,
-                target: ModelRunner) -> Drafter | None:
-    slots, length, dtype, device = config.max_batch_size, config.cache_len, config.dtype, target.device
-    model = target.model
-    if "model" in kinds:
-        return ModelDrafter(drafter, slots, length, dtype, device, target.vocab_size, config.lean_forward,
-                            config.state_history, config.prefill_chunk_tokens)
-    if "layer_skip" in kinds:
-        layers = config.layer_skip_layers or max(1, model.config.get_text_config().num_hidden_layers // 2)
-        return LayerSkipDrafter(target, layers)
-    if "eagle" in kinds:
-        head = drafter if isinstance(drafter, EagleHead) else EagleHead.for_target(
-            model.config, intermediate_size=config.eagle_intermediate_size)
-        return EagleDrafter(head, model.get_input_embeddings(), model.get_output_embeddings(), slots, length,
-                            dtype, device)
-    if "eagle3" in kinds:
-        head = drafter if isinstance(drafter, Eagle3Head) else fresh_eagle3(config, model.config)
-        target.capture_hidden(head.target_layers)
-        return Eagle3Drafter(head, model.get_input_embeddings(), model.get_output_embeddings(), slots, length,
-                             dtype, device)
-    if "block" in kinds:
-        head = drafter if isinstance(drafter, BlockHead) else fresh_block(config, model.config)
-        check_block_fits(head, model.config, config)
-        target.capture_hidden(head.capture_layers)
-        return BlockDrafter(head, model.get_input_embeddings(), model.get_output_embeddings(), slots, length,
-                            dtype, device)
-    if "medusa" in kinds:
-        heads = drafter if isinstance(drafter, MedusaHeads) else MedusaHeads(
-            model.config.get_text_config().hidden_size, config.medusa_heads)
-        return MedusaDrafter(heads, model.get_output_embeddings(), dtype, device)
-    return None
-
-
-def fresh_eagle3(config: EngineConfig, target_config) -> Eagle3Head:
-    """A fresh EAGLE-3 head for the target: `config.eagle3_layers` (None: low / middle / high), the target's MLP
-    width, `config.eagle3_ttt_steps` depths, the target's LM head."""
-    return Eagle3Head.for_target(target_config, config.eagle3_layers, ttt_steps=config.eagle3_ttt_steps)
-
-
-def fresh_block(config: EngineConfig, target_config) -> BlockHead:
-    """A fresh block head for the target: `config.block_layers` (None: `block_head.default_layers`), one draft
-    layer, `config.block_size`."""
-    return BlockHead.for_target(target_config, config.block_layers, config.block_size)
-
-
-def check_block_fits(head: BlockHead, target_config, config: EngineConfig) -> None:
-    """A `ValueError` naming the field where `head` cannot serve this target under `config`. Its block size is
-    its own (a step drafts at most min(its k, `config.block_size`) - 1: `max_gamma` is capped by the config's)."""
-    count = target_config.get_text_config().num_hidden_layers
-    if head.target_layers[-1] > count - 2:
-        raise ValueError(f"block layers {list(head.target_layers)} do not fit a target of {count} layers: "
-                         f"ids in [0, {count - 2}] (the outputs verification captures are below the last layer)")
-    if config.block_layers not in (None, head.target_layers):
-        raise ValueError(f"engine.block_layers={config.block_layers} does not match the block head's target_layers="
-                         f"{head.target_layers}: leave engine.block_layers unset (the head decides)")
+    built = {spec.model_free: spec.build(drafter if given == spec.kind else None, config, target)
+             for spec in map(DRAFTERS.__getitem__, kinds)}  # config allows one of each
+    if len(built) == 2:
+        return SuffixOrModelDrafter(built[True], built[False], target.vocab_size)
+    return next(iter(built.values()), None)
 
 
 def drafter_memory(drafter: DrafterWeights | Drafter | None, config: EngineConfig, target: PreTrainedModel
-                   ) -> tuple[list | None, int, int | None]:
-    """What the drafter `make_drafter` will build needs, before it is built: its cache's layer shapes (None: no
-    cache of its own), its weights' bytes, and the width per position of the target's states it reads (None:
-    it reads none)."""
-    kinds = config.drafters if config.drafters is not None else (
-        _kinds_of(drafter) if drafter is None or isinstance(drafter, DrafterWeights) else ())
-    hidden = target.config.get_text_config().hidden_size
-    width = hidden if {"eagle", "medusa"} & set(kinds) else None
-    if "block" in kinds:
-        head = drafter if isinstance(drafter, BlockHead) else fresh_block(config, target.config)
-        shape = LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)
-        return [shape] * len(head.layers), module_bytes(head, config.dtype), hidden * len(head.target_layers)
-    if "model" in kinds and isinstance(drafter, PreTrainedModel):
-        return probe_layer_shapes(drafter), module_bytes(drafter, config.dtype), width
-    if "eagle" in kinds or "eagle3" in kinds:
-        if "eagle3" in kinds:
-            head = drafter if isinstance(drafter, Eagle3Head) else fresh_eagle3(config, target.config)
-            width = hidden * len(head.target_layers)
-        else:
-            head = drafter if isinstance(drafter, EagleHead) else EagleHead.for_target(target.config)
-        return [LayerShape(head.num_kv_heads, head.head_dim, head.head_dim)], module_bytes(head, config.dtype), width
-    weights = module_bytes(drafter, config.dtype) if isinstance(drafter, MedusaHeads) else 0
-    return None, weights, width
+                   ) -> DrafterMemory:
+    """What the drafter `make_drafter` will build needs, before it is built (its kind that runs a model's)."""
+    spec = _model_spec(config, drafter)
+    return DrafterMemory() if spec is None else spec.memory(drafter, config, target)
+
+
+def initial_draft_vocab(config: EngineConfig, vocab_size: int, target_config, drafter: object = None
+                        ) -> DraftVocab | None:
+    """`config.draft_vocab` before any rollout was counted (None: the whole vocabulary): the subset `drafter`'s
+    weights were trained over if they carry one, else the first ids and the EOS ids (`draft_vocab.initial_ids`); the
+    online learner publishes subsets counted from rollouts. A ValueError where the drafter cannot take one."""
+    size = config.draft_vocab
+    if size is None:
+        return None
+    if size > vocab_size:
+        raise ValueError(f"draft_vocab={size} is invalid: an int in [1, {vocab_size}] (the target's vocabulary)")
+    kinds = _kinds(config, drafter)
+    if not any(kind in DRAFTERS and DRAFTERS[kind].draft_vocab for kind in kinds):
+        able = tuple(kind for kind, spec in DRAFTERS.items() if spec.draft_vocab)
+        raise ValueError(f"draft_vocab={size} is invalid with drafters {kinds}: it needs a drafter with an LM "
+                         f"head, one of {able}")
+    return DraftVocab(initial_ids(size, vocab_size, target_config, drafter), vocab_size)
+
+
+def _kinds(config: EngineConfig, drafter: object) -> tuple[str, ...]:
+    """The kinds the engine drafts with: those listed, else the given weights' kind, or a `Drafter` object's names."""
+    if config.drafters is not None:
+        return config.drafters
+    given = kind_of(drafter)
+    if given is not None:
+        return (given,)
+    return tuple(getattr(drafter, "names", ()))
+
+
+def _model_spec(config: EngineConfig, drafter: object) -> DrafterSpec | None:
+    kinds = config.drafters if config.drafters is not None else (() if kind_of(drafter) is None else
+                                                                 (kind_of(drafter),))
+    return next((DRAFTERS[kind] for kind in kinds if not DRAFTERS[kind].model_free), None)

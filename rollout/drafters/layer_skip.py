@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..config import SamplingParams
+from ..config import EngineConfig, SamplingParams
 from ..core.batch import RowBuffers
 from ..models.lean import unsupported_reason
 from ..models.rows import Rows, device_index, pick
@@ -133,3 +133,9 @@ class LayerSkipDrafter:
         finally:
             cache.set_lens(slice(None), torch.zeros_like(cache.lens), [0] * len(cache.host_lens))
             self.num_forwards = 0
+
+
+def build(drafter: None, config: EngineConfig, target: ModelRunner) -> LayerSkipDrafter:
+    """The "layer_skip" kind (`registry`): the target's first `config.layer_skip_layers` layers (None: half)."""
+    layers = config.layer_skip_layers or max(1, target.model.config.get_text_config().num_hidden_layers // 2)
+    return LayerSkipDrafter(target, layers)

@@ -17,16 +17,19 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..config import SamplingParams
+from ..config import EngineConfig, SamplingParams
 from ..core.batch import RowBuffers
+from ..models.memory import module_bytes
 from ..models.rows import RowIds, Rows
+from ..models.runner import ModelRunner
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, time_draft_calls
+from ..models.weights import copy_into
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
 from .draft_vocab import DraftVocab, VocabDraws
 from .heads.medusa import MedusaHeads
 from .hidden import last_hidden
-from .protocol import DraftDraw, Proposal
+from .protocol import DraftDraw, DrafterMemory, Proposal
 from .tree_draft import confidence, grow_tree
 
 
@@ -91,7 +94,7 @@ class MedusaDrafter:
         """Nothing was released."""
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.draws.load(self.heads, state_dict, "medusa heads", self.device)
+        copy_into(self.heads, state_dict, "medusa heads")
 
     def draft_vocab(self) -> torch.Tensor | None:
         return self.draws.ids
@@ -119,3 +122,20 @@ class MedusaDrafter:
         times = time_draft_calls(draft, batch_sizes, deadline, self.device)
         # Q = 1 is the whole call; each further draft adds one sample (the difference of the columns).
         return ForwardTimes(times.batch_sizes, [1, 2], [[max(two - one, 1e-7), one] for one, two in times.times])
+
+
+def fresh_head(config: EngineConfig, target_config) -> MedusaHeads:
+    """`config.medusa_heads` fresh heads (each predicts what the target predicts next) on the target's features."""
+    return MedusaHeads(target_config.get_text_config().hidden_size, config.medusa_heads)
+
+
+def build(heads: MedusaHeads | None, config: EngineConfig, target: ModelRunner) -> MedusaDrafter:
+    """The "medusa" kind (`registry`): `heads` (None: fresh ones) through the target's LM head."""
+    heads = heads if heads is not None else fresh_head(config, target.model.config)
+    return MedusaDrafter(heads, target.model.get_output_embeddings(), config.dtype, target.device)
+
+
+def memory(heads: object, config: EngineConfig, target) -> DrafterMemory:
+    """No cache; the given heads' weights; the target's last hidden state per position."""
+    weights = module_bytes(heads, config.dtype) if isinstance(heads, MedusaHeads) else 0
+    return DrafterMemory(None, weights, target.config.get_text_config().hidden_size)

@@ -15,18 +15,20 @@ from collections.abc import Mapping
 import torch
 from transformers import PreTrainedModel
 
-from ..config import SamplingParams
+from ..config import EngineConfig, SamplingParams
 from ..core.batch import RowBuffers
-from ..models.cache import STATE_HISTORY
+from ..models.cache import STATE_HISTORY, probe_layer_shapes
+from ..models.memory import module_bytes
 from ..models.rows import RowIds, Rows, device_index, pick
 from ..models.runner import ModelRunner
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, draft_noise, model_cost_key, time_forwards
 from ..models.tree_mask import TreeAttention
+from ..models.weights import copy_into
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
 from ..sampling.tree import tree_ancestors
 from .draft_vocab import DraftVocab, VocabDraws
-from .protocol import DraftDraw, Proposal
+from .protocol import DraftDraw, DrafterMemory, Proposal
 from .tree_draft import grow_tree
 
 
@@ -130,7 +132,7 @@ class ModelDrafter:
         self.runner.cache.allocate()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.draws.load(self.runner.model, state_dict, "drafter", self.runner.device, self.runner.vocab_size)
+        copy_into(self.runner.model, state_dict, "drafter")
 
     def draft_vocab(self) -> torch.Tensor | None:
         return self.draws.ids
@@ -162,3 +164,16 @@ class ModelDrafter:
         if extra > 0:
             return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
         return logits
+
+
+def build(drafter: PreTrainedModel, config: EngineConfig, target: ModelRunner) -> ModelDrafter:
+    """The "model" kind (`registry`): the drafter LM passed to `SpecEngine`, on its own ragged cache."""
+    return ModelDrafter(drafter, config.max_batch_size, config.cache_len, config.dtype, target.device,
+                        target.vocab_size, config.lean_forward, config.state_history, config.prefill_chunk_tokens)
+
+
+def memory(drafter: object, config: EngineConfig, target: PreTrainedModel) -> DrafterMemory:
+    """The drafter LM's cache and weights (nothing before one is given: `build` refuses that)."""
+    if not isinstance(drafter, PreTrainedModel):
+        return DrafterMemory()
+    return DrafterMemory(probe_layer_shapes(drafter), module_bytes(drafter, config.dtype))

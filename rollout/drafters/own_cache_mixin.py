@@ -5,7 +5,7 @@ hold `head` (their weights, cast to the engine's dtype), `cache` (a `models.cach
 `draws` (`draft_vocab.VocabDraws`: drafting over a draft vocabulary) and `device`. What the engine asks of them
 between steps is the same for all three: a prefill empties the row's slots (the first step catches the row's
 context up from the target's states), a moved row moves its cache, `release`/`allocate` free and make it, a
-weight update loads `head` through the draft vocabulary's checks. `weights_role` names the weights in errors.
+weight update copies into `head`. `weights_role` names the weights in errors.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import torch
 
 from ..core.batch import RowBuffers
+from ..models.weights import copy_into
 from .draft_vocab import DraftVocab
 
 
@@ -35,7 +36,7 @@ class OwnCacheMixin:
         self.cache.allocate()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.draws.load(self.head, state_dict, self.weights_role, self.device)
+        copy_into(self.head, state_dict, self.weights_role)
 
     def draft_vocab(self) -> torch.Tensor | None:
         return self.draws.ids

@@ -31,6 +31,7 @@ import torch
 
 from ..config import SamplingParams
 from ..core.batch import RowBuffers
+from ..models.cache import LayerShape
 from ..models.timing import ForwardTimes
 from ..sampling.draft_q import DraftQ
 from ..sampling.noise import StepNoise
@@ -78,6 +79,16 @@ class Proposal:
         return usable
 
 
+@dataclass(frozen=True)
+class DrafterMemory:
+    """What a drafter needs before it is built (`models.memory.plan_memory`): its own cache's layer shapes (None: no
+    cache of its own), its weights' bytes, and the width per position of the target's states it reads (None: none)."""
+
+    cache_shapes: list[LayerShape] | None = None
+    weight_bytes: int = 0
+    hidden_width: int | None = None
+
+
 class Drafter(Protocol):
     names: tuple[str, ...]  # the kinds this drafter reports stats under (one, or one per sub-drafter)
     trainable: bool  # has weights `load_weights` can replace (the online learner's target)
@@ -114,7 +125,7 @@ class Drafter(Protocol):
         ...
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """New weights; a state dict carrying `draft_vocab.STATE_KEY` also brings a new draft vocabulary."""
+        """New weights (parameter name → tensor, all or some of them); the draft vocabulary is `set_draft_vocab`'s."""
         ...
 
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:

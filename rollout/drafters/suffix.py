@@ -31,10 +31,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SamplingParams, SuffixConfig
+from ..config import EngineConfig, SamplingParams, SuffixConfig
 from ..core.batch import RowBuffers
 from ..core.rates import DecayedRates
 from ..models.rows import Rows, device_index, host_ids
+from ..models.runner import ModelRunner
 from ..models.timing import ForwardTimes, time_host_drafts
 from ..sampling.draft_q import DraftQ
 from .draft_vocab import DraftVocab
@@ -237,3 +238,8 @@ def _bucket(match: int) -> int:
     while k + 1 < len(BUCKET_STARTS) and match >= BUCKET_STARTS[k + 1]:
         k += 1
     return k
+
+
+def build(drafter: None, config: EngineConfig, target: ModelRunner) -> SuffixDrafter:
+    """The "suffix" kind (`registry`): model-free, configured by `config.suffix`."""
+    return SuffixDrafter(config.max_batch_size, target.vocab_size, target.device, config.suffix)
