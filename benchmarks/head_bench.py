@@ -78,7 +78,8 @@ class Contenders:
         engine = SpecEngine(self.models.target, weights, config)
         if kind.endswith(DV):  # a head trained over its own ids (distill --draft-vocab) drafts over them, as served
             carried = getattr(weights, draft_vocab.CARRIED_ATTR, None)
-            engine.set_draft_vocab(self.draft_ids if carried is None else carried)
+            engine.set_draft_vocab(draft_vocab.DraftVocab(self.draft_ids if carried is None else carried,
+                                                          engine.vocab_size))
         return engine
 
 

@@ -89,7 +89,7 @@ def train_head(head: torch.nn.Module, target: PreTrainedModel, sequences: list[F
             print(f"  {type(head).__name__} (lr {lr:g}): {report.num_steps} steps, loss {report.loss:.3f}, held-out "
                   f"acceptance {report.acceptance_after:.3f} (published {report.acceptance_before:.3f}, given "
                   f"{report.acceptance_frozen_shadow:.3f}), version {report.version}", flush=True)
-        head.load_state_dict(learner.published_state_dict())
+        head.load_state_dict(learner.published_version().weights)
     return head, reports
 
 

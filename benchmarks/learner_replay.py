@@ -41,6 +41,7 @@ from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.online_drafter.learner_config import BufferConfig
 from specroll.online_drafter.recording import recorded_calls
 from specroll.online_drafter.reports import ProbeReport
+from specroll.rollout.drafters.draft_vocab import DraftVocab
 from specroll.rollout.drafters.heads.block import BlockHead
 
 TRAIN_COST_MS = (6.8, 0.106)  # per optimizer step's forward + backward: fixed, per padded token
@@ -135,7 +136,7 @@ def replay(folder: str, seed: int = 0, overrides: dict[str, Any] | None = None,
         if kind == "add":
             learner.add_rollouts(payload)
         elif kind == "vocab":  # the engine's first draft vocabulary
-            learner.set_draft_vocab(payload["ids"], payload["vocab_size"])
+            learner.set_draft_vocab(None if payload is None else DraftVocab(payload["ids"], payload["vocab_size"]))
         elif kind == "policy":  # a head's: the policy's new embedding and LM head weights
             for name, state in payload.items():
                 reads[name].load_state_dict(state)

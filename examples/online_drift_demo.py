@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> list[VersionRow]:
         learner.add_rollouts(rollouts)
         report = learner.train_round()
         if report.published:
-            online.update_drafter(learner.published_state_dict(), learner.version)
+            online.load_drafter(learner.published_version())
         new_weights = {n: p.detach() for n, p in policy.named_parameters()}
         for e in (online, frozen):
             e.update_target(new_weights, version + 1)

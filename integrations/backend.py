@@ -40,6 +40,7 @@ import torch
 from specroll.integrations.threads import ThreadSetting
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.core.stats import BatchStats
+from specroll.rollout.drafters.version import DrafterVersion
 
 
 class RolloutBackend(Protocol):
@@ -83,8 +84,8 @@ class RolloutBackend(Protocol):
         the version moved. None when no round is running (or there is no learner)."""
         ...
 
-    def published_drafter(self) -> dict[str, torch.Tensor] | None:
-        """The drafter weights the learner publishes now (None without a learner)."""
+    def published_drafter(self) -> DrafterVersion | None:
+        """The drafter version the learner publishes now (None without a learner)."""
         ...
 
     def metrics(self) -> dict[str, float]:

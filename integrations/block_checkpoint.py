@@ -34,7 +34,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
+from specroll.rollout import EngineConfig
+from specroll.rollout.drafters.block import fresh_head
 from specroll.rollout.drafters.heads.block import BlockHead, default_layers
+
+from .model_source import ModelPaths, load_head_file
 
 CONFIG_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
                  "vocab_size", "block_size", "num_target_layers")
@@ -65,6 +69,15 @@ def load_block_checkpoint(path: str | Path, target: PreTrainedModel) -> BlockHea
     weights["mask_embedding"] = target.get_input_embeddings().weight.detach()[mask_id]
     head.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
     return head
+
+
+def read_block_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> BlockHead:
+    """The "block" kind's reader: `models.head` as a z-lab DFlash checkpoint folder, a head file over a fresh head,
+    or (None) a fresh head (`engine.block_layers`, `engine.block_size`); the engine checks a checkpoint's layers
+    against `engine.block_layers` (`drafters.block.check_fits`)."""
+    if models.head and Path(models.head).is_dir():
+        return load_block_checkpoint(models.head, target)
+    return load_head_file(fresh_head(engine, target.config), models.head)
 
 
 def _read_config(path: Path) -> dict:

@@ -38,7 +38,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import CONFIG_MAPPING, PreTrainedModel
 
+from specroll.rollout import EngineConfig
+from specroll.rollout.drafters.eagle3 import fresh_head
 from specroll.rollout.drafters.heads.eagle3 import Eagle3Head, default_layers
+
+from .head_file import read_head_file
+from .model_source import ModelPaths, load_head_file, load_tokenizer
 
 SPECULATORS, SPECFORGE = "speculators", "specforge"
 LAYER_TYPES = ("llama", "qwen3")  # the draft decoder layers speculators defines (`model_definitions.model_classes`)
@@ -114,6 +119,24 @@ def _specforge_spec(config: dict) -> Eagle3Spec:
                       None if ids is None else tuple(int(i) + 1 for i in ids), int(config["draft_vocab_size"]),
                       None, bool(config.get("norm_before_residual", False)), "midlayer.", fields,
                       "per_layer" if config.get("fc_norm") else None, False)
+
+
+def read_eagle3_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> Eagle3Head:
+    """The "eagle3" kind's reader: `models.head` as a public checkpoint folder, a head file over a fresh head, or
+    (None) a fresh head; a checkpoint brings its layers, which `engine.eagle3_layers` (if set) must name too."""
+    if models.head and Path(models.head).is_dir():
+        head = load_eagle3_checkpoint(models.head, target, load_tokenizer(models.target_tokenizer or models.target),
+                                      engine.eagle3_ttt_steps)
+        if engine.eagle3_layers not in (None, head.target_layers):
+            raise ValueError(f"engine.eagle3_layers={engine.eagle3_layers} does not match the checkpoint at "
+                             f"models.head={models.head!r}, whose layers are {head.target_layers}: set them or "
+                             "leave engine.eagle3_layers unset (the checkpoint decides)")
+        return head
+    if models.head and "lm_head.weight" in read_head_file(models.head).weights:
+        raise ValueError(f"models.head={models.head!r} holds an EAGLE-3 head with its own LM head, whose draft ids "
+                         "a head file does not carry: give it as a checkpoint folder (speculators or SpecForge "
+                         "layout, integrations.eagle3_checkpoint)")
+    return load_head_file(fresh_head(engine, target.config), models.head)
 
 
 def load_eagle3_checkpoint(path: str | Path, target: PreTrainedModel, tokenizer=None,

@@ -41,13 +41,13 @@ from specroll.online_drafter.learner_state import restore, state_of
 from specroll.online_drafter.online_learner import OnlineLearner, make_online_learner
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
-from specroll.rollout.drafters.draft_vocab import initial_ids
+from specroll.rollout.drafters.factory import initial_draft_vocab
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.version import DrafterVersion
 from specroll.rollout.engine_state import engine_state, load_engine_state
 
 from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 from .drafter_watch import DrafterWatch
-from .weights_digest import served_drafter_tensors, weights_digest
 
 
 class LocalBackend:
@@ -70,7 +70,6 @@ class LocalBackend:
         self._round_stop = threading.Event()  # set: the running round stops training (finish_learner_round(stop=True))
         self.drafter = drafter
         self.watch = DrafterWatch()
-        self._published_digest: tuple[int | None, str] = (None, "")  # (learner version, its digest)
 
     @classmethod
     def from_models(
@@ -97,8 +96,7 @@ class LocalBackend:
         learner = None if learner_config is None else make_online_learner(drafter, target, learner_config)
         engine = SpecEngine(target, drafter, engine_config, target_tokenizer, drafter_tokenizer)
         if learner is not None and engine_config.draft_vocab is not None:  # the engine's first subset, counted on
-            learner.set_draft_vocab(initial_ids(engine_config.draft_vocab, engine.vocab_size, target.config, drafter),
-                                    engine.vocab_size)
+            learner.set_draft_vocab(initial_draft_vocab(engine_config, engine.vocab_size, target.config, drafter))
         return cls(engine, learner, drafter)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
@@ -167,8 +165,8 @@ class LocalBackend:
         return LearnerRound(result.get("report"), result.get("probe"), time.perf_counter() - started,
                             self.watch.take_events())
 
-    def published_drafter(self) -> dict[str, torch.Tensor] | None:
-        return None if self.learner is None else self.learner.published_state_dict()
+    def published_drafter(self) -> DrafterVersion | None:
+        return None if self.learner is None else self.learner.published_version()
 
     def _join_round(self) -> None:
         if self._round is not None:
@@ -210,7 +208,7 @@ class LocalBackend:
 
     def _serve_published(self, event: str) -> None:
         """Load the learner's published drafter into the engine, then check what the engine serves."""
-        self.engine.update_drafter(self.learner.published_state_dict(), self.learner.version)
+        self.engine.load_drafter(self.learner.published_version())
         self._verify(f"{event} of version {self.learner.version}")
 
     def _verify(self, event: str) -> None:
@@ -218,14 +216,11 @@ class LocalBackend:
         learner's published one (loaded again if it differs), and the collapse check armed for the next batch."""
         if self.learner is None:
             return
-        dtype = self.engine.config.dtype
-        if self._published_digest[0] != self.learner.version:  # hashed once per version
-            self._published_digest = (self.learner.version, weights_digest(self.learner.published_state_dict(), dtype))
-        published = self._published_digest[1]
-        served = published if self.drafter is None else weights_digest(
-            served_drafter_tensors(self.drafter, self.engine.draft_vocab()), dtype)
-        if self.watch.checked(event, {"engine": served}, published, self.learner.version):
-            self.engine.update_drafter(self.learner.published_state_dict(), self.learner.version)
+        version = self.learner.published_version()
+        published = version.digest(self.engine.config.dtype)  # cached on the version: hashed once
+        served = published if self.drafter is None else self.engine.served_drafter_digest(self.drafter)
+        if self.watch.checked(event, {"engine": served}, published, version.number):
+            self.engine.load_drafter(version)
 
     def _check_batch(self) -> None:
         """The first batch after a drafter event judged for a collapse: the alarm, an event, the watchdog's revert."""

@@ -1,27 +1,23 @@
 """Where the rollout engines load the models from (`ModelPaths`), the drafter a run's engine config asks
-for (`load_drafter`: the drafter LM, or an EAGLE / EAGLE-3 / Medusa head shaped after the target — an EAGLE-3 one
-also from a public checkpoint folder, `eagle3_checkpoint`; a block head also from a z-lab DFlash folder,
-`block_checkpoint`), and the target's and drafter's tokenizers for the
-engine's vocabulary check, when they can be found."""
+for (`load_drafter`: its kind's reader, `rollout.drafters.registry` — the drafter LM, or a head shaped after the
+target from specroll's own head file, `head_file`; an EAGLE-3 one also from a public checkpoint folder,
+`eagle3_checkpoint`; a block head also from a z-lab DFlash folder, `block_checkpoint`), and the target's and
+drafter's tokenizers for the engine's vocabulary check, when they can be found."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
-from specroll.rollout.drafters.draft_vocab import carry, split_state
-from specroll.rollout.drafters.factory import fresh_block, fresh_eagle3
+from specroll.rollout.drafters.draft_vocab import carry
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
-from specroll.rollout.drafters.heads.block import BlockHead
-from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
+from specroll.rollout.drafters.registry import DRAFTERS, resolve
 
-# drafter kinds whose weights are a head on the target's hidden states
-HEAD_KINDS = ("eagle", "eagle3", "medusa", "block")
+from .head_file import read_head_file
 
 
 @dataclass
@@ -70,47 +66,53 @@ def tokenizer_pair(models: ModelPaths) -> tuple[PreTrainedTokenizerBase | None, 
 
 
 def trained_drafter_kind(models: ModelPaths, engine: EngineConfig) -> str | None:
-    """The drafter kind with weights the engine serves and an online learner can train: "eagle" / "eagle3" / "medusa"
-    when `engine.drafters` lists one, "model" for a drafter LM at `models.drafter` (listed, or
-    `drafters` None), else None (layer-skip and suffix drafting have nothing to train)."""
-    kinds = engine.drafters
-    head = next((kind for kind in HEAD_KINDS if kinds is not None and kind in kinds), None)
-    if head is not None:
-        return head
-    return "model" if models.drafter and (kinds is None or "model" in kinds) else None
+    """The drafter kind with weights the engine serves and an online learner can train: the trainable kind
+    `engine.drafters` lists (a head's; "model" only with a drafter LM at `models.drafter`), or "model" for a drafter LM
+    at `models.drafter` when `drafters` is None; else None (layer-skip and suffix drafting have nothing to train)."""
+    kinds = engine.drafters if engine.drafters is not None else ("model",)
+    kind = next((kind for kind in kinds if DRAFTERS[kind].trainable), None)
+    if kind is None or (not DRAFTERS[kind].is_head and not models.drafter):
+        return None
+    return kind
 
 
-def load_drafter(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel | None
-                 ) -> PreTrainedModel | EagleHead | Eagle3Head | MedusaHeads | BlockHead | None:
-    """The drafter weights to pass to `SpecEngine` (and to train online), by `trained_drafter_kind`: the
-    drafter LM, or a head shaped after `target` (needed only then) with `models.head`'s weights if given."""
+def load_drafter(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel | None) -> nn.Module | None:
+    """The drafter weights to pass to `SpecEngine` (and to train online), by `trained_drafter_kind` and its spec's
+    reader: the drafter LM, or a head shaped after `target` (needed only then) with `models.head`'s weights if given."""
     kind = trained_drafter_kind(models, engine)
-    if kind == "model":
-        return AutoModelForCausalLM.from_pretrained(models.drafter, dtype=engine.dtype)
     if kind is None:
         return None
-    if target is None:
+    if DRAFTERS[kind].is_head and target is None:
         raise ValueError(f"an {kind!r} head is shaped after the target: load_drafter needs it, got None")
-    if kind == "eagle3":
-        return _eagle3_head(models, engine, target)
-    if kind == "block":
-        return _block_head(models, engine, target)
-    weights, ids = _head_file(models.head)
-    if kind == "medusa":
-        head = MedusaHeads(target.config.get_text_config().hidden_size, engine.medusa_heads)
-    else:
-        head = EagleHead.for_target(target.config, intermediate_size=_eagle_width(weights, engine, models.head))
-    if weights is not None:
-        head.load_state_dict(weights)
-    return carry(head, ids)
+    return resolve(DRAFTERS[kind].reader)(models, engine, target)
 
 
-def _head_file(path: str | None) -> tuple[dict | None, torch.Tensor | None]:
-    """A head's state dict file → (its weights, the draft vocabulary it was trained over if it carries one:
-    `draft_vocab.STATE_KEY`, from `specroll distill --draft-vocab`); (None, None) without a file."""
+def read_drafter_lm(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel | None) -> PreTrainedModel:
+    """The "model" kind's reader: the drafter LM saved at `models.drafter`, in the engine's dtype."""
+    return AutoModelForCausalLM.from_pretrained(models.drafter, dtype=engine.dtype)
+
+
+def read_eagle_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> EagleHead:
+    """The "eagle" kind's reader: a head shaped after `target`, with `models.head`'s weights (a head file) if given."""
+    saved = None if not models.head else read_head_file(models.head)
+    weights = None if saved is None else saved.weights
+    head = EagleHead.for_target(target.config, intermediate_size=_eagle_width(weights, engine, models.head))
+    return load_head_file(head, models.head)
+
+
+def read_medusa_heads(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> MedusaHeads:
+    """The "medusa" kind's reader: `engine.medusa_heads` heads, with `models.head`'s weights (a head file) if given."""
+    return load_head_file(DRAFTERS["medusa"].fresh(engine, target.config), models.head)
+
+
+def load_head_file(head: nn.Module, path: str | None) -> nn.Module:
+    """`head` with the weights of the head file at `path` (None: as it is), carrying the draft vocabulary it was
+    trained over (`draft_vocab.carry`: `engine.draft_vocab` starts there)."""
     if not path:
-        return None, None
-    return split_state(torch.load(path, weights_only=True))
+        return carry(head, None)
+    saved = read_head_file(path)
+    head.load_state_dict(saved.weights)
+    return carry(head, saved.draft_vocab)
 
 
 def _eagle_width(weights: dict | None, engine: EngineConfig, path: str | None) -> int | None:
@@ -124,42 +126,3 @@ def _eagle_width(weights: dict | None, engine: EngineConfig, path: str | None) -
                          f"head at models.head={path!r}, whose MLP is {width} wide: set it to {width} or leave it "
                          f"unset (the weights decide)")
     return width
-
-
-def _eagle3_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> Eagle3Head:
-    """`models.head` as a public checkpoint folder, a `state_dict` file over a fresh head, or (None) a fresh head;
-    a checkpoint brings its layers, which `engine.eagle3_layers` (if set) must name too."""
-    from .eagle3_checkpoint import load_eagle3_checkpoint
-
-    if models.head and Path(models.head).is_dir():
-        head = load_eagle3_checkpoint(models.head, target, load_tokenizer(models.target_tokenizer or models.target),
-                                      engine.eagle3_ttt_steps)
-        if engine.eagle3_layers not in (None, head.target_layers):
-            raise ValueError(f"engine.eagle3_layers={engine.eagle3_layers} does not match the checkpoint at "
-                             f"models.head={models.head!r}, whose layers are {head.target_layers}: set them or "
-                             "leave engine.eagle3_layers unset (the checkpoint decides)")
-        return head
-    head = fresh_eagle3(engine, target.config)
-    weights, ids = _head_file(models.head)
-    if weights is not None:
-        if "lm_head.weight" in weights:
-            raise ValueError(f"models.head={models.head!r} holds an EAGLE-3 head with its own LM head, whose draft ids "
-                             "a state_dict does not carry: give it as a checkpoint folder (speculators or SpecForge "
-                             "layout, integrations.eagle3_checkpoint)")
-        head.load_state_dict(weights)
-    return carry(head, ids)
-
-
-def _block_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> BlockHead:
-    """`models.head` as a z-lab DFlash checkpoint folder, a `state_dict` file over a fresh head, or (None) a fresh
-    head (`engine.block_layers`, `engine.block_size`); the engine checks a checkpoint's layers against
-    `engine.block_layers` (`drafters.factory.check_block_fits`)."""
-    from .block_checkpoint import load_block_checkpoint
-
-    if models.head and Path(models.head).is_dir():
-        return load_block_checkpoint(models.head, target)
-    head = fresh_block(engine, target.config)
-    weights, ids = _head_file(models.head)
-    if weights is not None:
-        head.load_state_dict(weights)
-    return carry(head, ids)

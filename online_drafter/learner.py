@@ -108,6 +108,7 @@ class Learner(HeldOutScores):
         self._candidate_changed = False  # trained since it was last scored
         self.alarms = LearnerAlarms(config)
         self.vocab: DraftVocabs | None = None  # draft vocabularies (`set_draft_vocab`); None: the whole one
+        self._published_version: tuple[tuple, DrafterVersion] | None = None  # `published_version`'s, and its key
 
     # ------------------------------------------------------------------ public API
 
@@ -237,7 +238,11 @@ class Learner(HeldOutScores):
     def published_version(self) -> DrafterVersion:
         """The published version, for `engine.load_drafter`: its weights (the learner's own snapshot, the engine
         copies it) and draft vocabulary; its held-out acceptance is `served_acceptance.ServedAcceptance`'s to add."""
-        return DrafterVersion(self.version, self._published_weights, self.draft_vocab("published"))
+        ids = self.draft_vocab("published")
+        key = (self.version, id(self._published_weights), id(ids))
+        if self._published_version is None or self._published_version[0] != key:  # one object per version: its
+            self._published_version = (key, DrafterVersion(self.version, self._published_weights, ids))  # digests
+        return self._published_version[1]
 
     def draft_vocab(self, name: str = "published") -> torch.Tensor | None:
         """The draft vocabulary [N] of the "frozen", "published" or "candidate" drafter (None: the whole one)."""

@@ -130,7 +130,7 @@ class EngineConfig:
     drafting (with γ = 0 both are the same plain decoding), and what auto-γ's acceptance estimates and
     the learner's draft signals measure depends on it, so one engine keeps one rule.
 
-    `drafters` lists the drafter kinds to run: "model" (the drafter LM passed to `SpecEngine`) and
+    `drafters` lists the drafter kinds to run (each registered in `drafters.registry`, with its own fields below): "model" (the drafter LM passed to `SpecEngine`) and
     "suffix" (model-free, over sibling and earlier completions of the same prompt; `suffix` configures
     it), "layer_skip" (the target's first `layer_skip_layers` layers; None: half of them), "eagle" (an
     EAGLE-style head on the target's hidden states; a fresh one's MLP is `eagle_intermediate_size` wide,
@@ -174,7 +174,7 @@ class EngineConfig:
 
     `speculation` "when_learned" (a drafter that starts from nothing: a fresh EAGLE head) keeps the engine at
     plain decoding — no drafts, no draft forwards — until a drafter version arrives with its held-out expected
-    acceptance (`update_drafter`, key `ACCEPTANCE_STATE_KEY`: the online learner measures it on recorded
+    acceptance (`load_drafter`, `DrafterVersion.acceptance`: the online learner measures it on recorded
     positions, without drafting) at or above `SpecEngine.break_even_acceptance`, and off again while a later
     version's is below; once a version drafts, what its drafts kept overrules that number (`gamma.speculation_gate`).
     It needs an adaptive `gamma` (the cost model says where break-even is). "always": draft whenever there is a

@@ -49,6 +49,7 @@ from specroll.integrations.model_source import trained_drafter_kind
 from specroll.integrations.threads import ThreadSetting
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.core.stats import BatchStats
+from specroll.rollout.drafters.version import DrafterVersion
 
 from .actors import ServiceActors, find_actors, start_actors
 from .dispatch import run_chunks, split_groups
@@ -56,7 +57,8 @@ from .drafter_events import DrafterEvents
 from .drafter_guard import DrafterGuard
 from .learner_driver import LearnerDriver
 from .settings import ControllerConfig
-from .sync.protocol import WeightSyncError, make_transport, wait_for_workers
+from .sync.payload import DrafterMeta
+from .sync.protocol import WeightSyncError, drafter_meta, make_transport, wait_for_workers
 from .sync.sequence import sync_weights
 
 
@@ -185,12 +187,13 @@ class RolloutController(DrafterEvents):
                                   "the rank that syncs did not sync this step's policy to every worker")
         self.policy_version, self.drafter_version = version, versions[0]["drafter"]
 
-    def sync_drafter(self, named_tensors: Mapping[str, torch.Tensor], version: int, digest: str | None = None) -> float:
-        """Load new drafter weights on every worker; returns seconds. With `digest` (the learner's, over these
-        weights) each worker refuses weights that arrive otherwise: WeightSyncError, the version kept."""
+    def sync_drafter(self, version: DrafterVersion, digest: str | None = None) -> float:
+        """Load drafter `version` on every worker; returns seconds. With `digest` (the learner's,
+        `version.digest(engine dtype)`) each worker refuses a version that arrives otherwise: WeightSyncError, the
+        version kept."""
         self._require_owner("sync_drafter")
-        seconds = self._sync("drafter", named_tensors, version, digest)
-        self.drafter_version = version
+        seconds = self._sync("drafter", version.weights, version.number, digest, drafter_meta(version))
+        self.drafter_version = version.number
         return seconds
 
     def start_learner_round(self, budget_s: float | None, probe: ProbeRequest | None = None) -> None:
@@ -223,8 +226,8 @@ class RolloutController(DrafterEvents):
             self._publish(done.report.version, "drafter publish")
         return LearnerRound(done.report, done.probe, time.perf_counter() - started, self.watch.take_events())
 
-    def published_drafter(self) -> dict[str, torch.Tensor] | None:
-        return None if self.learner is None else ray.get(self.learner.published_state_dict.remote())
+    def published_drafter(self) -> DrafterVersion | None:
+        return None if self.learner is None else ray.get(self.learner.published_drafter.remote())
 
     def metrics(self) -> dict[str, float]:
         return {"rollout/policy_version": float(self.policy_version), "drafter/version": float(self.drafter_version),
@@ -292,9 +295,9 @@ class RolloutController(DrafterEvents):
         self.num_resends += 1
 
     def _sync(self, role: str, named_tensors: Mapping[str, torch.Tensor], version: int,
-              digest: str | None = None) -> float:
+              digest: str | None = None, drafter: DrafterMeta | None = None) -> float:
         seconds = sync_weights(self.transport, self.board, self.workers, role, named_tensors, version,
-                               self.config.sync, self.config.engine.dtype, digest)
+                               self.config.sync, self.config.engine.dtype, digest, drafter)
         self._last_sync_s[f"sync/{role}_s"] = seconds
         return seconds
 

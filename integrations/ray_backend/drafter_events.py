@@ -21,10 +21,10 @@ class DrafterEvents:
         next `generate` syncs again."""
         timeout = self.config.sync.timeout_s
         self.learner_version = version
-        state = ray.get(self.learner.published_state_dict.remote(), timeout=timeout)
+        published = ray.get(self.learner.published_drafter.remote(), timeout=timeout)
         digest = ray.get(self.learner.published_digest.remote(self.config.engine.dtype), timeout=timeout)
         try:
-            self.sync_drafter(state, version, digest)
+            self.sync_drafter(published.with_number(version), digest)
         except WeightSyncError as err:
             self.watch.events.append(f"{event}: drafter version {version} refused, version {self.drafter_version} "
                                      f"kept on every worker ({err})")

@@ -10,7 +10,7 @@ store itself, so rollouts do not pass through the driver twice), then queues `pr
 probe rollouts idle workers are generating) and `train_round` without waiting: an actor runs its
 calls in order, so the probe scores the drafter that served the step before the round replaces it,
 and the whole round runs while the trainer updates the policy. The drafter weights live here; when
-the round's report says the version moved, the controller fetches `published_state_dict` and syncs
+the round's report says the version moved, the controller fetches `published_drafter` and syncs
 it to the workers. Losing the learner costs learning, never rollouts: Ray restarts it (the topology's
 `max_restarts`) and the controller (`learner_driver`) loads the state it took after the last round
 (`state_dict`, a return value the controller owns, so it outlives this process) and adds the rollouts since.
@@ -30,14 +30,15 @@ import ray
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_drafter, trained_drafter_kind
+from specroll.integrations.model_source import ModelPaths, load_drafter, trained_drafter_kind
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
-from specroll.integrations.weights_digest import weights_digest
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.learner_state import has_state, restore, state_of
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.rollout import EngineConfig
-from specroll.rollout.drafters.draft_vocab import initial_ids
+from specroll.rollout.drafters.factory import initial_draft_vocab
+from specroll.rollout.drafters.registry import DRAFTERS
+from specroll.rollout.drafters.version import DrafterVersion
 from specroll.rollout.models.weights import copy_into
 
 from .metrics import LearnerMetrics
@@ -48,17 +49,17 @@ from .round_stop import StopPoll
 class LearnerActor:
     def __init__(self, models: ModelPaths, engine: EngineConfig, config: LearnerConfig, threads: int = 1):
         set_torch_threads(threads, "learner")  # before any torch work: the inter-op pool is sized once
-        head = trained_drafter_kind(models, engine) in HEAD_KINDS
+        kind = trained_drafter_kind(models, engine)
+        head = kind is not None and DRAFTERS[kind].reads_hidden
         # A head reads the policy's embedding and LM head: the actor holds the policy (kept current by
         # `load_policy`); a drafter LM needs none of it.
         self.policy = AutoModelForCausalLM.from_pretrained(models.target, dtype=torch.float32) if head else None
         drafter = load_drafter(models, engine, self.policy)
         self.learner = make_online_learner(drafter, self.policy, config)
-        if engine.draft_vocab is not None:  # the workers' engines start from this subset (`initial_ids`)
+        if engine.draft_vocab is not None:  # the workers' engines start from this subset (`initial_draft_vocab`)
             target_config = AutoConfig.from_pretrained(models.target)
             vocab_size = target_config.get_text_config().vocab_size
-            self.learner.set_draft_vocab(initial_ids(engine.draft_vocab, vocab_size, target_config, drafter),
-                                         vocab_size)
+            self.learner.set_draft_vocab(initial_draft_vocab(engine, vocab_size, target_config, drafter))
         self.metrics = LearnerMetrics()
         self.num_rollouts = 0  # added since start, from every controller (every rank of a shared service)
         self.num_rounds = 0
@@ -95,14 +96,17 @@ class LearnerActor:
         """Score served vs frozen on probe rollouts (refs to workers' `generate` results); never buffered."""
         return self.learner.probe([r for batch in ray.get(batches) for r in batch.rollouts])
 
-    def published_state_dict(self) -> dict[str, torch.Tensor]:
-        """The drafter weights of the latest published version (what workers should serve), on the CPU: a
-        learner on a GPU must not hand CUDA tensors to Ray (the driver would need that GPU to read them)."""
-        return {name: tensor.detach().to("cpu") for name, tensor in self.learner.published_state_dict().items()}
+    def published_drafter(self) -> DrafterVersion:
+        """The latest published drafter version (what workers should serve), its weights on the CPU: a learner on a
+        GPU must not hand CUDA tensors to Ray (the driver would need that GPU to read them)."""
+        version = self.learner.published_version()
+        weights = {name: tensor.detach().to("cpu") for name, tensor in version.weights.items()}
+        return DrafterVersion(version.number, weights, version.draft_vocab, version.acceptance,
+                              version.invariant_acceptance)
 
     def published_digest(self, wire_dtype: torch.dtype | None) -> str:
-        """The digest of the published drafter (`weights_digest`) as a sync in `wire_dtype` delivers it."""
-        return weights_digest(self.learner.published_state_dict(), wire_dtype)
+        """The digest of the published drafter (`DrafterVersion.digest`) as a sync in `wire_dtype` delivers it."""
+        return self.learner.published_version().digest(wire_dtype)
 
     def served_estimate(self) -> float:
         """The learner's held-out expected acceptance of the published drafter (nan before any is held out)."""

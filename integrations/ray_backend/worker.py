@@ -24,6 +24,7 @@ everything else runs one call at a time, so weights never change mid-batch.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -36,11 +37,10 @@ from transformers import AutoModelForCausalLM
 
 from specroll.integrations.model_source import ModelPaths, load_drafter, tokenizer_pair
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
-from specroll.integrations.weights_digest import served_drafter_tensors, weights_digest
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
-from specroll.rollout.drafters.draft_vocab import STATE_KEY, DraftVocab, split_state
-from specroll.rollout.engine import ACCEPTANCE_STATE_KEY
+from specroll.rollout.drafters.draft_vocab import DraftVocab
+from specroll.rollout.drafters.version import DrafterVersion, drafter_digest
 from specroll.rollout.engine_state import engine_state, load_engine_state
 from specroll.rollout.models.weights import check_fits
 
@@ -51,6 +51,8 @@ from .sync.protocol import (
     ObjectStoreTransport,
     WeightPayload,
     WeightSyncError,
+    drafter_meta,
+    drafter_version,
     fetch_from_object_store,
     pack_buckets,
     unpack_buckets,
@@ -73,11 +75,13 @@ class WorkerBatch:
 
 @dataclass(frozen=True)
 class StagedWeights:
-    """A fetched version waiting for `commit_weights`, and the seconds its fetch took."""
+    """A fetched version waiting for `commit_weights`, the seconds its fetch took, and for a drafter the whole
+    version that arrived (weights, draft vocabulary, acceptance)."""
 
     version: int
     named: dict[str, torch.Tensor]
     fetch_s: float
+    drafter: DrafterVersion | None = None
 
 
 @ray.remote(concurrency_groups={"control": 1, "export": 1})
@@ -138,21 +142,21 @@ class RolloutWorker:
             raise WeightSyncError(f"worker {self.worker_index} has no drafter to load version {payload.version} into")
         started = time.perf_counter()
         named = self._receive(role, payload, rank, timeout_s)
-        if payload.digest is not None and weights_digest(named) != payload.digest:
-            raise WeightSyncError(f"worker {self.worker_index}: {role} version {payload.version} arrived with digest "
-                                  f"{weights_digest(named)[:12]}, not the sender's {payload.digest[:12]}: corrupted in "
-                                  "flight, refused (the version served is kept)")
+        drafter = drafter_version(payload, named) if role == "drafter" else None
+        if payload.digest is not None:
+            arrived = drafter_digest(named) if drafter is None else drafter.digest()
+            if arrived != payload.digest:
+                raise WeightSyncError(f"worker {self.worker_index}: {role} version {payload.version} arrived with "
+                                      f"digest {arrived[:12]}, not the sender's {payload.digest[:12]}: corrupted in "
+                                      "flight, refused (the version served is kept)")
         try:
-            # A drafter version may carry its draft vocabulary (`draft_vocab.STATE_KEY`): checked as one, not a weight;
-            # and its held-out acceptance (`engine.ACCEPTANCE_STATE_KEY`, a cold start's), which the engine reads.
-            weights, vocab_ids = split_state(named) if role == "drafter" else (named, None)
-            check_fits(model, {k: v for k, v in weights.items() if k != ACCEPTANCE_STATE_KEY}, role)
-            if vocab_ids is not None:
-                DraftVocab(vocab_ids, self.engine.vocab_size)
+            check_fits(model, named, role)
+            if drafter is not None and drafter.draft_vocab is not None:
+                DraftVocab(drafter.draft_vocab, self.engine.vocab_size)
         except ValueError as err:
             raise WeightSyncError(f"worker {self.worker_index}: {role} version {payload.version} "
                                   f"does not fit the model: {err}") from err
-        self.staged[role] = StagedWeights(payload.version, named, time.perf_counter() - started)
+        self.staged[role] = StagedWeights(payload.version, named, time.perf_counter() - started, drafter)
         return self.worker_index
 
     def commit_weights(self, role: str, version: int) -> float:
@@ -167,7 +171,7 @@ class RolloutWorker:
             if role == "policy":
                 self.engine.update_target(staged.named, version)
             else:
-                self.engine.update_drafter(staged.named, version)
+                self.engine.load_drafter(staged.drafter)
             self.served_names[role] = tuple(staged.named)
             del self.staged[role]
         seconds = staged.fetch_s + time.perf_counter() - started
@@ -199,23 +203,24 @@ class RolloutWorker:
         with self._weights_lock:
             staged = self.staged.get(role)
             if staged is not None and staged.version == version:
-                named = staged.named
+                named, drafter = staged.named, staged.drafter
             elif self.versions()[role] == version and role in self.served_names:
-                named = self._served_tensors(role)
+                named, drafter = self._served_tensors(role), None
+                if role == "drafter":
+                    drafter = DrafterVersion(version, named, self.engine.draft_vocab(), self.engine.drafter_acceptance,
+                                             self.engine.drafter_invariant_acceptance)
             else:
                 raise WeightSyncError(f"worker {self.worker_index} holds no {role} version {version} "
                                       f"(serves {self.versions()[role]})")
             buckets, layout = pack_buckets(named, EXPORT_BUCKET_BYTES, version)
+            layout = dataclasses.replace(layout, drafter=None if drafter is None else drafter_meta(drafter))
             return ObjectStoreTransport().publish(buckets, layout, 1)
 
     def _served_tensors(self, role: str) -> dict[str, torch.Tensor]:
         """The committed version's tensors as the engine holds them, by the names it came with."""
         model = self.models[role]
         held = dict(model.named_parameters()) | dict(model.named_buffers())
-        named = {name: held[name] for name in self.served_names[role] if name != STATE_KEY}
-        if STATE_KEY in self.served_names[role]:
-            named[STATE_KEY] = self.engine.draft_vocab()
-        return named
+        return {name: held[name] for name in self.served_names[role]}
 
     def _receive(self, role: str, payload: WeightPayload, rank: int, timeout_s: float) -> dict[str, torch.Tensor]:
         """The named tensors of `payload`, fetched over its route: the object store, the broadcast group, or
@@ -257,13 +262,13 @@ class RolloutWorker:
 
     def drafter_digest(self) -> str | None:
         """The digest of the drafter this engine serves, computed here over its weights as the engine holds them
-        (`weights_digest`, in the engine's dtype); None for an engine without a drafter that has weights."""
+        (`SpecEngine.served_drafter_digest`, in the engine's dtype); None for an engine without a drafter that has
+        weights."""
         drafter = self.models["drafter"]
         if drafter is None:
             return None
         with self._weights_lock:
-            named = served_drafter_tensors(drafter, self.engine.draft_vocab())
-            return weights_digest(named, self.engine.config.dtype)
+            return self.engine.served_drafter_digest(drafter)
 
     def served_policy(self, names: list[str]) -> dict[str, torch.Tensor]:
         """Copies (on the CPU) of the served policy's tensors named `names` (a restarted head learner's reads)."""

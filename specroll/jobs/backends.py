@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specroll.integrations.backend import RolloutBackend
-from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_tokenizer, trained_drafter_kind
+from specroll.integrations.model_source import ModelPaths, load_tokenizer, trained_drafter_kind
+from specroll.rollout.drafters.registry import DRAFTERS
 
 from .train_config import TrainConfig
 
@@ -76,7 +77,7 @@ def resolve_models(config: TrainConfig) -> ModelSources:
         drafter_dir = load_or_build_generic_drafter(demo)
     paths = ModelPaths(str(demo.path / "target"), str(drafter_dir), tokenizer_dir, tokenizer_dir)
     kind = trained_drafter_kind(paths, config.engine)
-    if kind in HEAD_KINDS and models.head != FRESH_HEAD:
+    if kind is not None and DRAFTERS[kind].is_head and models.head != FRESH_HEAD:
         first = models.head if kind in ("eagle3", "block") else demo_head(demo, kind, models.recipe)  # none built
         paths = dataclasses.replace(paths, head=first)
     return ModelSources(paths, demo.tokenizer, models.task_max_digits or recipe.max_digits,

@@ -35,7 +35,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-KINDS = ("eagle", "eagle3", "medusa", "block", "model")
 # the arguments that decide what is learnt: a resumed run must have the same
 SETTINGS = ("policy", "prompts", "kind", "tokenizer", "drafter", "layers", "num_prompts", "samples", "max_new_tokens",
             "temperature", "top_k", "top_p", "seed", "lr", "final_lr", "batch_size", "eagle_intermediate_size",
@@ -46,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help="the policy: a save_pretrained folder")
     parser.add_argument("--prompts", required=True, help="a .jsonl (rows with 'prompt'), .json or text file, or a "
                         "dotted dataset(count, seed) function as task.dataset in a train config")
-    parser.add_argument("--kind", choices=KINDS, default="eagle", help="the drafter to train (default: eagle)")
+    parser.add_argument("--kind", choices=trainable_kinds(), default="eagle", help="the drafter to train (default: "
+                        "eagle)")
     parser.add_argument("--out", required=True, help="the folder to write (and resume from)")
     parser.add_argument("--tokenizer", default=None, help="the policy's tokenizer folder (default: the policy's)")
     parser.add_argument("--drafter", default=None, help="--kind model: a smaller LM of the same tokenizer")
@@ -77,6 +77,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--cost-model-s", type=float, default=8.0, help="seconds to calibrate the cost model")
+
+
+def trainable_kinds() -> tuple[str, ...]:
+    """The drafter kinds distill trains (`rollout.drafters.registry`): the heads, then the drafter LM."""
+    from specroll.rollout.drafters.registry import DRAFTERS
+
+    trainable = [kind for kind, spec in DRAFTERS.items() if spec.trainable]
+    return tuple(sorted(trainable, key=lambda kind: not DRAFTERS[kind].is_head))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,7 +134,7 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
 
     from specroll.online_drafter import LearnerConfig, make_online_learner
     from specroll.online_drafter.learner_state import restore, state_of
-    from specroll.rollout.drafters.draft_vocab import split_state
+    from specroll.rollout.drafters.draft_vocab import DraftVocab
     from specroll.rollout.models.weights import copy_into
 
     from .distill_data import num_positions
@@ -155,7 +163,7 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
         elif in_phase < count:
             learner.add_rollouts(entries)
             if ids is not None:  # after the samples: the learner counts none, so it never recounts the subset
-                learner.set_draft_vocab(ids, policy.config.get_text_config().vocab_size)
+                learner.set_draft_vocab(DraftVocab(ids, policy.config.get_text_config().vocab_size))
         for done in range(in_phase, count):
             # the phase's time left, shared by its rounds left: a gate that overran a round is taken from the next
             left = budget_s * share - sum(r["round_time_s"] for r in rounds if r["phase"] == phase)
@@ -169,7 +177,7 @@ def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespac
             bar.update(1)
             bar.set_postfix(accept=f"{served:.3f}", version=report.version)
         if in_phase < count or (saved is not None and saved["phase"] == phase):
-            copy_into(drafter, split_state(learner.published_state_dict())[0], "the distilled drafter")
+            copy_into(drafter, learner.published_version().weights, "the distilled drafter")
         saved = None
     bar.close()
     return rounds, learner.served_estimate() if rounds else math.nan
@@ -179,15 +187,17 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
            rounds: list[dict[str, Any]], final: float, num_prompts: int, entries: list[Any], ids: Any = None) -> int:
     """Write the drafter where `models:` reads it (a head with its draft vocabulary `ids`, if any), predict its
     speed, write the report; print where they are."""
-    import torch
 
+    from specroll.integrations.head_file import save_head_file
     from specroll.online_drafter.heads.data import FeatureSequence
-    from specroll.rollout.drafters.draft_vocab import STATE_KEY, carry
+    from specroll.rollout.drafters.draft_vocab import carry
+    from specroll.rollout.drafters.registry import DRAFTERS
 
     from .distill_data import num_positions
     from .distill_report import predict_speed, write_report
 
-    if args.kind == "model":
+    spec = DRAFTERS[args.kind]
+    if not spec.is_head:
         output = out / "drafter"
         drafter.save_pretrained(output)
         tokenizer.save_pretrained(output)
@@ -195,10 +205,11 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
                        "engine: {drafters: [model]}\n")
     else:
         output = out / f"{args.kind}.pt"
-        torch.save({**drafter.state_dict(), **({} if ids is None else {STATE_KEY: ids})}, output)
+        save_head_file(output, drafter, ids)
         carry(drafter, ids)  # the speed prediction's engine drafts over them
-        extra = {"medusa": f", medusa_heads: {args.medusa_heads}", "block": f", block_size: {args.block_size}"}.get(
-            args.kind, "") + ("" if ids is None else f", draft_vocab: {args.draft_vocab}")
+        fields = [(name, getattr(args, name, None)) for name in spec.config_fields]  # the kind's own, set here
+        extra = "".join(f", {name}: {value}" for name, value in fields if value is not None) + (
+            "" if ids is None else f", draft_vocab: {args.draft_vocab}")
         models_yaml = (f"models: {{source: pretrained, target: {args.policy}, head: {output}}}\n"
                        f"engine: {{drafters: [{args.kind}]{extra}}}\n")
     print(f"specroll distill: calibrating the engine's cost model (~{args.cost_model_s:g}s) to predict the speed",

@@ -20,8 +20,7 @@ from specroll.integrations.model_source import load_tokenizer
 from specroll.integrations.yaml_config import ConfigError
 from specroll.online_drafter.heads.data import FeatureSequence, from_rollout
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
-from specroll.rollout.drafters.factory import fresh_block, fresh_eagle3
-from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.registry import DRAFTERS
 from specroll.rollout.models.vocab import check_vocab_compatible
 
 from .task_source import resolve
@@ -83,14 +82,10 @@ def tokenize(prompts: list[Any], tokenizer: Any, context: int, max_new_tokens: i
 def fresh_drafter(kind: str, policy: PreTrainedModel, args: Any, tokenizer: Any) -> torch.nn.Module:
     """The drafter to train: a head shaped after `policy`, a smaller LM (`--drafter`, checked to share the
     tokenizer) or the policy's own first `--layers` layers."""
-    if kind == "eagle":
-        return EagleHead.for_target(policy.config, intermediate_size=args.eagle_intermediate_size)
-    if kind == "eagle3":  # the layers and draft depths a `models.head` file is loaded over (`engine` defaults)
-        return fresh_eagle3(EngineConfig(), policy.config)
-    if kind == "block":
-        return fresh_block(EngineConfig(block_size=args.block_size), policy.config)
-    if kind == "medusa":
-        return MedusaHeads(policy.config.get_text_config().hidden_size, args.medusa_heads)
+    spec = DRAFTERS[kind]
+    if spec.is_head:  # shaped as a `models.head` file is loaded over (`engine` defaults but for distill's settings)
+        return spec.fresh(EngineConfig(eagle_intermediate_size=args.eagle_intermediate_size,
+                                       medusa_heads=args.medusa_heads, block_size=args.block_size), policy.config)
     if args.drafter:
         drafter = AutoModelForCausalLM.from_pretrained(args.drafter, dtype=torch.float32)
         drafter_tokenizer = load_tokenizer(args.drafter)
@@ -128,11 +123,9 @@ def sample(policy: PreTrainedModel, prompt_ids: list[list[int]], kind: str, args
     its target layers, captured by the engine's runner; a drafter LM's: the rollouts with their signals), from
     `folder`'s saved chunks and, for the rest, the engine."""
     folder.mkdir(parents=True, exist_ok=True)
-    heads = kind in ("eagle", "eagle3", "medusa", "block")
-    fused = kind in ("eagle3", "block")  # the engine captures the head's layers (gamma 0: it never drafts)
+    heads = DRAFTERS[kind].is_head  # the engine records the states the head reads (gamma 0: it never drafts)
     config = EngineConfig(max_batch_size=args.batch_rows, max_seq_len=max(map(len, prompt_ids)) + args.max_new_tokens,
-                          gamma=0, drafters=(kind,) if fused else ("medusa",) if heads else None, record_signals=True,
-                          device=args.device)
+                          gamma=0, drafters=(kind,) if heads else None, record_signals=True, device=args.device)
     engine = None
     params = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, stop_token_ids=stop_ids)
@@ -142,7 +135,7 @@ def sample(policy: PreTrainedModel, prompt_ids: list[list[int]], kind: str, args
         path = folder / f"chunk-{start // CHUNK_PROMPTS:05d}.pt"
         if not path.is_file():
             # the hidden states come with a head "drafter" (a copy: the engine may lay its modules out anew)
-            engine = engine or SpecEngine(policy, copy.deepcopy(head) if fused else None, config)
+            engine = engine or SpecEngine(policy, copy.deepcopy(head) if heads else None, config)
             rollouts = engine.generate(prompt_ids[start : start + CHUNK_PROMPTS],
                                        SamplingParams(**params, seed=args.seed + start), n=args.samples)
             kept = [r for r in rollouts if r.completion_ids]

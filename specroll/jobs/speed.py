@@ -73,8 +73,8 @@ def closing_engines(config: EngineConfig, paths: ModelPaths, policy: dict[str, t
     spec = SpecEngine(target, drafter, config, *tokenizer_pair(paths))
     spec.update_target(policy, version)
     published = backend.published_drafter()
-    if drafter is not None and published:
-        spec.update_drafter(published, version=-1)
+    if drafter is not None and published is not None:
+        spec.load_drafter(published)
     states = backend.engine_states()
     if drafter is not None and states:
         load_engine_state(spec, states[0])

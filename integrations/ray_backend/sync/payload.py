@@ -23,17 +23,28 @@ class TensorMeta:
 
 
 @dataclass(frozen=True)
+class DrafterMeta:
+    """What a drafter version (`rollout.drafters.version.DrafterVersion`) carries besides its weights: the draft
+    vocabulary (sorted target ids; None: the whole vocabulary) and the held-out acceptance the learner measured."""
+
+    draft_vocab: tuple[int, ...] | None = None
+    acceptance: float | None = None
+    invariant_acceptance: float | None = None
+
+
+@dataclass(frozen=True)
 class WeightPayload:
     """What every receiver gets: the layout, the version, transport-specific `route` data (the bucket ObjectRefs
-    for the object store; the group for a broadcast; a `PeerRoute` on the board), and the digest of the tensors
-    as the sender's source computed it (`integrations.weights_digest`; None: not checked), which a receiver
-    recomputes over what arrived and refuses the version on a mismatch."""
+    for the object store; the group for a broadcast; a `PeerRoute` on the board), the digest of the version as the
+    sender's source computed it (`DrafterVersion.digest`; None: not checked), which a receiver recomputes over
+    what arrived and refuses the version on a mismatch, and for a drafter the rest of its version (`drafter`)."""
 
     version: int
     metas: tuple[TensorMeta, ...]
     bucket_sizes: tuple[int, ...]
     route: Any = None
     digest: str | None = None
+    drafter: DrafterMeta | None = None
 
 
 @dataclass(frozen=True)

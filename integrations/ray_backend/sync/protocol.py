@@ -47,10 +47,11 @@ import ray
 import torch
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
+from specroll.rollout.drafters.version import DrafterVersion
 from specroll.rollout.models.weights import FP32_BUFFER_SUFFIXES
 
 from ..settings import SyncConfig
-from .payload import TensorMeta, WeightPayload
+from .payload import DrafterMeta, TensorMeta, WeightPayload
 
 RESTART_PROBE_INTERVAL_S = 0.2  # how often a worker Ray is restarting is asked again whether it is up
 ALIGN_BYTES = 16  # every tensor starts at a multiple of this, so a bucket slice views as any dtype
@@ -301,3 +302,16 @@ def _wait_alive(worker: Any, index: int, deadline: float, timeout_s: float) -> b
 
 def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
+
+
+def drafter_meta(version: DrafterVersion) -> DrafterMeta:
+    """What a sync carries of `version` besides its weights (`payload.DrafterMeta`)."""
+    ids = None if version.draft_vocab is None else tuple(version.draft_vocab.tolist())
+    return DrafterMeta(ids, version.acceptance, version.invariant_acceptance)
+
+
+def drafter_version(payload: WeightPayload, named: dict[str, torch.Tensor]) -> DrafterVersion:
+    """The drafter version a payload delivered: the tensors that arrived and its `drafter` meta."""
+    meta = payload.drafter or DrafterMeta()
+    ids = None if meta.draft_vocab is None else torch.tensor(meta.draft_vocab, dtype=torch.long)
+    return DrafterVersion(payload.version, named, ids, meta.acceptance, meta.invariant_acceptance)

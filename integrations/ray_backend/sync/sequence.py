@@ -1,10 +1,10 @@
 """One versioned sync of a role's weights to every live rollout worker, all or nothing (`protocol`'s steps in order).
 
-    seconds = sync_weights(transport, board, workers, "drafter", state, version=4, config=sync_config,
-                           wire_dtype=torch.bfloat16, digest=learner_digest)
+    seconds = sync_weights(transport, board, workers, "drafter", version.weights, version=4, config=sync_config,
+                           wire_dtype=torch.bfloat16, digest=learner_digest, drafter=drafter_meta(version))
 
 Waits for the workers Ray is restarting, stages on all, posts on the weight board (the commit point), commits on
-all. With a `digest` (the learner's, `integrations.weights_digest`) every worker recomputes it over what arrived
+all. With a `digest` (the learner's, `DrafterVersion.digest`) every worker recomputes it over what arrived
 and refuses a version that does not match (corrupted in flight), so that sync fails before the commit point.
 """
 
@@ -20,6 +20,7 @@ import torch
 from ray.exceptions import RayError
 
 from ..settings import SyncConfig
+from .payload import DrafterMeta
 from .protocol import (
     WeightSyncError,
     WeightTransport,
@@ -33,8 +34,10 @@ from .protocol import (
 
 def sync_weights(transport: WeightTransport, board: Any, workers: Sequence[Any], role: str,
                  named_tensors: Mapping[str, torch.Tensor], version: int, config: SyncConfig,
-                 wire_dtype: torch.dtype | None, digest: str | None = None) -> float:
-    """Sync `named_tensors` as `version` of `role`; returns seconds.
+                 wire_dtype: torch.dtype | None, digest: str | None = None, drafter: DrafterMeta | None = None
+                 ) -> float:
+    """Sync `named_tensors` as `version` of `role` (a drafter's with the rest of its version, `drafter`); returns
+    seconds.
 
     Each phase waits at most `config.timeout_s`. A failure before the commit point raises WeightSyncError and
     changes nothing; after it, every worker ends on `version` (one that cannot load it is restarted, and reloads
@@ -43,7 +46,7 @@ def sync_weights(transport: WeightTransport, board: Any, workers: Sequence[Any],
     started = time.perf_counter()
     live = wait_for_workers(workers, config.timeout_s)
     buckets, layout = pack_buckets(named_tensors, config.bucket_bytes, version, wire_dtype=wire_dtype)
-    layout = dataclasses.replace(layout, digest=digest)
+    layout = dataclasses.replace(layout, digest=digest, drafter=drafter)
     payload = stage_weights(transport, live, role, buckets, layout, config.timeout_s)  # the board's payload
     try:
         ray.get(board.post.remote(role, payload), timeout=config.timeout_s)
