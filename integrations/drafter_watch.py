@@ -11,8 +11,8 @@ acceptance falls to 0 (mean accepted length to 1.0) and training goes on, slower
 (`ray_backend.drafter_guard` over the workers, `LocalBackend` on its engine) guard against it in two independent
 ways after every *drafter event* — a drafter publish, a policy sync, a worker or learner restart, a resume:
 
-- **Digest.** Every engine's drafter weights are hashed where they are (`DrafterVersion.digest`, `SpecEngine.served_drafter_digest`) and compared with
-  the learner's published digest; an engine that serves anything else is reloaded. `checked` records what
+- **Digest.** Every engine's drafter is hashed where it is (`SpecEngine.served_drafter_digest`) and compared with
+  the learner's published digest (`DrafterVersion.digest`); an engine that serves anything else is reloaded. `checked` records what
   was found, as an event when it was wrong.
 - **Collapse.** The first batch after the event is judged per engine (`judge`): an engine whose trained
   drafter verified at least `MIN_DRAFTED` drafts and kept at most `COLLAPSE_ACCEPTANCE` of them (or

@@ -130,7 +130,7 @@ class EngineConfig:
     drafting (with γ = 0 both are the same plain decoding), and what auto-γ's acceptance estimates and
     the learner's draft signals measure depends on it, so one engine keeps one rule.
 
-    `drafters` lists the drafter kinds to run (each registered in `drafters.registry`, with its own fields below): "model" (the drafter LM passed to `SpecEngine`) and
+    `drafters` lists the drafter kinds to run (`drafters.registry`): "model" (the drafter LM passed to `SpecEngine`) and
     "suffix" (model-free, over sibling and earlier completions of the same prompt; `suffix` configures
     it), "layer_skip" (the target's first `layer_skip_layers` layers; None: half of them), "eagle" (an
     EAGLE-style head on the target's hidden states; a fresh one's MLP is `eagle_intermediate_size` wide,
