@@ -12,8 +12,8 @@ acceptance falls to 0 (mean accepted length to 1.0) and training goes on, slower
 ways after every *drafter event* — a drafter publish, a policy sync, a worker or learner restart, a resume:
 
 - **Digest.** Every engine's drafter is hashed where it is (`SpecEngine.served_drafter_digest`) and compared with
-  the learner's published digest (`DrafterVersion.digest`); an engine that serves anything else is reloaded. `checked` records what
-  was found, as an event when it was wrong.
+  the learner's published digest (`DrafterVersion.digest`); an engine that serves anything else is reloaded.
+  `checked` records what was found, as an event when it was wrong.
 - **Collapse.** The first batch after the event is judged per engine (`judge`): an engine whose trained
   drafter verified at least `MIN_DRAFTED` drafts and kept at most `COLLAPSE_ACCEPTANCE` of them (or
   emitted at most `COLLAPSE_ACCEPTED_LEN` tokens per speculative row-step) has collapsed — if the learner's
