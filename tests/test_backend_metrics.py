@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from specroll.integrations.backend import rollout_metrics
 from specroll.integrations.local_backend import LocalBackend
 from specroll.rollout import SamplingParams, SpecEngine
+from specroll.rollout.drafters.version import DrafterVersion
 
 # Seeded T = 1: a row's random numbers depend on (seed, prompt index, sample, position) only.
 PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
@@ -24,7 +25,7 @@ def test_local_and_ray_backends_report_identical_metrics(controller, tiny_model_
     drafter = AutoModelForCausalLM.from_pretrained(tiny_model_paths["drafter"])
     # The shared controller may serve other versions by now: give it the saved weights again.
     controller.sync_policy(target.state_dict(), controller.policy_version + 1)
-    controller.sync_drafter(drafter.state_dict(), controller.drafter_version + 1)
+    controller.sync_drafter(DrafterVersion(controller.drafter_version + 1, drafter.state_dict()))
     local = LocalBackend(SpecEngine(target, drafter, controller.config.engine))
 
     ray_rollouts = controller.generate(PROMPT, PARAMS, n=4)

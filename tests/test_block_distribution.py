@@ -49,7 +49,7 @@ def trained_state() -> dict[str, torch.Tensor]:
                                                                           warmup_steps=0, gate_z=0.0))
     learner.add_rollouts(rollouts)
     assert learner.train_round().published  # it learnt something: the gate took it
-    return learner.published_state_dict()
+    return learner.published_version().weights
 
 
 def trained_head() -> BlockHead:

@@ -55,7 +55,7 @@ def trained(target, block_size: int = 4) -> BlockHead:
         make_prompts(32, 2, 8, seed=3), SamplingParams(max_new_tokens=24, temperature=1.0, seed=2), n=2))
     assert learner.train_round().published
     out = BlockHead.for_target(target.config, block_size=block_size, seed=9)
-    out.load_state_dict(learner.published_state_dict())
+    out.load_state_dict(learner.published_version().weights)
     return out
 
 

@@ -19,7 +19,7 @@ from specroll.online_drafter.divergence import LOSSES, expected_acceptance
 from specroll.online_drafter.heads.block_scorer import BlockScorer, _anchorable
 from specroll.online_drafter.heads.data import collate, from_rollout
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.drafters.draft_vocab import STATE_KEY
+from specroll.rollout.drafters.draft_vocab import DraftVocab
 from specroll.rollout.drafters.heads.block import BlockHead
 
 
@@ -86,15 +86,15 @@ def test_a_draft_vocabulary_is_trained_published_and_served_exactly():
     learner = make_online_learner(head, target, LearnerConfig(lr=3e-3, max_steps=20, batch_size=8, warmup_steps=0,
                                                               gate_z=0.0))
     ids = torch.arange(0, 64, 2)
-    learner.set_draft_vocab(ids, 64)
+    learner.set_draft_vocab(DraftVocab(ids, 64))
     learner.add_rollouts(rollouts(target, 24))
     assert learner.train_round().published
-    state = learner.published_state_dict()
-    assert STATE_KEY in state
+    version = learner.published_version()
+    assert version.draft_vocab is not None
     config = EngineConfig(max_batch_size=4, max_seq_len=40, gamma=3, drafters=("block",), block_size=4)
     engine = SpecEngine(target, BlockHead.for_target(target.config, block_size=4, seed=5), config)
-    engine.update_drafter(state, learner.version)
-    assert torch.equal(engine.draft_vocab(), state[STATE_KEY])
+    engine.load_drafter(version)
+    assert torch.equal(engine.draft_vocab(), version.draft_vocab)
     prompts, greedy = make_prompts(8, 1, 9, seed=2), SamplingParams(max_new_tokens=16, temperature=0)
     plain = SpecEngine(target, None, EngineConfig(max_batch_size=4, max_seq_len=40, gamma=0)).generate(prompts, greedy)
     assert [r.completion_ids for r in engine.generate(prompts, greedy)] == [r.completion_ids for r in plain]

@@ -24,7 +24,7 @@ from specroll.online_drafter.scorer import invariant_bound
 from specroll.online_drafter.served_acceptance import ServedAcceptance
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.heads import EagleHead
-from specroll.rollout.engine import ACCEPTANCE_STATE_KEY
+from specroll.rollout.drafters.version import DrafterVersion
 from specroll.rollout.sampling.noise import gumbel_max
 
 PROMPTS = make_prompts(6, 2, 6)
@@ -33,8 +33,8 @@ COLD = EngineConfig(max_batch_size=4, max_seq_len=40, gamma="auto", max_gamma=3,
                     speculation="when_learned", cost_model_budget_s=0.2)
 
 
-def tagged(head: EagleHead, acceptance: float) -> dict[str, torch.Tensor]:
-    return {**head.state_dict(), ACCEPTANCE_STATE_KEY: torch.tensor([round(acceptance * 1e6)])}
+def tagged(head: EagleHead, acceptance: float, number: int) -> DrafterVersion:
+    return DrafterVersion(number, head.state_dict(), acceptance=acceptance)
 
 
 def test_when_learned_drafts_nothing_until_a_version_reaches_break_even():
@@ -48,13 +48,13 @@ def test_when_learned_drafts_nothing_until_a_version_reaches_break_even():
     assert [r.completion_ids for r in cold] == [r.completion_ids for r in plain.generate(PROMPTS, PARAMS)]
     break_even = engine.break_even_acceptance()
     assert 0 < break_even <= 1
-    engine.update_drafter(tagged(head, break_even / 2), version=1)
+    engine.load_drafter(tagged(head, break_even / 2, 1))
     assert engine.drafter_acceptance == pytest.approx(break_even / 2, abs=1e-6) and not engine.speculating
-    engine.update_drafter(tagged(head, 1.0), version=2)  # at or above any break-even
+    engine.load_drafter(tagged(head, 1.0, 2))  # at or above any break-even
     assert engine.speculating
     engine.generate(PROMPTS, PARAMS)
     assert engine.stats.drafter_forwards > 0 and engine.stats.drafted > 0
-    engine.update_drafter(tagged(head, 0.0), version=3)  # a later version below it: off again
+    engine.load_drafter(tagged(head, 0.0, 3))  # a later version below it: off again
     forwards = engine.stats.drafter_forwards
     engine.generate(PROMPTS, PARAMS)
     assert not engine.speculating and engine.stats.drafter_forwards == forwards
@@ -74,10 +74,10 @@ def test_under_the_invariant_sampler_the_acceptance_is_its_lower_bound():
         engine.break_even_acceptance = lambda: break_even
     # at a = the break-even, the invariant rule keeps at least a / (2 - a) < a: not enough
     for engine in engines.values():
-        engine.update_drafter(tagged(head, break_even + 1e-6), version=1)
+        engine.load_drafter(tagged(head, break_even + 1e-6, 1))
     assert engines["rejection"].speculating and not engines["invariant"].speculating
     for engine in engines.values():
-        engine.update_drafter(tagged(head, 1.0), version=2)
+        engine.load_drafter(tagged(head, 1.0, 2))
     assert engines["invariant"].speculating
 
 
@@ -114,7 +114,7 @@ def test_what_the_drafts_kept_overrules_the_held_out_number(monkeypatch):
     break_even = 0.5
     monkeypatch.setattr(engine, "break_even_acceptance", lambda: break_even)
     claim = break_even + 1e-3  # just enough to turn it on
-    engine.update_drafter(tagged(head, claim), version=1)
+    engine.load_drafter(tagged(head, claim, 1))
     assert engine.speculating
     engine.generate(make_prompts(8, 2, 6), PARAMS)
     gate = engine.speculation_gate
@@ -125,7 +125,7 @@ def test_what_the_drafts_kept_overrules_the_held_out_number(monkeypatch):
     forwards = engine.stats.drafter_forwards
     engine.generate(PROMPTS, PARAMS)
     assert engine.stats.drafter_forwards == forwards  # off: no draft forwards
-    engine.update_drafter(tagged(head, claim), version=2)  # the same claim: believed only up to claim - gap
+    engine.load_drafter(tagged(head, claim, 2))  # the same claim: believed only up to claim - gap
     assert engine.speculation_gate.acceptance(2, gate.claimed) == pytest.approx(estimate) and not engine.speculating
 
 
@@ -150,7 +150,7 @@ def test_a_version_without_acceptance_keeps_speculation_off():
     target = tiny_lm("llama", "sdpa")
     head = EagleHead.for_target(target.config, seed=0)
     engine = SpecEngine(target, head, COLD)
-    engine.update_drafter(head.state_dict(), version=1)
+    engine.load_drafter(DrafterVersion(1, head.state_dict()))
     assert engine.drafter_acceptance is None and not engine.speculating
 
 
@@ -168,7 +168,7 @@ def test_published_versions_carry_the_learners_own_held_out_score():
     backend = LocalBackend.from_models(target, EagleHead.for_target(target.config, seed=0), COLD, learner_config)
     learner = backend.learner
     assert isinstance(learner, ServedAcceptance)
-    assert ACCEPTANCE_STATE_KEY not in learner.published_state_dict()  # version 0 was never scored
+    assert learner.published_version().acceptance is None  # version 0 was never scored
     for seed in range(3):
         params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=seed)
         backend.generate(make_prompts(6, 2, 6, seed=seed), params, n=2)

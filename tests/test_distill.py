@@ -97,20 +97,20 @@ def test_fused_feature_heads_train_on_their_layers_and_load_as_models_reads(user
 
 def test_a_head_trained_over_a_draft_vocabulary_carries_it_to_the_engine_and_the_learner(user_folder, capsys):
     """`--draft-vocab N`: the learner trains and scores over the N ids the samples' completions use most (the stop
-    id in); the head file carries them (`draft_vocab.STATE_KEY`), `models.head` loads them, and an engine with
+    id in); the head file carries them (`integrations.head_file`), `models.head` loads them, and an engine with
     `draft_vocab: N` — and the online learner beside it — start from them, not from the first N ids; the output
     stays the target's. Another N is refused naming both."""
     from transformers import AutoModelForCausalLM
 
+    from specroll.integrations.head_file import read_head_file
     from specroll.integrations.local_backend import LocalBackend
     from specroll.online_drafter import LearnerConfig
     from specroll.rollout import SamplingParams, SpecEngine
-    from specroll.rollout.drafters.draft_vocab import STATE_KEY, first_ids, top_ids
+    from specroll.rollout.drafters.draft_vocab import first_ids, top_ids
 
     out = user_folder / "dv"
     assert distill(user_folder, out, "--kind", "eagle3", "--draft-vocab", "8") == 0
-    saved = torch.load(out / "eagle3.pt", weights_only=True)
-    ids = saved[STATE_KEY]
+    ids = read_head_file(out / "eagle3.pt").draft_vocab
     target = AutoModelForCausalLM.from_pretrained(user_folder / "policy")
     counts = torch.zeros(target.config.vocab_size, dtype=torch.long)
     for chunk in (out / "samples").iterdir():

@@ -20,7 +20,8 @@ import torch
 from tiny_models import VOCAB, make_prompts, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.drafters.draft_vocab import STATE_KEY, DraftVocab, first_ids, top_ids
+from specroll.rollout.drafters.draft_vocab import DraftVocab, first_ids, top_ids
+from specroll.rollout.drafters.version import DrafterVersion
 from specroll.rollout.sampling.draft_q import DraftQ
 
 PROMPTS = make_prompts(12, 2, 9, seed=5)
@@ -87,7 +88,7 @@ KINDS = [("model",), ("layer_skip",), ("eagle",), ("medusa",), ("model", "suffix
 def test_greedy_with_a_draft_vocabulary_equals_plain_decoding(kinds):
     ids = subset_missing_frequent_tokens(GREEDY)
     engine = make_engine(kinds)
-    engine.set_draft_vocab(ids)
+    engine.set_draft_vocab(DraftVocab(torch.as_tensor(ids), engine.vocab_size))
     log = DraftLog(engine)
     out = [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)]
     assert out == plain(GREEDY)
@@ -102,7 +103,7 @@ def test_greedy_with_a_draft_vocabulary_equals_plain_decoding(kinds):
 @pytest.mark.parametrize("kinds", [("model",), ("eagle",)], ids="+".join)
 def test_invariant_sampler_with_a_draft_vocabulary_gives_plain_decodings_tokens(kinds):
     engine = make_engine(kinds, sampler="invariant")
-    engine.set_draft_vocab(subset_missing_frequent_tokens(SAMPLED))
+    engine.set_draft_vocab(DraftVocab(torch.as_tensor(subset_missing_frequent_tokens(SAMPLED)), engine.vocab_size))
     assert [r.completion_ids for r in engine.generate(PROMPTS, SAMPLED)] == plain(SAMPLED)
 
 
@@ -120,7 +121,7 @@ def test_a_drafter_version_carries_its_subset():
     drafter = noisy_copy_of(target)
     engine = SpecEngine(target, drafter, EngineConfig(max_batch_size=5, max_seq_len=40, gamma=3, draft_vocab=SIZE))
     new = torch.arange(40, 40 + SIZE)
-    engine.update_drafter({**drafter.state_dict(), STATE_KEY: new}, version=1)
+    engine.load_drafter(DrafterVersion(1, drafter.state_dict(), new))
     assert torch.equal(engine.draft_vocab(), new)
     log = DraftLog(engine)
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == plain(GREEDY)

@@ -8,9 +8,8 @@ import torch
 from tiny_models import build_lm
 
 from specroll.integrations.drafter_watch import MIN_DRAFTED, MIN_ESTIMATE, DrafterWatch
-from specroll.integrations.weights_digest import served_drafter_tensors, weights_digest
 from specroll.rollout.core.stats import BatchStats, DrafterStats
-from specroll.rollout.drafters.draft_vocab import STATE_KEY
+from specroll.rollout.drafters.version import drafter_digest
 
 
 def weights() -> dict[str, torch.Tensor]:
@@ -19,37 +18,37 @@ def weights() -> dict[str, torch.Tensor]:
 
 def test_a_digest_is_the_weights_not_their_order_or_copy():
     named = weights()
-    assert weights_digest(named) == weights_digest(dict(reversed(list(named.items()))))
-    assert weights_digest(named) == weights_digest(served_drafter_tensors(build_lm(hidden=16, layers=1, seed=3), None))
+    assert drafter_digest(named) == drafter_digest(dict(reversed(list(named.items()))))
+    assert drafter_digest(named) == drafter_digest(dict(build_lm(hidden=16, layers=1, seed=3).named_parameters()))
 
 
 def test_one_changed_value_or_name_changes_the_digest():
-    named, digest = weights(), weights_digest(weights())
+    named, digest = weights(), drafter_digest(weights())
     name = next(iter(named))
     flipped = {**named, name: named[name].clone()}
     flipped[name].view(-1)[0] += 1e-6
     renamed = {("x" + k if k == name else k): v for k, v in named.items()}
-    assert weights_digest(flipped) != digest and weights_digest(renamed) != digest
+    assert drafter_digest(flipped) != digest and drafter_digest(renamed) != digest
 
 
 def test_an_fp32_learner_and_a_bf16_engine_agree_in_the_wire_dtype():
     named = weights()
     engine = {name: t.to(torch.bfloat16) for name, t in named.items()}
-    assert weights_digest(named, torch.bfloat16) == weights_digest(engine, torch.bfloat16)
-    assert weights_digest(named) != weights_digest(engine)
+    assert drafter_digest(named, wire_dtype=torch.bfloat16) == drafter_digest(engine, wire_dtype=torch.bfloat16)
+    assert drafter_digest(named) != drafter_digest(engine)
 
 
 def test_the_draft_vocabulary_is_part_of_the_digest():
     named = weights()
-    with_vocab = {**named, STATE_KEY: torch.tensor([5, 1, 3])}
+    with_vocab = drafter_digest(named, torch.tensor([5, 1, 3]))
     same_ids = torch.tensor([1, 3, 5], dtype=torch.int32)
-    assert weights_digest(with_vocab) == weights_digest({**named, STATE_KEY: same_ids})
-    assert weights_digest(with_vocab) != weights_digest({**named, STATE_KEY: torch.tensor([1, 3, 6])})
+    assert with_vocab == drafter_digest(named, same_ids) != drafter_digest(named)
+    assert with_vocab != drafter_digest(named, torch.tensor([1, 3, 6]))
 
 
 def test_an_empty_state_is_refused():
-    with pytest.raises(ValueError, match="named_tensors is empty"):
-        weights_digest({})
+    with pytest.raises(ValueError, match="weights is empty"):
+        drafter_digest({})
 
 
 def batch(drafted: int, accepted: int, kind: str = "model") -> BatchStats:

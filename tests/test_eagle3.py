@@ -21,6 +21,7 @@ from specroll.online_drafter.heads.data import FeatureBatch
 from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.online_drafter.heads.objectives import objective_for
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.drafters.draft_vocab import DraftVocab
 from specroll.rollout.drafters.heads.eagle3 import Eagle3Head, default_layers
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 
@@ -112,7 +113,7 @@ def test_trained_online_it_drafts_better_and_stays_exact():
     learner.add_rollouts(engine.generate(make_prompts(48, 2, 8, seed=3), params, n=2))
     assert learner.train_round().published and learner.version == 1
     trained = Eagle3Head.for_target(target.config, seed=9, ttt_steps=2)
-    trained.load_state_dict(learner.published_state_dict())
+    trained.load_state_dict(learner.published_version().weights)
     acceptance = []
     for drafter in (Eagle3Head.for_target(target.config, seed=0, ttt_steps=2), trained):
         fresh_engine = SpecEngine(target, drafter, config)
@@ -141,7 +142,7 @@ def test_trained_head_is_exact_on_each_architecture(arch, attn, layers):
         make_prompts(32, 2, 8, seed=3), SamplingParams(max_new_tokens=24, temperature=1.0, seed=2), n=2))
     assert learner.train_round().published
     trained = Eagle3Head.for_target(target.config, seed=9, ttt_steps=2)
-    trained.load_state_dict(learner.published_state_dict())
+    trained.load_state_dict(learner.published_version().weights)
     assert speculative(target, trained) == plain(target)
 
 
@@ -157,7 +158,7 @@ def test_own_lm_head_over_draft_ids_is_exact_and_drafts_only_those():
     assert first.numel() == 40 and torch.equal(engine.drafter.draws.vocab.ids, ids[torch.isin(ids, first)])
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == plain(target)
     with pytest.raises(ValueError, match="shares none with the drafter's own LM head"):
-        engine.set_draft_vocab([1, 3, 5])
+        engine.set_draft_vocab(DraftVocab(torch.as_tensor([1, 3, 5]), engine.vocab_size))
 
 
 def test_default_layers_are_low_mid_high():

@@ -58,7 +58,7 @@ def trained_state() -> dict[str, torch.Tensor]:
                           LearnerConfig(lr=3e-3, max_steps=40, batch_size=16, warmup_steps=0, gate_z=0.0))
     learner.add_rollouts(rollouts)
     assert learner.train_round().published  # it learnt something: the gate took it
-    return learner.published_state_dict()
+    return learner.published_version().weights
 
 
 def trained_head() -> Eagle3Head:

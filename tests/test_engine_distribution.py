@@ -33,6 +33,7 @@ from tiny_models import build_lm, make_prompts
 import specroll.rollout.sampling.noise as sampling_module
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
+from specroll.rollout.drafters.draft_vocab import DraftVocab
 from specroll.rollout.sampling.accept import RejectionSampling
 from specroll.rollout.sampling.randomness import gumbel
 
@@ -65,7 +66,7 @@ def sample_and_test(params: SamplingParams, sampler: str, gamma: int = 3,
     if wrong_sampler is not None:
         engine.accept_rule = wrong_sampler
     if draft_vocab is not None:
-        engine.set_draft_vocab(draft_vocab)
+        engine.set_draft_vocab(DraftVocab(torch.as_tensor(draft_vocab), engine.vocab_size))
     if pin_choice:  # the per-row choice alternates: even slots take the model's drafts, odd ones the suffix's
         engine.drafter.choose = lambda found, gamma: [b % 2 == 0 for b in range(len(found.drafts))]
     rollouts = engine.generate(PROMPTS[:rows], params)

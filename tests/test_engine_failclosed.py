@@ -17,6 +17,7 @@ import torch
 from tiny_models import make_prompts, noisy_copy, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.drafters.version import DrafterVersion
 
 BAD = 13  # a token id the clean prompts below never produce (greedy or T = 1)
 CONFIG = dict(max_batch_size=3, max_seq_len=64, gamma=3)
@@ -65,10 +66,10 @@ def test_nan_prompt_leaves_no_trace_in_its_slot():
 def test_drafter_good_nan_good_restores_acceptance():
     used, fresh = engine(nan_token=False), engine(nan_token=False)
     used.generate(CLEAN, GREEDY)
-    used.update_drafter(drafter_state(nan=True), version=1)
+    used.load_drafter(DrafterVersion(1, drafter_state(nan=True)))
     with pytest.warns(RuntimeWarning, match="drafter version 1"):
         used.generate(CLEAN, SAMPLED)  # must not raise
-    used.update_drafter(drafter_state(), version=2)
+    used.load_drafter(DrafterVersion(2, drafter_state()))
     restored, reference = used.generate(CLEAN, GREEDY), fresh.generate(CLEAN, GREEDY)
     assert completions(restored) == completions(reference)
     assert acceptance(restored) == acceptance(reference) > 0.5
@@ -108,7 +109,7 @@ def test_failed_row_keeps_the_tokens_before_its_fault():
 def test_nonfinite_drafter_drops_its_drafts_and_warns_once_per_call():
     # A clean target: random drafts holding the NaN token would fail their rows (as they would alone).
     spec, plain = engine(nan_token=False), engine(drafter=False, nan_token=False)
-    spec.update_drafter(drafter_state(nan=True), version=3)
+    spec.load_drafter(DrafterVersion(3, drafter_state(nan=True)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = spec.generate(CLEAN, GREEDY)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
 from tiny_models import build_lm, make_prompts
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
+from specroll.rollout.drafters.draft_vocab import DraftVocab
 
 ROWS, NEW_TOKENS = 1500, 40
 VOCAB = 16
@@ -46,7 +48,7 @@ def test_emitted_tokens_follow_target_distribution(drafters, sampler, params):
                           drafters=drafters, layer_skip_layers=1, suffix=SuffixConfig(min_survival=0.0))
     engine = SpecEngine(target(), None, config)
     if subset:
-        engine.set_draft_vocab(list(range(3, 13)))
+        engine.set_draft_vocab(DraftVocab(torch.as_tensor(list(range(3, 13))), engine.vocab_size))
     if len(drafters) > 1:
         engine.drafter.choose = lambda found, gamma: [b % 2 == 0 for b in range(len(found.drafts))]
     rollouts = engine.generate(PROMPTS, params)

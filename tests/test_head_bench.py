@@ -10,7 +10,8 @@ import torch
 from specroll.benchmarks import head_bench
 from specroll.benchmarks.models import load_bench_models
 from specroll.rollout import EngineConfig
-from specroll.rollout.drafters.factory import fresh_block, fresh_eagle3
+from specroll.rollout.drafters.block import fresh_head as fresh_block
+from specroll.rollout.drafters.eagle3 import fresh_head as fresh_eagle3
 
 
 def test_heads_from_distill_files_and_draft_vocab_contenders_race_with_plain(tmp_path, monkeypatch, capsys):

@@ -63,7 +63,7 @@ def test_trained_head_accepts_more_in_the_engine(kind, cheap):
     assert report.published and report.version == 1
     assert report.acceptance_after > report.acceptance_frozen_shadow + 0.05  # held-out, averaged over depths
     assert not any(p.grad is not None for p in model.parameters())  # the policy is never trained
-    engine.update_drafter(learner.published_state_dict(), learner.version)
+    engine.load_drafter(learner.published_version())
     before_update = engine.stats.totals()
     engine.generate(PROMPTS, SamplingParams(max_new_tokens=24, temperature=1.0, seed=4), n=4)
     assert engine.stats.since(before_update).acceptance_rate - before > 0.05

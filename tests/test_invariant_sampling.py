@@ -17,6 +17,7 @@ import torch
 from tiny_models import make_prompts, tiny_lm
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.drafters.version import DrafterVersion
 from specroll.rollout.sampling import accept
 from specroll.rollout.sampling import noise as noise_module
 from specroll.rollout.sampling.draft_q import DraftQ
@@ -119,14 +120,14 @@ def test_drafter_swap_mid_call_and_between_calls(calibration):
     for _ in range(4):
         next(steps)
     unrelated = tiny_lm("llama", logit_scale=15.0, seed=9)  # the target's architecture, other weights
-    spec.drafter.load_weights(unrelated.state_dict())  # what `update_drafter` writes, here between two steps
+    spec.drafter.load_weights(unrelated.state_dict())  # what `load_drafter` writes, here between two steps
     while True:
         try:
             next(steps)
         except StopIteration as done:
             assert tokens(done.value) == plain("T0.7-k8")
             break
-    spec.update_drafter(good_drafter().state_dict(), version=2)
+    spec.load_drafter(DrafterVersion(2, good_drafter().state_dict()))
     assert tokens(spec.generate(PROMPTS, PARAMS["T1.3-p0.8"], n=N)) == plain("T1.3-p0.8")
 
 

@@ -61,12 +61,12 @@ def test_a_bad_checkpoint_is_a_value_error_naming_the_path(learner, tmp_path, da
         path.write_text("grpo: {steps: 2}\n")
     else:
         torch.save({"version": 3}, path)
-    published = {name: t.clone() for name, t in learner.published_state_dict().items()}
+    published = {name: t.clone() for name, t in learner.published_version().weights.items()}
     drafter = tiny_llama(16, 1, seed=7)
     weights = {name: p.clone() for name, p in drafter.named_parameters()}
     with pytest.raises(ValueError, match=rf"^checkpoint {path}"):
         DraftLearner.load(path, drafter)
-    for name, tensor in learner.published_state_dict().items():  # the served drafter is untouched
+    for name, tensor in learner.published_version().weights.items():  # the served drafter is untouched
         assert torch.equal(tensor, published[name])
     for name, param in drafter.named_parameters():
         assert torch.equal(param, weights[name])

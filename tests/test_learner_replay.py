@@ -35,7 +35,7 @@ def run_recorded(folder, budget_s=None):
         learner.add_rollouts(engine.generate(prompts, params, n=2))
         reports.append(learner.train_round(budget_s=budget_s, break_even=0.1))
         if reports[-1].published:
-            engine.update_drafter(learner.published_state_dict(), learner.version)
+            engine.load_drafter(learner.published_version())
         probes.append(learner.probe(engine.generate(probe_prompts, params, n=2)))
     return reports, probes
 

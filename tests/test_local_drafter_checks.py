@@ -11,7 +11,6 @@ from tiny_models import noisy_copy, tiny_lm
 
 from specroll.integrations.backend import learner_round
 from specroll.integrations.local_backend import LocalBackend
-from specroll.integrations.weights_digest import served_drafter_tensors, weights_digest
 from specroll.online_drafter import LearnerConfig
 from specroll.rollout import EngineConfig, SamplingParams
 
@@ -49,7 +48,7 @@ def test_weights_lost_under_the_engine_raise_the_alarm_and_are_reverted():
     assert metrics["drafter/collapse_alarms"] == 1 and metrics["drafter/digest_mismatches"] == 1
     assert backend.engine.drafter_version == backend.learner.version == version + 1  # the revert, a new version
     assert any(e.startswith("ALARM drafter collapse after policy sync to version 2") for e in backend.watch.events)
-    served = weights_digest(served_drafter_tensors(drafter, backend.engine.draft_vocab()))
-    assert served == weights_digest(backend.learner.published_state_dict())
+    served = backend.engine.served_drafter_digest(drafter)
+    assert served == backend.learner.published_version().digest(backend.engine.config.dtype)
     backend.generate(PROMPTS, SAMPLED, n=2)
     assert abs(backend.batch_stats().acceptance_rate - before) <= 0.05

@@ -19,7 +19,7 @@ from specroll.integrations.local_backend import LocalBackend
 from specroll.online_drafter import LearnerConfig, expected_acceptance
 from specroll.online_drafter.divergence import bucketed_kl, restrict
 from specroll.rollout import EngineConfig, SamplingParams
-from specroll.rollout.drafters.draft_vocab import STATE_KEY, initial_ids
+from specroll.rollout.drafters.draft_vocab import initial_ids
 
 V, SIZE = 32, 12
 PROMPTS = [[i % V, (5 * i) % V] for i in range(24)]
@@ -81,7 +81,7 @@ def test_the_published_subset_follows_the_policys_tokens(policies):
     assert torch.equal(learner.draft_vocab("frozen"), start)
     assert learner.version >= 1
     published = learner.draft_vocab("published")
-    assert torch.equal(learner.published_state_dict()[STATE_KEY], published)
+    assert torch.equal(learner.published_version().draft_vocab, published)
     assert torch.equal(engine.draft_vocab(), published)  # the engine drafts over the served subset
     # The moved policy emits ids 16..31: the recounted subset holds them (measured: 89% of its tokens), the
     # first one (ids 0..11, EOS among them) almost none (0.3%).
@@ -132,7 +132,7 @@ def test_a_checkpoint_keeps_subsets_and_counts(policies, tmp_path):
     for name in ("frozen", "published", "candidate"):
         assert torch.equal(resumed.draft_vocab(name), learner.draft_vocab(name))
     torch.testing.assert_close(resumed.token_counts.counts, learner.token_counts.counts)
-    assert torch.equal(resumed.published_state_dict()[STATE_KEY], learner.published_state_dict()[STATE_KEY])
+    assert torch.equal(resumed.published_version().draft_vocab, learner.published_version().draft_vocab)
 
 
 def test_q_over_a_subset_is_renormalised_there_and_ids_outside_score_nothing():

@@ -69,7 +69,7 @@ def _run_drift():
         learner.add_rollouts(engine.generate(prompts, params))
         report = learner.train_round()
         if report.published:
-            engine.update_drafter(learner.published_state_dict(), learner.version)
+            engine.load_drafter(learner.published_version())
         reports.append(report)
     return reports, probes
 

@@ -8,6 +8,7 @@ import torch
 from online_fixtures import tiny_llama
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.drafters.version import DrafterVersion
 
 CONFIG = dict(max_batch_size=4, max_seq_len=32, gamma=3, record_signals=True, signal_top_k=4)
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]
@@ -28,7 +29,7 @@ def test_swaps_keep_caches_and_rollouts_record_versions():
 
     new_target, new_drafter = tiny_llama(32, 2, seed=2), tiny_llama(16, 1, seed=3)
     engine.update_target({n: p.detach() for n, p in new_target.named_parameters()}, version=5)
-    engine.update_drafter({n: p.detach() for n, p in new_drafter.named_parameters()}, version=2)
+    engine.load_drafter(DrafterVersion(2, {n: p.detach() for n, p in new_drafter.named_parameters()}))
     second = engine.generate(PROMPTS, GREEDY)
     assert {(r.policy_version, r.drafter_version) for r in second} == {(5, 2)}
     assert cache_storage(engine) == storage  # same buffers: nothing reallocated

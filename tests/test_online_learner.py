@@ -104,12 +104,12 @@ def test_a_rejected_candidate_keeps_training_and_the_published_drafter_stays(set
     _, drafter, rollouts = setup
     learner = DraftLearner(drafter, small_config(min_improvement=1.0))  # no round can clear this
     learner.add_rollouts(rollouts)
-    published_before = {n: t.clone() for n, t in learner.published_state_dict().items()}
+    published_before = {n: t.clone() for n, t in learner.published_version().weights.items()}
     first = learner.train_round()
     assert not first.published and first.version == learner.version == 0
     assert first.num_steps == 10 and first.num_positions > 0
     assert first.acceptance_frozen_shadow == pytest.approx(first.acceptance_before)
-    for name, tensor in learner.published_state_dict().items():
+    for name, tensor in learner.published_version().weights.items():
         assert torch.equal(tensor, published_before[name])
     candidate = {n: p.detach().clone() for n, p in learner.candidate.model.named_parameters()}
     assert any(not torch.equal(candidate[n], published_before[n]) for n in candidate)  # not reset
@@ -125,7 +125,7 @@ def test_publishes_when_the_paired_gain_clears_the_interval(setup):
     assert report.published and report.version == learner.version == 1
     assert report.gain - learner.config.gate_z * report.gain_se > 0
     assert report.gain == pytest.approx(report.acceptance_after - report.acceptance_before, abs=1e-6)
-    engine.update_drafter(learner.published_state_dict(), learner.version)
+    engine.load_drafter(learner.published_version())
     assert learner.score(engine.drafter.runner.model) == pytest.approx(report.acceptance_after, abs=1e-5)
 
 
@@ -143,7 +143,7 @@ def test_watchdog_reverts_a_served_drafter_below_the_frozen_one(setup):
     assert "below the frozen drafter" in report.event and "reverted to the frozen drafter" in report.event
     assert report.acceptance_frozen_shadow > report.acceptance_before
     for name, param in learner.frozen.named_parameters():
-        assert torch.equal(learner.published_state_dict()[name], param)
+        assert torch.equal(learner.published_version().weights[name], param)
         assert torch.equal(dict(learner.candidate.model.named_parameters())[name], param)
 
 
@@ -220,7 +220,7 @@ def test_a_harmful_learning_rate_never_serves_a_drafter_worse_than_frozen(setup)
     learner = DraftLearner(drafter, small_config(lr=10.0, max_steps=20, ema_decay=0.0))
     prompts = [[i % V, (5 * i + 1) % V] for i in range(16)]
     probe_prompts = [[(7 * i + 3) % V, i % V] for i in range(8)]
-    engine.update_drafter(learner.published_state_dict(), learner.version)
+    engine.load_drafter(learner.published_version())
     gains = []
     for round_index in range(4):
         params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=100 + round_index)
@@ -228,7 +228,7 @@ def test_a_harmful_learning_rate_never_serves_a_drafter_worse_than_frozen(setup)
         report = learner.train_round()
         gains.append(report.gain)
         if report.published:
-            engine.update_drafter(learner.published_state_dict(), learner.version)
+            engine.load_drafter(learner.published_version())
         probe = learner.probe(engine.generate(probe_prompts, params, n=2))
         assert probe.gain + learner.config.gate_z * probe.gain_se >= 0, (round_index, report, probe)
     assert min(gains) < -0.05, gains  # the setting is harmful: candidates lost to what was served

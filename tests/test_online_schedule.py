@@ -248,6 +248,7 @@ def test_ray_controller_runs_the_round_and_the_probe_on_its_actors(ray_cluster, 
         assert done.probe.num_groups == 2 and done.probe.gain == pytest.approx(0.0, abs=1e-9)
         assert controller.finish_learner_round() is None
         published = controller.published_drafter()
-        assert published and all(isinstance(t, torch.Tensor) for t in published.values())
+        assert published.number == controller.drafter_version
+        assert all(isinstance(t, torch.Tensor) for t in published.weights.values())
     finally:
         controller.shutdown()

@@ -18,13 +18,14 @@ from transformers import AutoModelForCausalLM
 from specroll.integrations.model_source import load_drafter, tokenizer_pair
 from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.rollout import SamplingParams, SpecEngine
+from specroll.rollout.drafters.version import DrafterVersion
 
 
 def two_workers(request, config) -> RolloutController:
     if config == shared_config(request.getfixturevalue("tiny_model_paths")):
         shared = request.getfixturevalue("controller")
         shared.sync_policy(tiny_llama(32, 2, seed=0).state_dict(), shared.policy_version + 1)  # the saved pair
-        shared.sync_drafter(tiny_llama(16, 1, seed=1).state_dict(), shared.drafter_version + 1)
+        shared.sync_drafter(DrafterVersion(shared.drafter_version + 1, tiny_llama(16, 1, seed=1).state_dict()))
         return shared
     controller = RolloutController(config)
     request.addfinalizer(controller.shutdown)

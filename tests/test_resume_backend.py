@@ -48,8 +48,8 @@ def test_a_service_loaded_from_state_dict_goes_on_as_the_one_that_saved_it():
     assert second.engine.drafter_version == first.engine.drafter_version == first.learner.version
     reports = [step(each, policy, 2) for each in (first, second)]
     assert reports[0].version == reports[1].version and reports[0].num_steps == reports[1].num_steps == 6
-    for name, tensor in first.learner.published_state_dict().items():
-        assert torch.equal(tensor, second.learner.published_state_dict()[name]), name
+    for name, tensor in first.learner.published_version().weights.items():
+        assert torch.equal(tensor, second.learner.published_version().weights[name]), name
     assert first.metrics()["rollout/total_rollouts"] == second.metrics()["rollout/total_rollouts"]
 
 

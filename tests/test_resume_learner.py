@@ -13,6 +13,7 @@ from online_fixtures import tiny_llama
 from specroll.online_drafter import DraftLearner, LearnerConfig
 from specroll.online_drafter.learner_state import restore, state_of
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.drafters.draft_vocab import DraftVocab
 
 V = 32
 
@@ -37,7 +38,7 @@ def test_a_loaded_learner_runs_the_next_round_as_the_one_never_stopped(tmp_path)
                            warmup_steps=2, alarm_rounds=3, alarm_min_steps=13)
     batches = [rollouts(engine, seed, version) for version, seed in enumerate((11, 12, 13, 14))]
     learner = DraftLearner(drafter, config)
-    learner.set_draft_vocab(torch.arange(24), V)
+    learner.set_draft_vocab(DraftVocab(torch.arange(24), V))
     for batch in batches[:2]:
         learner.add_rollouts(batch)
         learner.train_round()

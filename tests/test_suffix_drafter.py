@@ -18,6 +18,7 @@ from specroll.rollout.config import SuffixConfig
 from specroll.rollout.core.batch import HostStep, RowBuffers
 from specroll.rollout.drafters.suffix import SuffixDrafter
 from specroll.rollout.drafters.suffix_or_model import SuffixOrModelDrafter
+from specroll.rollout.drafters.version import DrafterVersion
 
 PROMPTS = make_prompts(6, 2, 7, seed=5)
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0)
@@ -124,8 +125,8 @@ def test_engine_takes_any_drafter_object():
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY, n=2)] == plain("llama", "sdpa", PROMPTS, 2)
     with pytest.raises(ValueError, match="drafters"):
         SpecEngine(target, drafter, EngineConfig(max_batch_size=4, drafters=("suffix",)))
-    with pytest.raises(ValueError, match="update_drafter"):
-        engine.update_drafter({}, version=1)
+    with pytest.raises(ValueError, match="load_drafter"):
+        engine.load_drafter(DrafterVersion(1, {"weight": torch.zeros(1)}))
 
 
 def test_model_kind_needs_a_drafter_model():

@@ -12,12 +12,14 @@ p itself instead of the residual left by the siblings before it (checked on a qu
 from __future__ import annotations
 
 import pytest
+import torch
 from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
 from test_engine_distribution import NEW_TOKENS, POWER_ROWS, PROMPTS, ROWS, SETTINGS, SUBSET, models
 from test_tree_engine import head_drafter
 
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
+from specroll.rollout.drafters.draft_vocab import DraftVocab
 from specroll.rollout.sampling.tree_accept import TreeRejection
 
 WIDTH, DEPTH = 3, 3
@@ -37,7 +39,7 @@ def sample_and_test(params: SamplingParams, sampler: str, drafters: tuple[str, .
     if wrong_rule is not None:
         engine.tree_step.rule = wrong_rule
     if draft_vocab is not None:
-        engine.set_draft_vocab(draft_vocab)
+        engine.set_draft_vocab(DraftVocab(torch.as_tensor(draft_vocab), engine.vocab_size))
     rollouts = engine.generate(PROMPTS[:rows], params)
     stats = engine.stats
     assert stats.tree_steps == stats.steps and stats.tree_nodes_per_row == WIDTH * DEPTH
