@@ -134,7 +134,7 @@ def read_eagle3_head(models: ModelPaths, engine: EngineConfig, target: PreTraine
         return head
     if models.head and "lm_head.weight" in read_head_file(models.head).weights:
         raise ValueError(f"models.head={models.head!r} holds an EAGLE-3 head with its own LM head, whose draft ids "
-                         "a head file does not carry: give it as a checkpoint folder (speculators or SpecForge "
+                         "a state_dict does not carry: give it as a checkpoint folder (speculators or SpecForge "
                          "layout, integrations.eagle3_checkpoint)")
     return load_head_file(fresh_head(engine, target.config), models.head)
 

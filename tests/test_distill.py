@@ -12,6 +12,7 @@ from tiny_models import build_lm
 from trl_tiny import tiny_tokenizer
 
 from specroll.cli import main
+from specroll.integrations.head_file import read_head_file
 from specroll.integrations.model_source import ModelPaths, load_drafter
 from specroll.rollout import EngineConfig
 from specroll.rollout.drafters.heads import EagleHead
@@ -57,7 +58,7 @@ def test_eagle_head_end_to_end_is_what_models_reads(user_folder, capsys):
     head = load_drafter(ModelPaths(str(user_folder / "policy"), head=str(out / "eagle.pt")),
                         EngineConfig(drafters=("eagle",)), target)
     assert isinstance(head, EagleHead)
-    saved = torch.load(out / "eagle.pt", weights_only=True)
+    saved = read_head_file(out / "eagle.pt").weights
     assert all(torch.equal(t, saved[name]) for name, t in head.state_dict().items())
     assert "held-out expected acceptance" in capsys.readouterr().out
 
@@ -86,7 +87,7 @@ def test_fused_feature_heads_train_on_their_layers_and_load_as_models_reads(user
     assert f"drafters: [{kind}]" in report and ("block_size: 4" in report) == (kind == "block")
     config = EngineConfig(drafters=(kind,), block_size=4, gamma=3, max_batch_size=4, max_seq_len=48)
     head = load_drafter(ModelPaths(str(user_folder / "policy"), head=str(out / f"{kind}.pt")), config, target)
-    saved = torch.load(out / f"{kind}.pt", weights_only=True)
+    saved = read_head_file(out / f"{kind}.pt").weights
     assert all(torch.equal(t, saved[name]) for name, t in head.state_dict().items())
     prompts = [[1, 5, 9, 3], [2, 7]]
     params = SamplingParams(max_new_tokens=10, temperature=0.0)
@@ -102,7 +103,6 @@ def test_a_head_trained_over_a_draft_vocabulary_carries_it_to_the_engine_and_the
     stays the target's. Another N is refused naming both."""
     from transformers import AutoModelForCausalLM
 
-    from specroll.integrations.head_file import read_head_file
     from specroll.integrations.local_backend import LocalBackend
     from specroll.online_drafter import LearnerConfig
     from specroll.rollout import SamplingParams, SpecEngine

@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help="the policy: a save_pretrained folder")
     parser.add_argument("--prompts", required=True, help="a .jsonl (rows with 'prompt'), .json or text file, or a "
                         "dotted dataset(count, seed) function as task.dataset in a train config")
-    parser.add_argument("--kind", choices=trainable_kinds(), default="eagle", help="the drafter to train (default: "
-                        "eagle)")
+    parser.add_argument("--kind", default="eagle", help="the drafter to train: a trainable kind (eagle, eagle3, "
+                        "medusa, block, model, ...: rollout.drafters.registry; default: eagle)")
     parser.add_argument("--out", required=True, help="the folder to write (and resume from)")
     parser.add_argument("--tokenizer", default=None, help="the policy's tokenizer folder (default: the policy's)")
     parser.add_argument("--drafter", default=None, help="--kind model: a smaller LM of the same tokenizer")
@@ -233,6 +233,9 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
 
 
 def _check_arguments(args: argparse.Namespace, error: type[Exception]) -> None:
+    kinds = trainable_kinds()
+    if args.kind not in kinds:
+        raise error(f"--kind={args.kind} is invalid: one of {', '.join(kinds)}")
     if args.kind != "model" and (args.drafter or args.layers is not None):
         raise error(f"--kind={args.kind} is invalid with --drafter / --layers: those make a drafter LM (--kind model)")
     if args.drafter and args.layers is not None:
