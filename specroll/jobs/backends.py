@@ -130,6 +130,16 @@ def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None =
                                   publish_acceptance=config.engine.speculation == "when_learned")
     trained = trained_drafter_kind(sources.paths, config.engine) is not None
     learner = learner if config.online_learning and trained else None
+    if config.engine.kind == "vllm":
+        from transformers import AutoModelForCausalLM
+
+        from specroll.integrations.model_source import load_drafter, tokenizer_pair
+        from specroll.integrations.vllm.backend import VllmBackend
+
+        paths = sources.paths
+        target = AutoModelForCausalLM.from_pretrained(paths.target)
+        return VllmBackend.from_models(target, load_drafter(paths, config.engine, target), config.engine, learner,
+                                       *tokenizer_pair(paths), settings=config.vllm)
     if config.backend.kind == "local":
         from transformers import AutoModelForCausalLM
 
