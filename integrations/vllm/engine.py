@@ -78,6 +78,7 @@ class VllmEngine:
         self.signals = signals
         self.kind = drafter_kind(config)
         _set_environment(settings)
+        check_head_sizes(target_dir, drafter_dir if self.kind == "model" else None)
         from vllm import LLM
 
         spec = speculative_config(self.kind, drafter_dir, config)
@@ -251,6 +252,24 @@ def check_engine_config(config: EngineConfig) -> None:
         raise ValueError(f"engine.draft_vocab={config.draft_vocab} is invalid with engine.kind: vllm and drafters "
                          f"{list(config.drafters or ())}: vLLM drafts over a subset only through EAGLE-3's d2t/t2d "
                          "(drafters: [eagle3])")
+
+
+def check_head_sizes(*folders: str | None) -> None:
+    """ValueError naming the model whose attention head size vLLM's CPU attention cannot run (on a CPU build)."""
+    from transformers import AutoConfig
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    for folder in filter(None, folders):
+        text = AutoConfig.from_pretrained(folder).get_text_config()
+        head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        if head not in supported:
+            raise ValueError(f"the model at {folder} has attention heads of size {head}: vLLM's CPU attention runs "
+                             f"{supported}; use engine.kind: specroll for it, or a model with one of those sizes")
 
 
 def _vllm_params(params: SamplingParams, budget: int, key: int):

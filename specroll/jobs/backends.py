@@ -27,7 +27,7 @@ from .train_config import TrainConfig
 
 FRESH_HEAD = "fresh"  # models.head: a head from nothing (the cold start), also with the demo's models
 # Minutes a first build takes on 2 CPU cores (measured; a faster machine takes less).
-BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 11, "bpe_tiny": 1}
+BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 11, "bpe_tiny": 1, "tiny_heads32": 1}
 
 
 @dataclass

@@ -31,7 +31,7 @@ from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
 
 MODEL_SOURCES = ("demo", "pretrained")
-DEMO_RECIPES = ("full", "tiny", "bpe", "bpe_tiny")  # demo.recipe.RECIPE_NAMES
+DEMO_RECIPES = ("full", "tiny", "bpe", "bpe_tiny", "tiny_heads32")  # demo.recipe.RECIPE_NAMES
 BACKENDS = ("ray", "local")
 
 
