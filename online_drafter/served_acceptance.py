@@ -40,6 +40,7 @@ class ServedAcceptance:
         self.acceptance: float | None = None  # the served version's held-out expected acceptance (None: unscored)
         self.invariant: float | None = None  # ... and its per-position invariant-sampler bound
         self._scored_version: int | None = None  # the version `acceptance` belongs to
+        self._tagged: tuple[DrafterVersion, DrafterVersion] | None = None  # (the learner's version, it tagged)
 
     @property
     def version(self) -> int:
@@ -83,7 +84,10 @@ class ServedAcceptance:
             self._note()
         if self.acceptance is None or self._scored_version != self.learner.version:
             return version
-        return dataclasses.replace(version, acceptance=self.acceptance, invariant_acceptance=self.invariant)
+        if self._tagged is None or self._tagged[0] is not version or self._tagged[1].acceptance != self.acceptance:
+            tagged = dataclasses.replace(version, acceptance=self.acceptance, invariant_acceptance=self.invariant)
+            self._tagged = (version, tagged)  # one object per version: its digests are hashed once
+        return self._tagged[1]
 
     def _note(self) -> None:
         """Take the served version's held-out acceptance (none while nothing is held out)."""

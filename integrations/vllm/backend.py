@@ -24,7 +24,7 @@ from specroll.integrations.local_backend import LocalBackend
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.rollout import EngineConfig, Rollout, SamplingParams
-from specroll.rollout.drafters.draft_vocab import initial_ids
+from specroll.rollout.drafters.factory import initial_draft_vocab
 from specroll.rollout.drafters.version import DrafterVersion
 
 from .engine import VllmEngine
@@ -37,6 +37,7 @@ class VllmBackend(LocalBackend):
     """`LocalBackend` over a `VllmEngine` (see the module doc)."""
 
     engine: VllmEngine
+    _served: tuple[DrafterVersion, DrafterVersion] | None = None  # (the learner's version, as vLLM serves it)
 
     @classmethod
     def from_models(cls, target: PreTrainedModel, drafter: PreTrainedModel | None,
@@ -53,8 +54,8 @@ class VllmBackend(LocalBackend):
             engine_config = dataclasses.replace(engine_config, record_signals=True)
             learner = make_online_learner(drafter, target, learner_config)
             if engine_config.draft_vocab is not None:
-                learner.set_draft_vocab(initial_ids(engine_config.draft_vocab, target.config.vocab_size, target.config,
-                                                    drafter), target.config.vocab_size)
+                learner.set_draft_vocab(initial_draft_vocab(engine_config, target.config.vocab_size, target.config,
+                                                            drafter))
         engine = VllmEngine.from_models(target, drafter, engine_config, settings, target_tokenizer)
         return cls(engine, learner, None)
 
@@ -76,9 +77,12 @@ class VllmBackend(LocalBackend):
         super().load_state_dict({**state, "engines": []})
 
     def _published(self) -> DrafterVersion:
-        weights = self.learner.published_state_dict()
-        return DrafterVersion(self.learner.version, {k: v for k, v in weights.items() if not k.startswith("specroll")
-                                                     and k != "draft_vocab.ids"})
+        """The learner's published version as vLLM serves it: over the whole vocabulary (its draft-model proposer
+        takes no draft vocabulary), one object per learner version (its digest is hashed once)."""
+        version = self.learner.published_version()
+        if self._served is None or self._served[0] is not version:
+            self._served = (version, dataclasses.replace(version, draft_vocab=None))
+        return self._served[1]
 
     def _serve_published(self, event: str) -> None:
         self.engine.load_drafter(self._published())
@@ -89,9 +93,7 @@ class VllmBackend(LocalBackend):
         differs (an event, `drafter/digest_mismatches`), and the collapse check armed for the next batch."""
         if self.learner is None:
             return
-        if self._published_digest[0] != self.learner.version:  # hashed once per version
-            self._published_digest = (self.learner.version, self._published().digest())
-        published = self._published_digest[1]
+        published = self._published().digest()
         served = {WORKER.format(i): digest or "none" for i, digest in enumerate(self.engine.served_drafter_digests())}
         if event == "batch start" and all(d == published for d in served.values()):
             return  # nothing to record: the common case, checked before every batch

@@ -17,8 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from specroll.rollout import EngineConfig
+from specroll.rollout.drafters.registry import DRAFTERS
 
-VLLM_METHODS = {"model": "draft_model", "eagle3": "eagle3", "block": "dflash", "suffix": "ngram"}
+# kind → vLLM method: each kind's `DrafterSpec.vllm_method` (`rollout.drafters.registry`)
+VLLM_METHODS = {kind: spec.vllm_method for kind, spec in DRAFTERS.items() if spec.vllm_method is not None}
 PROBABILISTIC_METHODS = ("draft_model", "eagle3")  # vLLM hands their q to the rejection rule
 NGRAM_LOOKUP = (1, 4)  # prompt_lookup_min / max of the n-gram proposer (specroll's suffix: min_match .. max_match)
 

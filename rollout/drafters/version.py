@@ -36,7 +36,7 @@ class DrafterVersion:
     draft_vocab: torch.Tensor | None = None
     acceptance: float | None = None
     invariant_acceptance: float | None = None
-    _digests: dict = field(default_factory=dict, repr=False, compare=False)
+    _digests: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.number, int) or isinstance(self.number, bool) or self.number < 0:
