@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specroll.rollout.core.stats import BatchStats, DrafterStats
+from specroll.rollout.drafters.registry import DRAFTERS
 
 COLLAPSE_ACCEPTANCE = 0.02  # kept drafts / drafts at or below this ...
 COLLAPSE_ACCEPTED_LEN = 1.02  # ... or tokens per speculative row-step at or below this ...
 MIN_ESTIMATE = 0.2  # ... while the learner's held-out expected acceptance is at least this: a collapse
 MIN_DRAFTED = 64  # drafts a batch must verify on one engine before it is judged
-MODEL_FREE_KINDS = ("suffix",)  # drafter kinds without weights: never judged
 
 
 @dataclass
@@ -110,8 +110,9 @@ class DrafterWatch:
 
 
 def trained_share(stats: BatchStats) -> DrafterStats:
-    """The drafts of the drafter kinds that have weights (all of them when the stats name no kind)."""
-    kinds = [share for kind, share in stats.by_drafter.items() if kind not in MODEL_FREE_KINDS]
+    """The drafts of the drafter kinds that have weights — not the model-free ones (`DrafterSpec.model_free`), never
+    judged — (all of them when the stats name no kind)."""
+    kinds = [share for kind, share in stats.by_drafter.items() if not (kind in DRAFTERS and DRAFTERS[kind].model_free)]
     if not stats.by_drafter:
         return DrafterStats(stats.spec_row_steps, stats.drafted, stats.accepted)
     return sum(kinds, DrafterStats())
