@@ -1,7 +1,9 @@
-"""Public EAGLE-3 checkpoints as `Eagle3Head`s: the vllm-project/speculators layout and SpecForge's.
+"""Public EAGLE-3 checkpoints as `Eagle3Head`s: the vllm-project/speculators layout and SpecForge's, read; and a
+head written in the speculators layout (`save_eagle3_checkpoint`: what `specroll train` / `distill` / `export` keep).
 
     head = load_eagle3_checkpoint("path/to/checkpoint", target, target_tokenizer)   # refuses what does not fit
     engine = SpecEngine(target, head, EngineConfig(drafters=("eagle3",)))
+    save_eagle3_checkpoint(head, target, "out/drafter", verifier="out/policy")
 
 A checkpoint is a folder with `config.json` and `model.safetensors` (or shards listed in
 `model.safetensors.index.json`). The two layouts (read from the public code; docs/drafters.md cites the files
@@ -35,10 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import CONFIG_MAPPING, PreTrainedModel
 
 from specroll.rollout.drafters.eagle3_head import Eagle3Head, default_layers
+
+from .vocab_maps import draft_ids, vocab_maps
 
 SPECULATORS, SPECFORGE = "speculators", "specforge"
 LAYER_TYPES = ("llama", "qwen3")  # the draft decoder layers speculators defines (`model_definitions.model_classes`)
@@ -150,6 +154,64 @@ def load_eagle3_checkpoint(path: str | Path, target: PreTrainedModel, tokenizer=
     return head
 
 
+def save_eagle3_checkpoint(head: Eagle3Head, target: PreTrainedModel, folder: str | Path,
+                           verifier: str | None = None) -> Path:
+    """`head` as speculators' `Eagle3DraftModel.save_pretrained` lays it out (the module doc's first layout), which
+    vLLM serves (`--speculative-config '{"method": "eagle3", "model": "<folder>"}'`) and `load_eagle3_checkpoint`
+    reads back: config.json (`Eagle3SpeculatorConfig`'s fields, the draft layer's config a `llama` one, `qwen3`
+    with q/k norms) and model.safetensors (fp32: `layers.0.*`, `fc`, `norm`, the fusion norms, `lm_head` [N, H]
+    and `d2t` / `t2d` for an own LM head over N < V ids, `embed_tokens` the target's). `verifier`: the target's
+    folder or hub id, recorded as speculators records it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    text = target.config.get_text_config()
+    vocab = target.get_output_embeddings().weight.shape[0]
+    layer_type = "qwen3" if head.q_norm is not None else "llama"
+    layer = CONFIG_MAPPING[layer_type](
+        hidden_size=head.hidden_size, intermediate_size=head.gate_proj.weight.shape[0], num_hidden_layers=1,
+        num_attention_heads=head.num_heads, num_key_value_heads=head.num_kv_heads, head_dim=head.head_dim,
+        vocab_size=vocab, rms_norm_eps=head.norm.eps, rope_theta=theta_of(head.inv_freq, head.head_dim),
+        attention_bias=head.q_proj.bias is not None, tie_word_embeddings=False,
+        max_position_embeddings=getattr(text, "max_position_embeddings", 2048),
+        bos_token_id=getattr(text, "bos_token_id", None), eos_token_id=getattr(text, "eos_token_id", None))
+    ids = head.draft_ids
+    config = {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+        "transformer_layer_config": layer.to_diff_dict(),
+        "draft_vocab_size": vocab if ids is None else int(ids.numel()),
+        "norm_before_residual": head.norm_before_residual, "target_hidden_size": text.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(head.target_layers),
+        "norm_before_fc": head.fc_input_norm is not None, "fc_norm": head.fc_norms is not None,
+        "norm_output": head.norm_output, "embed_requires_grad": False,
+        "speculators_config": {
+            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": head.ttt_steps,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier, "architectures": list(target.config.architectures or [])},
+        },
+        "torch_dtype": "float32",
+    }
+    to_public = {local: f"layers.0.{name}" for name, local in LAYER_NAMES.items()}
+    to_public.update({local: name for name, local in FUSION_NAMES.items()})
+    tensors = {"embed_tokens.weight": target.get_input_embeddings().weight.detach().float()}
+    for name, tensor in head.state_dict().items():
+        module, _, rest = name.partition(".")
+        tensors[f"{to_public.get(module, module)}.{rest}"] = tensor.detach().float()
+    if ids is None:  # drafts through the target's LM head: speculators' layout has one of its own, the target's
+        tensors["lm_head.weight"] = target.get_output_embeddings().weight.detach().float()
+    tensors.update(vocab_maps(ids, vocab))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({name: t.contiguous() for name, t in tensors.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def theta_of(inv_freq: torch.Tensor, head_dim: int) -> float:
+    """RoPE's base from a head's frequencies (inv_freq[1] = theta^(-2/head_dim)), to the 6 digits a config holds."""
+    if inv_freq.numel() < 2:
+        return 10000.0
+    return float(f"{float(inv_freq[1].double() ** (-head_dim / 2)):.6g}")
+
+
 def check_fits(spec: Eagle3Spec, target: PreTrainedModel) -> tuple[int, ...]:
     """The checkpoint's target layers (our numbering), after refusing what does not fit `target` or this head."""
     text = target.config.get_text_config()
@@ -177,23 +239,9 @@ def check_fits(spec: Eagle3Spec, target: PreTrainedModel) -> tuple[int, ...]:
 
 
 def _draft_ids(tensors: dict[str, torch.Tensor], spec: Eagle3Spec, vocab: int) -> torch.Tensor | None:
-    """The target ids of the head's LM head rows (from `d2t`, checked against `t2d`); every id when the head spans
-    the whole vocabulary without a map."""
-    d2t, t2d = tensors.pop("d2t", None), tensors.pop("t2d", None)
-    size = spec.draft_vocab_size
-    if d2t is None:
-        _differs("draft_vocab_size (no d2t tensor)", size, vocab)
-        return torch.arange(vocab)
-    _differs("d2t length", d2t.shape[0], size)
-    ids = torch.arange(size) + d2t.long()
-    if not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0 or int(ids[-1]) >= vocab:
-        raise ValueError(f"d2t maps draft ids onto target ids [{int(ids.min())}, {int(ids.max())}], not increasing "
-                         f"within the target's vocabulary [0, {vocab})")
-    if t2d is not None:
-        _differs("t2d length", t2d.shape[0], vocab)
-        if not torch.equal(t2d.bool().nonzero()[:, 0], ids):
-            raise ValueError("t2d marks other target ids than d2t maps to: the checkpoint's vocabulary maps disagree")
-    return ids
+    """The target ids of the head's LM head rows (`vocab_maps.draft_ids`: from `d2t`, checked against `t2d`); every
+    id when the head spans the whole vocabulary without a map."""
+    return draft_ids(tensors.pop("d2t", None), tensors.pop("t2d", None), spec.draft_vocab_size, vocab)
 
 
 def _renamed(tensors: dict[str, torch.Tensor], spec: Eagle3Spec, target: PreTrainedModel) -> dict[str, torch.Tensor]:

@@ -44,18 +44,18 @@ event, and the time totals behind the learner's share of the critical path.
 
 from __future__ import annotations
 
+import logging
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from tqdm import tqdm
 
 from specroll.rollout import SamplingParams
 from specroll.rollout.core.stats import BatchStats
 
 from .backend import LearnerRound, ProbeRequest
+
+logger = logging.getLogger(__name__)
 
 COLD_UPDATE_FACTOR = 2.0  # a cold round's budget, x the predicted update (the collection stops it earlier)
 REPORT_FIELDS = ("loss", "acceptance_before", "acceptance_after", "acceptance_frozen_shadow", "gain", "gain_se",
@@ -238,6 +238,6 @@ class LearnerSchedule:
         return [event.removeprefix("ALARM ") for event in self.events if event.startswith("ALARM ")]
 
     def _raise_alarm(self, line: str) -> None:
-        """Record a learner alarm as an event and print it (once: the learner raises each alarm once)."""
+        """Record a learner alarm as an event and log it (once: the learner raises each alarm once)."""
         self.events.append(f"ALARM {line}")
-        tqdm.write(f"specroll: WARNING: {line}", file=sys.stderr)  # on a line of its own, under a progress bar
+        logger.warning(f"specroll: WARNING: {line}")

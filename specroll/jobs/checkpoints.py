@@ -15,6 +15,7 @@ and the parent synced: TRL writes its own files before it calls `on_save`, so a 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from typing import Any
 
 from specroll.integrations.yaml_config import ConfigError
 from specroll.online_drafter.checkpoint import load_checkpoint, save_checkpoint
+
+logger = logging.getLogger(__name__)
 
 SPECROLL_DIR = "specroll"
 RUN_FILE = "run.json"
@@ -92,8 +95,8 @@ def find_checkpoint(path: str | os.PathLike) -> SavedRun:
     for folder in folders:
         if (folder / SPECROLL_DIR / RUN_FILE).is_file():
             return read_saved_run(folder)
-        print(f"specroll train: skipping {folder}: incomplete (no {SPECROLL_DIR}/{RUN_FILE}: the run was stopped "
-              "while saving it)", flush=True)
+        logger.info(f"specroll train: skipping {folder}: incomplete (no {SPECROLL_DIR}/{RUN_FILE}: the run was stopped "
+              "while saving it)")
     found = f"{len(folders)} incomplete checkpoints" if folders else "no trainer/checkpoint-<step> folder"
     raise ConfigError(f"--resume {path}: no whole checkpoint to resume from ({found}; a run saves them with "
                       "checkpoint.every > 0)")

@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 KINDS = ("eagle", "eagle3", "medusa", "block", "model")
 # the arguments that decide what is learnt: a resumed run must have the same
@@ -201,8 +204,7 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
             args.kind, "") + ("" if ids is None else f", draft_vocab: {args.draft_vocab}")
         models_yaml = (f"models: {{source: pretrained, target: {args.policy}, head: {output}}}\n"
                        f"engine: {{drafters: [{args.kind}]{extra}}}\n")
-    print(f"specroll distill: calibrating the engine's cost model (~{args.cost_model_s:g}s) to predict the speed",
-          flush=True)
+    logger.info(f"specroll distill: calibrating the engine's cost model (~{args.cost_model_s:g}s) to predict the speed")
     spans = [(len(e.token_ids), e.num_positions) if isinstance(e, FeatureSequence)
              else (len(e.prompt_ids) + len(e.completion_ids), len(e.completion_ids)) for e in entries]
     halfway = round(sum(total - completion / 2 for total, completion in spans) / len(spans))  # a mean row's KV mid-way
@@ -216,8 +218,8 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
     report = write_report(out / "report.md", settings, rounds, predictions, str(output), models_yaml)
     (out / "rounds.json").write_text(json.dumps(rounds, indent=1))
     speeds = ", ".join(f"{p.speedup:.2f}x at batch {p.batch}" for p in predictions)
-    print(f"specroll distill: held-out expected acceptance {final:.4f}; predicted {speeds}; drafter: {output}; "
-          f"report: {report}", flush=True)
+    logger.info(f"specroll distill: held-out expected acceptance {final:.4f}; predicted {speeds}; drafter: {output}; "
+          f"report: {report}")
     return 0
 
 
@@ -252,7 +254,7 @@ def _check_out(out: Path, args: argparse.Namespace, error: type[Exception]) -> N
             raise error(f"--out={str(out)!r} is invalid: it holds a run with other {', '.join(changed)} "
                         f"({', '.join(f'{k}={before.get(k)!r}' for k in changed)}): resume it as it was, or use "
                         "another folder")
-        print(f"specroll distill: resuming the run in {out}", flush=True)
+        logger.info(f"specroll distill: resuming the run in {out}")
         return
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(settings, indent=1))
