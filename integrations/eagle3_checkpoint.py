@@ -40,6 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import CONFIG_MAPPING, PreTrainedModel
 
+from specroll.rollout.drafters.draft_vocab import CARRIED_ATTR
 from specroll.rollout.drafters.eagle3_head import Eagle3Head, default_layers
 
 from .vocab_maps import draft_ids, vocab_maps
@@ -174,7 +175,9 @@ def save_eagle3_checkpoint(head: Eagle3Head, target: PreTrainedModel, folder: st
         attention_bias=head.q_proj.bias is not None, tie_word_embeddings=False,
         max_position_embeddings=getattr(text, "max_position_embeddings", 2048),
         bos_token_id=getattr(text, "bos_token_id", None), eos_token_id=getattr(text, "eos_token_id", None))
-    ids = head.draft_ids
+    # an own LM head's rows, else the draft vocabulary it was trained over (`carry`): over the target's LM head's
+    # rows at those ids, as the engine's `draft_vocab` drafts it
+    ids = head.draft_ids if head.draft_ids is not None else getattr(head, CARRIED_ATTR, None)
     config = {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "transformer_layer_config": layer.to_diff_dict(),
@@ -197,8 +200,9 @@ def save_eagle3_checkpoint(head: Eagle3Head, target: PreTrainedModel, folder: st
     for name, tensor in head.state_dict().items():
         module, _, rest = name.partition(".")
         tensors[f"{to_public.get(module, module)}.{rest}"] = tensor.detach().float()
-    if ids is None:  # drafts through the target's LM head: speculators' layout has one of its own, the target's
-        tensors["lm_head.weight"] = target.get_output_embeddings().weight.detach().float()
+    if head.lm_head is None:  # drafts through the target's LM head: speculators' layout has one of its own
+        lm_head = target.get_output_embeddings().weight.detach().float()
+        tensors["lm_head.weight"] = lm_head if ids is None else lm_head[ids]
     tensors.update(vocab_maps(ids, vocab))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     save_file({name: t.contiguous() for name, t in tensors.items()}, str(folder / "model.safetensors"))

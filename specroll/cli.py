@@ -18,6 +18,8 @@ from typing import NoReturn
 SUBCOMMANDS = {
     "bench": ("specroll.benchmarks.engine_bench", "benchmark the engine against HF generate / assisted generation"),
     "build-demo-models": ("specroll.demo.cli_build", "build (or rebuild) the cached demo models and tokenizer"),
+    "export": ("specroll.jobs.export", "write a run's checkpoint as a save_pretrained policy and a drafter in the "
+               "layout vLLM / speculators / transformers load"),
     "distill": ("specroll.jobs.distill", "train a drafter (EAGLE / Medusa head or drafter LM) for your policy offline"),
     "train": ("specroll.jobs.train", "GRPO (TRL) with speculative rollouts and online draft learning"),
 }

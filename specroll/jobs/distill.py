@@ -16,9 +16,10 @@
    for two thirds, then `--final-lr`, each phase a learner on the same samples (the same held-out groups); the
    budget counts whole rounds, gates included (a gate that overran its round is taken from the next ones);
 4. writes what `models:` reads — `<out>/<kind>.pt` (a head's state dict: `models.head`) or `<out>/drafter/` (a
-   `save_pretrained` LM: `models.drafter`) — and `<out>/report.md`: held-out expected acceptance per round and
-   the speed the calibrated cost model predicts against plain decoding at live batch 1 / 16 / 64
-   (`distill_report`).
+   `save_pretrained` LM: `models.drafter`); an EAGLE-3 or DFlash head also in `<out>/drafter/`, the speculators
+   layout vLLM serves (and DFlash in z-lab's, `<out>/drafter_zlab/`: `integrations.drafter_export`) — and
+   `<out>/report.md`: held-out expected acceptance per round and the speed the calibrated cost model predicts against
+   plain decoding at live batch 1 / 16 / 64 (`distill_report`).
 
 An interrupted run resumes from `<out>`: the sample chunks written, the learner's state after its last round
 (`<out>/learner.pt`) and the rounds so far; `distill.json` holds the settings that decide what is learnt, and a
@@ -184,6 +185,7 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
     speed, write the report; print where they are."""
     import torch
 
+    from specroll.integrations.drafter_export import export_drafter
     from specroll.online_drafter.heads.data import FeatureSequence
     from specroll.rollout.drafters.draft_vocab import STATE_KEY, carry
 
@@ -192,14 +194,18 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
 
     if args.kind == "model":
         output = out / "drafter"
-        drafter.save_pretrained(output)
-        tokenizer.save_pretrained(output)
+        export_drafter(drafter, "model", policy, output, tokenizer)
         models_yaml = (f"models: {{source: pretrained, target: {args.policy}, drafter: {output}}}\n"
                        "engine: {drafters: [model]}\n")
     else:
         output = out / f"{args.kind}.pt"
         torch.save({**drafter.state_dict(), **({} if ids is None else {STATE_KEY: ids})}, output)
         carry(drafter, ids)  # the speed prediction's engine drafts over them
+        if args.kind in ("eagle3", "block"):  # also in the public layout vLLM serves (speculators'; z-lab's too)
+            verifier = str(Path(args.policy).resolve())
+            public = export_drafter(drafter, args.kind, policy, out / "drafter", verifier=verifier)
+            layouts = ", ".join(f"{name}: {path}" for name, path in public.layouts.items())
+            logger.info(f"specroll distill: the {args.kind} drafter also in {layouts}")
         extra = {"medusa": f", medusa_heads: {args.medusa_heads}", "block": f", block_size: {args.block_size}"}.get(
             args.kind, "") + ("" if ids is None else f", draft_vocab: {args.draft_vocab}")
         models_yaml = (f"models: {{source: pretrained, target: {args.policy}, head: {output}}}\n"
