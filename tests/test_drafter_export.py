@@ -94,7 +94,8 @@ def test_eagle3_head_round_trips_through_the_speculators_layout(tmp_path, layout
     else:
         assert config["draft_vocab_size"] == 32 and tensors["d2t"].dtype == torch.int64
         assert tensors["t2d"].dtype == torch.bool and tensors["lm_head.weight"].shape == (32, 32)
-    loaded = load_drafter(ModelPaths(str(tmp_path), head=str(exported.path)), EngineConfig(drafters=("eagle3",)), target)
+    paths = ModelPaths(str(tmp_path), head=str(exported.path))
+    loaded = load_drafter(paths, EngineConfig(drafters=("eagle3",)), target)
     assert torch.equal(loaded.draft_ids, SUBSET if layout != "target_lm_head" else torch.arange(64))
     if layout == "own_lm_head":
         assert_same(head, loaded)
