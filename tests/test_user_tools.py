@@ -156,3 +156,25 @@ def test_report_to_wandb_offline_writes_a_wandb_run(tmp_path, tiny_demo_cache):
     assert done.returncode == 0, done.stderr[-3000:]
     (run,) = (out / "wandb").glob("offline-run-*")
     assert list(run.glob("*.wandb")), sorted(p.name for p in run.iterdir())
+
+
+@pytest.mark.slow
+def test_export_writes_a_checkpoint_s_policy_and_drafter(tmp_path, tiny_demo_cache):
+    """`specroll export RUN` on a run that kept checkpoints: the newest one's policy loads with `from_pretrained`,
+    its drafter (demo_tiny's drafter LM) as a Hugging Face folder, the learner's published weights in it."""
+    pytest.importorskip("trl")
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    env = {**os.environ, "SPECROLL_CACHE": str(tiny_demo_cache)}
+    train = subprocess.run([sys.executable, "-m", "specroll.cli", "train", "--config", str(TINY), "--out-dir",
+                            str(out), "backend.kind=local", "checkpoint.every=1", "checkpoint.final=false"],
+                           capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert not (out / "policy").exists()
+    done = subprocess.run([sys.executable, "-m", "specroll.cli", "export", str(out), "--out", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step 2's policy" in done.stdout and "model drafter in huggingface" in done.stdout
+    AutoModelForCausalLM.from_pretrained(tmp_path / "x" / "policy")
+    AutoModelForCausalLM.from_pretrained(tmp_path / "x" / "drafter")
