@@ -29,11 +29,13 @@ class _ConsoleHandler(logging.Handler):
     is emitted: pytest's capture, a redirect), each through `tqdm.write`: on a line of its own under a progress bar."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
-
         try:
             stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
-            tqdm.write(self.format(record), file=stream)
+            tqdm = sys.modules.get("tqdm")  # no progress bar shows unless tqdm is loaded: never load it for one
+            if tqdm is not None:
+                tqdm.tqdm.write(self.format(record), file=stream)
+            else:
+                stream.write(self.format(record) + "\n")
             stream.flush()
         except Exception:  # logging's contract: a failed emit is reported by handleError, never raised
             self.handleError(record)
