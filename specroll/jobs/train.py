@@ -353,15 +353,19 @@ def _report_to(report: Any) -> list[str]:
 
 def check_extras(data: Any, overrides: list[str]) -> None:
     """Before torch loads: the extras this run needs — TRL, Ray (the default backend), matplotlib (the report's
-    plots) — installed, or one `MissingExtra` line naming them (`specroll.extras`)."""
+    plots), vLLM (`engine.kind: vllm`) — installed, or one `MissingExtra` line naming them (`specroll.extras`)."""
     from specroll.extras import require
     from specroll.integrations.yaml_config import with_overrides
 
     if isinstance(data, dict) and overrides:
         data = with_overrides(data, overrides)
-    backend = data.get("backend") if isinstance(data, dict) else None
-    kind = backend.get("kind", "ray") if isinstance(backend, dict) else "ray"
-    needs = {"trl": ("trl", "datasets"), "ray": ("ray",), "report": ("matplotlib",)}
-    if kind != "ray":
+    def kind(section: str, default: str) -> Any:
+        fields = data.get(section) if isinstance(data, dict) else None
+        return fields.get("kind", default) if isinstance(fields, dict) else default
+
+    needs = {"trl": ("trl", "datasets"), "ray": ("ray",), "report": ("matplotlib",), "vllm": ("vllm",)}
+    if kind("backend", "ray") != "ray":
         del needs["ray"]
+    if kind("engine", "specroll") != "vllm":
+        del needs["vllm"]
     require(needs, "specroll train")
