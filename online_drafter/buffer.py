@@ -33,8 +33,8 @@ import torch
 
 from specroll.rollout import RolloutSignals
 
-from .checkpoint import load_checkpoint, save_checkpoint
 from .learner_config import BufferConfig
+from .state.checkpoint import load_checkpoint, save_checkpoint
 
 
 class BufferEntry(Protocol):

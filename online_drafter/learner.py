@@ -1,7 +1,8 @@
 """Learner: distils a drafter toward the moving policy between RL steps, publish-if-better — the one learner seam.
 
-Usage (the loop DESIGN.md draws; `engine` is a `SpecEngine` with `record_signals=True`; a drafter family's
-learner, `lm.learner.DraftLearner` or `heads.learner.HeadLearner`, is this class on the family's data)::
+Usage (a run's loop: generate, learn while the trainer updates the policy, publish if better; `engine` is a
+`SpecEngine` with `record_signals=True`; a drafter family's learner, `lm.learner.DraftLearner` or
+`heads.learner.HeadLearner`, is this class on the family's data)::
 
     learner = DraftLearner(drafter, LearnerConfig(max_steps=50))
     for step in range(num_steps):
@@ -65,18 +66,18 @@ from specroll.rollout.drafters.draft_vocab import STATE_KEY as VOCAB_STATE_KEY
 from specroll.rollout.models.weights import copy_into
 
 from . import autocast
-from .alarms import LearnerAlarms
 from .buffer import BufferEntry, ReplayBuffer
-from .candidate import Candidate, TrainResult, smoothed, weights_of
 from .divergence import LOSSES
-from .held_out_scores import HeldOutScores
-from .holdout import GroupKey, HoldoutSet
+from .gate.alarms import LearnerAlarms
+from .gate.candidate import Candidate, TrainResult, smoothed, weights_of
+from .gate.held_out_scores import HeldOutScores
+from .gate.holdout import GroupKey, HoldoutSet
+from .gate.paired import GroupScores, paired_gain
+from .gate.watchdog import watchdog_reason
 from .learner_config import LearnerConfig
-from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
 from .scorer import Scorer
 from .token_counts import DraftVocabs, TokenCounts
-from .watchdog import watchdog_reason
 
 
 class Learner(HeldOutScores):
@@ -94,7 +95,7 @@ class Learner(HeldOutScores):
         self.holdout = HoldoutSet(config.holdout_fraction, config.max_holdout_positions)
         self.scorer = scorer
         self.to_entry = to_entry
-        # Every budget decision reads this clock (seconds); a replay (`benchmarks.learner_replay`) sets a
+        # Every budget decision reads this clock (seconds); a replay (`tools.learner_replay`) sets a
         # virtual one that charges each forward a fixed cost.
         self.clock: Callable[[], float] = time.perf_counter
         self.version = 0

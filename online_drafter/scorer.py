@@ -24,8 +24,8 @@ from torch import nn
 from .batching import length_batches
 from .buffer import BufferEntry
 from .divergence import restrict
-from .holdout import GroupKey
-from .paired import GroupScores
+from .gate.holdout import GroupKey
+from .gate.paired import GroupScores
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (log q, top-k ids, p) -> per position
 SCORE_COLUMNS = 3  # `score_entries`' columns: acceptance sum, position count, invariant-bound sum

@@ -14,7 +14,7 @@ from typing import NoReturn
 
 # subcommand -> (module, help); each module has `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS = {
-    "bench": ("specroll.benchmarks.engine_bench", "benchmark the engine against HF generate / assisted generation"),
+    "bench": ("specroll.bench.engine_bench", "benchmark the engine against HF generate / assisted generation"),
     "build-demo-models": ("specroll.demo.cli_build", "build (or rebuild) the cached demo models and tokenizer"),
     "distill": ("specroll.jobs.distill", "train a drafter (EAGLE / Medusa head or drafter LM) for your policy offline"),
     "train": ("specroll.jobs.train", "GRPO (TRL) with speculative rollouts and online draft learning"),
