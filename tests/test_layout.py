@@ -168,6 +168,21 @@ def test_installed_package_has_no_import_cycle():
     assert not found, "import cycles (lazy and type-only ones included):\n" + "\n".join(found)
 
 
+def test_subpackages_import_one_way():
+    """`specroll.X` folders, each taken as one node, form no loop: rollout ← online_drafter ← integrations ← jobs
+    ← bench and tools: dependencies point one way, and the jobs never import a benchmark."""
+    graph = import_graph(installed_modules())
+
+    def folder(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    folders: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        folders.setdefault(folder(source), set()).update(folder(t) for t in targets if folder(t) != folder(source))
+    found = cycles(folders)
+    assert not found, "subpackages importing each other:\n" + "\n".join(found)
+
+
 def test_pyproject_installs_every_package_folder_and_no_study():
     """Every folder of a mapped package with an `__init__.py` is in `packages` (a wheel leaves nothing out), and
     neither benchmarks nor one-off studies are: `specroll bench` is `specroll.bench`, studies/ stays a checkout's."""

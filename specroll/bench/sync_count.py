@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # what torch's sync debug mode warns at each sync
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the repository (benchmarks/..)
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # the repository
 
 
 def count_syncs(run: Callable[[], object], device: str,
