@@ -27,7 +27,7 @@ from .train_config import TrainConfig
 
 FRESH_HEAD = "fresh"  # models.head: a head from nothing (the cold start), also with the demo's models
 # Minutes a first build takes on 2 CPU cores (measured; a faster machine takes less).
-BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 11, "bpe_tiny": 1}
+BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 11, "bpe_tiny": 1, "tiny_heads32": 1}
 
 
 @dataclass
@@ -130,6 +130,16 @@ def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None =
                                   publish_acceptance=config.engine.speculation == "when_learned")
     trained = trained_drafter_kind(sources.paths, config.engine) is not None
     learner = learner if config.online_learning and trained else None
+    if config.engine.kind == "vllm":
+        from transformers import AutoModelForCausalLM
+
+        from specroll.integrations.model_source import load_drafter, tokenizer_pair
+        from specroll.integrations.vllm.backend import VllmBackend
+
+        paths = sources.paths
+        target = AutoModelForCausalLM.from_pretrained(paths.target)
+        return VllmBackend.from_models(target, load_drafter(paths, config.engine, target), config.engine, learner,
+                                       *tokenizer_pair(paths), settings=config.vllm)
     if config.backend.kind == "local":
         from transformers import AutoModelForCausalLM
 

@@ -5,7 +5,8 @@
 Sections: `models` (the demo recipe, or your own `save_pretrained` folders), `grpo` (the TRL
 `GRPOTrainer` run; the Ray job reads its rollout shape from it too), `task` (your dataset and reward
 by dotted path, or the demo's), `backend` (in-process or Ray, with the Ray
-topology and weight transport), `engine` (`EngineConfig`), `learner` (`LearnerConfig`;
+topology and weight transport), `engine` (`EngineConfig`; `engine.kind: vllm` runs rollouts on vLLM), `vllm`
+(`VllmSettings`: what only the vLLM engine reads), `learner` (`LearnerConfig`;
 `online_learning: false` keeps the drafter frozen), `learner_schedule` (the background round's
 budget), `probe` (the drift probe set), `checkpoint` (how often the run saves a checkpoint it can resume
 from: `specroll train --resume`, docs/resume.md), `report` (where the report lands and how the end-of-run
@@ -23,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from specroll.integrations.ray_backend.settings import SyncConfig, TopologyConfig
+from specroll.integrations.vllm.settings import VllmSettings
 from specroll.integrations.yaml_config import load_config
 from specroll.online_drafter import LearnerConfig
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
 
 MODEL_SOURCES = ("demo", "pretrained")
-DEMO_RECIPES = ("full", "tiny", "bpe", "bpe_tiny")  # demo.recipe.RECIPE_NAMES
+DEMO_RECIPES = ("full", "tiny", "bpe", "bpe_tiny", "tiny_heads32")  # demo.recipe.RECIPE_NAMES
 BACKENDS = ("ray", "local")
 
 
@@ -222,6 +224,7 @@ class TrainConfig:
     task: TaskSettings = field(default_factory=TaskSettings)
     backend: BackendSettings = field(default_factory=BackendSettings)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    vllm: VllmSettings = field(default_factory=VllmSettings)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     online_learning: bool = True
     learner_schedule: LearnerScheduleSettings = field(default_factory=LearnerScheduleSettings)
@@ -236,6 +239,8 @@ class TrainConfig:
                  f"at least grpo.max_completion_length + a prompt (>= {needed})")
         require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
                  "an int >= 1 or null")
+        require(self.engine.kind == "specroll" or self.backend.kind == "local", "backend.kind", self.backend.kind,
+                "local with engine.kind: vllm (one in-process vllm.LLM; vLLM on Ray rollout workers is not built yet)")
         set_in_extra = sorted(set(self.grpo.extra) & set(CHECKPOINT_FIELDS))
         require(not set_in_extra, "grpo.extra", set_in_extra, "no checkpoint fields (the checkpoint section sets "
                 "them: checkpoint.every, checkpoint.keep; the run's folder is report.out_dir)")
