@@ -35,8 +35,8 @@ from specroll.rollout.drafters.draft_vocab import CARRIED_ATTR, STATE_KEY, carry
 from specroll.rollout.engine_weights import ACCEPTANCE_STATE_KEY
 from specroll.rollout.models.weights import copy_into
 
-from .block_checkpoint import SPECULATORS, ZLAB, save_block_checkpoint
-from .eagle3_checkpoint import save_eagle3_checkpoint
+from .formats.dflash import SPECULATORS, ZLAB, save_block_checkpoint
+from .formats.eagle3 import save_eagle3_checkpoint
 from .model_source import ModelPaths, load_drafter, trained_drafter_kind
 
 EXPORTED_KINDS = ("model", "eagle3", "block", "eagle", "medusa")

@@ -32,13 +32,13 @@ Whether the step's training rollouts drafted at all is logged too (`drafter/spec
 forwards, `drafter/draft_forwards`): with `speculation_events` (a cold start, `EngineConfig.speculation =
 "when_learned"`) each turn of it, on or off, is an event, with the drafter version and the acceptance behind it.
 
-The learner's alarms (`online_drafter.alarms`: it stopped learning) are events too, printed to stderr
+The learner's alarms (`online_drafter.gate.alarms`: it stopped learning) are events too, printed to stderr
 as they are raised and counted in `drafter/alarms` (alarm conditions holding after each round).
 
 Logged under `drafter/*` into the trainer's metrics (so every `report_to` target sees them), the same
 on every backend because they are computed here from the learner's own reports. The schedule also
 keeps, for the end-of-run report, every probe (with the policy version it probed, and the served drafter's
-per-group scores: two runs' drafters compare paired on them, `benchmarks.probe_compare`), every learner
+per-group scores: two runs' drafters compare paired on them, `tools.probe_compare`), every learner
 event, and the time totals behind the learner's share of the critical path.
 """
 

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 # subcommand -> (module, help); each module has `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS = {
-    "bench": ("specroll.benchmarks.engine_bench", "benchmark the engine against HF generate / assisted generation"),
+    "bench": ("specroll.bench.engine_bench", "benchmark the engine against HF generate / assisted generation"),
     "build-demo-models": ("specroll.demo.cli_build", "build (or rebuild) the cached demo models and tokenizer"),
     "export": ("specroll.jobs.export", "write a run's checkpoint as a save_pretrained policy and a drafter in the "
                "layout vLLM / speculators / transformers load"),

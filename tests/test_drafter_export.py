@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file
 from tiny_models import make_prompts, tiny_lm
 
-from specroll.integrations.block_checkpoint import load_block_checkpoint
 from specroll.integrations.drafter_export import export_drafter
+from specroll.integrations.formats.dflash import load_block_checkpoint
 from specroll.integrations.model_source import ModelPaths, load_drafter
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.block_head import BlockHead

@@ -77,7 +77,7 @@ class SpecrollRolloutFunc:
     in the dataset's format) measures the served drafter against the frozen one every few steps;
     `schedule` sets the learner's budget shares (see `LearnerSchedule`). `between_steps`, if given, is
     called at each training call once the previous step is wholly done (its update and its learner round
-    collected) and before anything of this step runs: where `benchmarks.interleave` hands the machine to
+    collected) and before anything of this step runs: where `tools.interleave` hands the machine to
     a paired run, so that two runs take turns step by step.
     """
 

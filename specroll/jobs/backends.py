@@ -88,8 +88,8 @@ def resolve_models(config: TrainConfig) -> ModelSources:
 
 def demo_head(demo: Any, kind: str, recipe: str) -> str:
     """The demo target's `kind` head's first version (trained offline from the target's own samples on
-    first use, saying so, and cached next to the demo models: `benchmarks.head_training`); its file path."""
-    from specroll.benchmarks.head_training import HeadTrainingSettings, heads_dir, load_or_train_heads, training_prompts
+    first use, saying so, and cached next to the demo models: `demo.heads`); its file path."""
+    from specroll.demo.heads import HeadTrainingSettings, heads_dir, load_or_train_heads, training_prompts
 
     path = heads_dir(demo.path) / f"{kind}.pt"
     if not path.is_file():

@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, between_steps: Callable[[], None] | None = None) -> int:
     """Run the job of `args` (`add_arguments`'s); `between_steps` as `SpecrollRolloutFunc`'s (a benchmark's
-    hook: two runs taking turns step by step, `benchmarks.interleave`)."""
+    hook: two runs taking turns step by step, `tools.interleave`)."""
     from specroll.integrations.yaml_config import read_yaml
 
     data = read_yaml(args.config)  # a missing file or bad YAML fails now, not after seconds of imports

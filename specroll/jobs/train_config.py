@@ -56,8 +56,8 @@ class ModelsConfig:
     and `head` (a `state_dict` file) for an `engine.drafters` "eagle" / "eagle3" / "medusa" head (null: a fresh
     head; the demo brings its own first version of "eagle" / "medusa", unless `head: fresh` — the cold start,
     docs/get_a_drafter.md); for "eagle3" also a public EAGLE-3 checkpoint folder (speculators or SpecForge layout,
-    refused if it does not fit the target: `integrations.eagle3_checkpoint`, docs/drafters.md); for "block" also a
-    z-lab DFlash checkpoint folder (`integrations.block_checkpoint`, docs/drafters.md).
+    refused if it does not fit the target: `integrations.formats.eagle3`, docs/drafters.md); for "block" also a
+    z-lab DFlash checkpoint folder (`integrations.formats.dflash`, docs/drafters.md).
     With `source: demo`, `drafter: generic` serves the demo's generic drafter LM (trained on the corpus alone,
     never on the target's samples: `demo.generic`) instead of the one distilled from the target.
     `task_max_digits` bounds the demo task's operands (default: the recipe's, 10 for pretrained)."""
