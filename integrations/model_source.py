@@ -1,7 +1,7 @@
 """Where the rollout engines load the models from (`ModelPaths`), the drafter a run's engine config asks
 for (`load_drafter`: its kind's reader, `rollout.drafters.registry` — the drafter LM, or a head shaped after the
 target from specroll's own head file, `head_file`; an EAGLE-3 one also from a public checkpoint folder,
-`eagle3_checkpoint`; a block head also from a z-lab DFlash folder, `block_checkpoint`), and the target's and
+`formats.eagle3`; a block head also from a z-lab DFlash folder, `formats.dflash`), and the target's and
 drafter's tokenizers for the engine's vocabulary check, when they can be found."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
@@ -18,6 +18,7 @@ from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.drafters.registry import DRAFTERS, resolve
 
 from .head_file import read_head_file
+from .tokenizers import load_tokenizer
 
 
 @dataclass
@@ -32,8 +33,8 @@ class ModelPaths:
     (None: a fresh head, which the online learner trains from the first rollouts; a file that carries the draft
     vocabulary it was trained over, `specroll distill --draft-vocab`, starts `engine.draft_vocab` there); for
     "eagle3" also a public checkpoint folder (speculators or SpecForge layout:
-    `eagle3_checkpoint.load_eagle3_checkpoint`, refused if it does not fit the target); for "block" also a z-lab
-    DFlash checkpoint folder (`block_checkpoint.load_block_checkpoint`).
+    `formats.eagle3.load_eagle3_checkpoint`, refused if it does not fit the target); for "block" also a z-lab
+    DFlash checkpoint folder (`formats.dflash.load_block_checkpoint`).
     """
 
     target: str = ""
@@ -44,16 +45,6 @@ class ModelPaths:
 
     def __post_init__(self) -> None:
         require(bool(self.target), "models.target", self.target, "a model path")
-
-
-def load_tokenizer(path: str | None) -> PreTrainedTokenizerBase | None:
-    """The tokenizer saved at `path` (a folder or a locally cached hub id), or None if there is none."""
-    if not path:
-        return None
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):  # no tokenizer files there
-        return None
 
 
 def tokenizer_pair(models: ModelPaths) -> tuple[PreTrainedTokenizerBase | None, PreTrainedTokenizerBase | None]:

@@ -145,10 +145,10 @@ class EngineConfig:
     `eagle3_layers` (sorted ids, vLLM's numbering; None: low / middle / high, `heads.eagle3.default_layers`),
     captured by verification; a fresh one is trained online at `eagle3_ttt_steps` draft depths (its training-time
     test) and drafts through the target's LM head; one passed as the drafter (a public checkpoint:
-    `integrations.eagle3_checkpoint`) brings its layers, depths and LM head.
+    `integrations.formats.eagle3`) brings its layers, depths and LM head.
     "block" (alias "dflash"): a DFlash-style block drafter (`drafters.block`) on the outputs of target layers
     `block_layers` (None: `heads.block.default_layers`); one forward drafts up to `block_size` - 1 tokens (`max_gamma`
-    is capped there). A head passed as the drafter (`integrations.block_checkpoint`) brings both.
+    is capped there). A head passed as the drafter (`integrations.formats.dflash`) brings both.
 
     `draft_vocab` N: the drafter with an LM head ("model", "eagle", "eagle3", "medusa", "block", "layer_skip")
     drafts over N target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper drafts at a

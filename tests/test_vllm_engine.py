@@ -140,7 +140,7 @@ def test_an_injected_loss_is_seen_and_a_reload_repairs_it(world):
 @pytest.mark.parametrize("change, field", [
     (dict(sampler="invariant"), "engine.sampler"), (dict(tree_width=2), "engine.tree_width"),
     (dict(gamma="auto"), "engine.gamma"), (dict(draft_vocab=16), "engine.draft_vocab"),
-    (dict(speculation="when_learned"), "engine.speculation")])
+    (dict(speculation="when_learned", gamma="auto"), "engine.speculation")])
 def test_settings_vllm_cannot_honour_are_refused_naming_them(change, field):
     with pytest.raises(ValueError, match=field):
         check_engine_config(dataclasses.replace(EngineConfig(drafters=("model",)), **change))

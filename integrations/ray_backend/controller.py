@@ -58,8 +58,9 @@ from .drafter_guard import DrafterGuard
 from .learner_driver import LearnerDriver
 from .settings import ControllerConfig
 from .sync.payload import DrafterMeta
-from .sync.protocol import WeightSyncError, drafter_meta, make_transport, wait_for_workers
+from .sync.protocol import WeightSyncError, drafter_meta, wait_for_workers
 from .sync.sequence import sync_weights
+from .sync.transports import make_transport
 
 
 class RolloutController(DrafterEvents):
