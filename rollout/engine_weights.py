@@ -1,5 +1,6 @@
 """`SpecEngine`'s weights between `generate` calls: new policy and drafter versions, and the draft vocabulary.
-A base of `engine.SpecEngine`, which sets `target`, `drafter`, `vocab_size` and the versions.
+The engine holds one (`SpecEngine.weights`) and delegates its public `update_target`, `update_drafter`,
+`set_draft_vocab`, `draft_vocab` and the versions to it.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ ACCEPTANCE_STATE_KEY = "specroll.held_out_acceptance_ppm"
 
 
 class EngineWeights:
-    target: ModelRunner
-    drafter: Drafter | None
-    vocab_size: int
-    policy_version: int
-    drafter_version: int
-    drafter_acceptance: float | None
-    drafter_invariant_acceptance: float | None
+    """The weights one engine serves and their versions: the target's (`policy_version`) and the drafter's
+    (`drafter_version`, with the held-out acceptance it came with, if any)."""
+
+    def __init__(self, target: ModelRunner, drafter: Drafter | None):
+        self.target, self.drafter = target, drafter
+        self.vocab_size = target.vocab_size
+        self.policy_version = 0
+        self.drafter_version = 0
+        self.drafter_acceptance: float | None = None  # the served version's held-out acceptance, if it came with one
+        self.drafter_invariant_acceptance: float | None = None  # ... its bound under the invariant sampler
 
     def set_draft_vocab(self, ids: torch.Tensor | Sequence[int] | None) -> None:
         """Draft over these target ids only (None: the whole vocabulary), between `generate` calls. The

@@ -16,9 +16,10 @@ import torch
 
 from ..core.batch import RowBuffers
 from .draft_vocab import DraftVocab
+from .protocol import Drafter
 
 
-class OwnCacheHead:
+class OwnCacheHead(Drafter):
     weights_role = "head"
 
     def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:

@@ -26,11 +26,11 @@ from ..sampling.noise import StepNoise, gumbel_max
 from .draft_vocab import DraftVocab, VocabDraws
 from .heads import MedusaHeads
 from .hidden import last_hidden
-from .protocol import DraftDraw, Proposal
+from .protocol import DraftDraw, Drafter, Proposal
 from .tree_draft import confidence, grow_tree
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     names = ("medusa",)
     trainable = True
     wants_hidden = True
