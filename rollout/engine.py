@@ -285,7 +285,7 @@ class SpecEngine:
     @property
     def speculating(self) -> bool:
         """`EngineSpeculation.speculating`: whether a generate call starting now drafts."""
-        return self.speculation.speculating
+        return self.speculation.speculating(self.break_even_acceptance)
 
     @property
     def gamma_policy(self) -> GammaPolicy:

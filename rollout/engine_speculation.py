@@ -7,6 +7,7 @@ version's held-out acceptance as the `gamma.speculation_gate` corrects it). The 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,10 +99,10 @@ class EngineSpeculation:
         rows = max(1, round(self.stats.mean_live_rows)) if self.stats.steps else self.config.max_batch_size
         return self.gamma_policy.break_even_acceptance(rows, CALIBRATION_CONTEXT)
 
-    @property
-    def speculating(self) -> bool:
-        """Whether a generate call starting now drafts: always with `speculation` "always" (and a drafter); with
-        "when_learned" once the served drafter version's acceptance reaches the break-even acceptance: its held-out
+    def speculating(self, break_even_acceptance: Callable[[], float | None]) -> bool:
+        """Whether a generate call starting now drafts, given the engine's break-even acceptance (asked only with
+        "when_learned": `SpecEngine.break_even_acceptance`, this part's number unless a caller pinned the engine's).
+        Always with `speculation` "always" (and a drafter); with "when_learned" once the served drafter version's acceptance reaches the break-even acceptance: its held-out
         number (under the invariant sampler a lower bound: at a position with Σ min(p, q) = 1 − TV the rule keeps a
         draft with probability ≥ (1 − TV) / (1 + TV); the learner publishes the mean of the positions' bounds),
         replaced by what its drafts kept per draft tried once it has drafted, and corrected by the last measured
@@ -109,7 +110,7 @@ class EngineSpeculation:
         if self.drafter is None or self.config.speculation == "always":
             return self.drafter is not None
         accept = self.gate.acceptance(self.weights.drafter_version, self.served_acceptance())
-        break_even = self.break_even_acceptance()
+        break_even = break_even_acceptance()
         return accept is not None and break_even is not None and accept >= break_even
 
     def served_acceptance(self) -> float | None:
