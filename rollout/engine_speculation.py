@@ -102,11 +102,11 @@ class EngineSpeculation:
     def speculating(self, break_even_acceptance: Callable[[], float | None]) -> bool:
         """Whether a generate call starting now drafts, given the engine's break-even acceptance (asked only with
         "when_learned": `SpecEngine.break_even_acceptance`, this part's number unless a caller pinned the engine's).
-        Always with `speculation` "always" (and a drafter); with "when_learned" once the served drafter version's acceptance reaches the break-even acceptance: its held-out
-        number (under the invariant sampler a lower bound: at a position with Σ min(p, q) = 1 − TV the rule keeps a
-        draft with probability ≥ (1 − TV) / (1 + TV); the learner publishes the mean of the positions' bounds),
-        replaced by what its drafts kept per draft tried once it has drafted, and corrected by the last measured
-        version's error until then (`gamma.speculation_gate`)."""
+        Always with `speculation` "always" (and a drafter); with "when_learned" once the served drafter version's
+        acceptance reaches the break-even acceptance: its held-out number (under the invariant sampler a lower bound:
+        at a position with Σ min(p, q) = 1 − TV the rule keeps a draft with probability ≥ (1 − TV) / (1 + TV); the
+        learner publishes the mean of the positions' bounds), replaced by what its drafts kept per draft tried once it
+        has drafted, and corrected by the last measured version's error until then (`gamma.speculation_gate`)."""
         if self.drafter is None or self.config.speculation == "always":
             return self.drafter is not None
         accept = self.gate.acceptance(self.weights.drafter_version, self.served_acceptance())
