@@ -24,6 +24,7 @@ a `save_pretrained` folder; `build.json` is written last, so a build cut short i
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -36,6 +37,8 @@ from .build import llama_config, sft_examples
 from .model_cache import DemoModels
 from .pretrain import train
 from .recipe import DemoRecipe, TrainStage
+
+logger = logging.getLogger(__name__)
 
 GENERIC_VERSION = 2  # bump when what is built for the same demo models changes
 GENERIC_SEED = 4  # its own problem stream (the build's are 1-3) and init seed offset
@@ -66,8 +69,8 @@ def load_or_build_generic_drafter(demo: DemoModels, progress: bool = True) -> Pa
     recipe = demo.recipe
     stage = generic_stage(recipe)
     steps = stage.steps
-    print(f"specroll: building the demo's generic drafter (first use only: {steps} training steps on the corpus "
-          f"alone) into {path}", flush=True)
+    logger.info(f"specroll: building the demo's generic drafter (first use only: {steps} training steps on the corpus "
+          f"alone) into {path}")
     started = time.perf_counter()
     torch.manual_seed(recipe.seed + GENERIC_SEED)
     model = LlamaForCausalLM(llama_config(recipe.drafter, demo.tokenizer, recipe.max_position_embeddings))

@@ -8,7 +8,7 @@ The build (`demo.build`) is a pure function of the recipe and `RECIPE_VERSION`, 
 drafter, minutes on 2 cores); `DemoRecipe.tiny()` is the same recipe shrunk to build in seconds, for
 tests. `DemoRecipe.bpe()` is the subword world (`world="bpe"`: a 32,768-entry byte-level BPE and the
 word-problem task, `demo.world`), `DemoRecipe.bpe_tiny()` its test-sized version. `DemoRecipe.named`
-maps the names configs use ("full", "tiny", "bpe", "bpe_tiny") to them.
+maps the names configs use ("full", "tiny", "bpe", "bpe_tiny", "tiny_heads32") to them.
 
 Fields added after the character-level world (`world`, `vocab_size`, `softmax_negatives`,
 `distill_top_k`) enter `to_dict` (and so the hash) only when they differ from their defaults, so the
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from .world import WORLDS, task_for
 
 RECIPE_VERSION = 4
-RECIPE_NAMES = ("full", "tiny", "bpe", "bpe_tiny")
+RECIPE_NAMES = ("full", "tiny", "bpe", "bpe_tiny", "tiny_heads32")
 # Fields written into `to_dict` only when they differ from these defaults (the chars world's).
 _ADDED_DEFAULTS = {"world": "chars", "vocab_size": None, "softmax_negatives": 0, "distill_top_k": None}
 
@@ -197,11 +197,19 @@ class DemoRecipe:
         )
 
     @classmethod
+    def tiny_heads32(cls) -> DemoRecipe:
+        """`tiny` with attention heads of 32 (two heads of a 64-wide model): the smallest shape vLLM's CPU attention
+        runs, for the vLLM engine's tests (`configs/demo_vllm_tiny.yaml`)."""
+        return dataclasses.replace(cls.tiny(), core=ModelShape(64, 1, 2, 128), target=ModelShape(64, 2, 2, 128),
+                                   drafter=ModelShape(64, 1, 2, 128))
+
+    @classmethod
     def named(cls, name: str) -> DemoRecipe:
-        """The recipe a config names: "full", "tiny", "bpe" or "bpe_tiny"."""
+        """The recipe a config names: "full", "tiny", "bpe", "bpe_tiny" or "tiny_heads32"."""
         if name not in RECIPE_NAMES:
             raise ValueError(f"recipe={name!r} is invalid: one of {RECIPE_NAMES}")
-        return {"full": cls, "tiny": cls.tiny, "bpe": cls.bpe, "bpe_tiny": cls.bpe_tiny}[name]()
+        return {"full": cls, "tiny": cls.tiny, "bpe": cls.bpe, "bpe_tiny": cls.bpe_tiny,
+                "tiny_heads32": cls.tiny_heads32}[name]()
 
     def to_dict(self) -> dict:
         fields = {k: v for k, v in asdict(self).items() if k not in _ADDED_DEFAULTS or v != _ADDED_DEFAULTS[k]}

@@ -19,7 +19,7 @@ while the trainer updates the policy — in a thread of the trainer's process lo
 actor and idle workers on Ray; `finish_learner_round` collects it before the next rollout.
 
 A run that resumes (`specroll train --resume`) takes back what the service had at a trainer checkpoint:
-`state_dict()` is the learner's whole state (`online_drafter.learner_state`) and the rollouts generated
+`state_dict()` is the learner's whole state (`online_drafter.state.learner_state`) and the rollouts generated
 so far, `load_state_dict` restores it into a fresh service on the same models and serves the learner's
 published drafter at its version on every engine; the policy comes with the next `sync_policy`.
 
@@ -100,7 +100,7 @@ class RolloutBackend(Protocol):
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs of the service: `learner`, the learner's whole state
-        (`online_drafter.learner_state.state_of`; None without a learner), `engines`, each engine's own state
+        (`online_drafter.state.learner_state.state_of`; None without a learner), `engines`, each engine's own state
         (`SpecEngine.state_dict`: suffix history, γ statistics; one per Ray worker), and `total_rollouts`. Raises
         RuntimeError while a learner round runs (`finish_learner_round` first) or on a service this rank does
         not drive."""

@@ -32,30 +32,30 @@ Whether the step's training rollouts drafted at all is logged too (`drafter/spec
 forwards, `drafter/draft_forwards`): with `speculation_events` (a cold start, `EngineConfig.speculation =
 "when_learned"`) each turn of it, on or off, is an event, with the drafter version and the acceptance behind it.
 
-The learner's alarms (`online_drafter.alarms`: it stopped learning) are events too, printed to stderr
+The learner's alarms (`online_drafter.gate.alarms`: it stopped learning) are events too, printed to stderr
 as they are raised and counted in `drafter/alarms` (alarm conditions holding after each round).
 
 Logged under `drafter/*` into the trainer's metrics (so every `report_to` target sees them), the same
 on every backend because they are computed here from the learner's own reports. The schedule also
 keeps, for the end-of-run report, every probe (with the policy version it probed, and the served drafter's
-per-group scores: two runs' drafters compare paired on them, `benchmarks.probe_compare`), every learner
+per-group scores: two runs' drafters compare paired on them, `tools.probe_compare`), every learner
 event, and the time totals behind the learner's share of the critical path.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from tqdm import tqdm
 
 from specroll.rollout import SamplingParams
 from specroll.rollout.core.stats import BatchStats
 
 from .backend import LearnerRound, ProbeRequest
+
+logger = logging.getLogger(__name__)
 
 COLD_UPDATE_FACTOR = 2.0  # a cold round's budget, x the predicted update (the collection stops it earlier)
 REPORT_FIELDS = ("loss", "acceptance_before", "acceptance_after", "acceptance_frozen_shadow", "gain", "gain_se",
@@ -238,6 +238,6 @@ class LearnerSchedule:
         return [event.removeprefix("ALARM ") for event in self.events if event.startswith("ALARM ")]
 
     def _raise_alarm(self, line: str) -> None:
-        """Record a learner alarm as an event and print it (once: the learner raises each alarm once)."""
+        """Record a learner alarm as an event and log it (once: the learner raises each alarm once)."""
         self.events.append(f"ALARM {line}")
-        tqdm.write(f"specroll: WARNING: {line}", file=sys.stderr)  # on a line of its own, under a progress bar
+        logger.warning(f"specroll: WARNING: {line}")

@@ -14,7 +14,7 @@ GIL in its kernels, so the two share the machine's cores — and `finish_learner
 loads the learner's drafter into the engine only when the version moved, so a round that measured
 worse never changes what the engine drafts with. `sync_policy` and `generate` join a running round
 first: the probe generates on the same engine. `state_dict` / `load_state_dict` (a resumed run) carry the
-learner's state (`online_drafter.learner_state`), the engine's (`SpecEngine.state_dict`: the suffix history and
+learner's state (`online_drafter.state.learner_state`), the engine's (`SpecEngine.state_dict`: the suffix history and
 the γ statistics) and the rollout count. After every drafter publish, policy sync and resume the engine's drafter
 is hashed and compared with the learner's published digest, and the first batch after it judged for a collapse
 (`drafter_watch`: alarm, event, the watchdog's revert), as on Ray.
@@ -37,8 +37,8 @@ from transformers import PreTrainedModel
 
 from specroll.integrations.threads import ThreadSetting
 from specroll.online_drafter import LearnerConfig
-from specroll.online_drafter.learner_state import restore, state_of
 from specroll.online_drafter.online_learner import OnlineLearner, make_online_learner
+from specroll.online_drafter.state.learner_state import restore, state_of
 from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
 from specroll.rollout.drafters.draft_vocab import initial_ids

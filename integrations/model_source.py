@@ -1,7 +1,7 @@
 """Where the rollout engines load the models from (`ModelPaths`), the drafter a run's engine config asks
 for (`load_drafter`: the drafter LM, or an EAGLE / EAGLE-3 / Medusa head shaped after the target — an EAGLE-3 one
-also from a public checkpoint folder, `eagle3_checkpoint`; a block head also from a z-lab DFlash folder,
-`block_checkpoint`), and the target's and drafter's tokenizers for the
+also from a public checkpoint folder, `formats.eagle3`; a block head also from a z-lab DFlash folder,
+`formats.dflash`), and the target's and drafter's tokenizers for the
 engine's vocabulary check, when they can be found."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
@@ -19,6 +19,8 @@ from specroll.rollout.drafters.draft_vocab import carry, split_state
 from specroll.rollout.drafters.eagle3_head import Eagle3Head
 from specroll.rollout.drafters.factory import fresh_block, fresh_eagle3
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+
+from .tokenizers import load_tokenizer
 
 # drafter kinds whose weights are a head on the target's hidden states
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "block")
@@ -36,8 +38,8 @@ class ModelPaths:
     (None: a fresh head, which the online learner trains from the first rollouts; a file that carries the draft
     vocabulary it was trained over, `specroll distill --draft-vocab`, starts `engine.draft_vocab` there); for
     "eagle3" also a public checkpoint folder (speculators or SpecForge layout:
-    `eagle3_checkpoint.load_eagle3_checkpoint`, refused if it does not fit the target); for "block" also a z-lab
-    DFlash checkpoint folder (`block_checkpoint.load_block_checkpoint`).
+    `formats.eagle3.load_eagle3_checkpoint`, refused if it does not fit the target); for "block" also a z-lab
+    DFlash checkpoint folder (`formats.dflash.load_block_checkpoint`).
     """
 
     target: str = ""
@@ -48,16 +50,6 @@ class ModelPaths:
 
     def __post_init__(self) -> None:
         require(bool(self.target), "models.target", self.target, "a model path")
-
-
-def load_tokenizer(path: str | None) -> PreTrainedTokenizerBase | None:
-    """The tokenizer saved at `path` (a folder or a locally cached hub id), or None if there is none."""
-    if not path:
-        return None
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):  # no tokenizer files there
-        return None
 
 
 def tokenizer_pair(models: ModelPaths) -> tuple[PreTrainedTokenizerBase | None, PreTrainedTokenizerBase | None]:
@@ -129,7 +121,7 @@ def _eagle_width(weights: dict | None, engine: EngineConfig, path: str | None) -
 def _eagle3_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> Eagle3Head:
     """`models.head` as a public checkpoint folder, a `state_dict` file over a fresh head, or (None) a fresh head;
     a checkpoint brings its layers, which `engine.eagle3_layers` (if set) must name too."""
-    from .eagle3_checkpoint import load_eagle3_checkpoint
+    from .formats.eagle3 import load_eagle3_checkpoint
 
     if models.head and Path(models.head).is_dir():
         head = load_eagle3_checkpoint(models.head, target, load_tokenizer(models.target_tokenizer or models.target),
@@ -145,7 +137,7 @@ def _eagle3_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedMod
         if "lm_head.weight" in weights:
             raise ValueError(f"models.head={models.head!r} holds an EAGLE-3 head with its own LM head, whose draft ids "
                              "a state_dict does not carry: give it as a checkpoint folder (speculators or SpecForge "
-                             "layout, integrations.eagle3_checkpoint)")
+                             "layout, integrations.formats.eagle3)")
         head.load_state_dict(weights)
     return carry(head, ids)
 
@@ -154,7 +146,7 @@ def _block_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedMode
     """`models.head` as a z-lab DFlash checkpoint folder, a `state_dict` file over a fresh head, or (None) a fresh
     head (`engine.block_layers`, `engine.block_size`); the engine checks a checkpoint's layers against
     `engine.block_layers` (`drafters.factory.check_block_fits`)."""
-    from .block_checkpoint import load_block_checkpoint
+    from .formats.dflash import load_block_checkpoint
 
     if models.head and Path(models.head).is_dir():
         return load_block_checkpoint(models.head, target)

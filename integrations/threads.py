@@ -9,7 +9,7 @@ actor — calls it once, with its share of the machine: the driver `torch_thread
 `OMP_NUM_THREADS` (HPC modules, container images and job launchers export one; Ray passes the driver's
 on to its workers and sets its own only where none is set): three processes of two spinning threads
 each on two cores made the demo's learner ~20x slower, so slow that its time-bounded rounds finished
-no optimizer step, and nothing said so (the learner's alarms, `online_drafter.alarms`, now do).
+no optimizer step, and nothing said so (the learner's alarms, `online_drafter.gate.alarms`, now do).
 
 The inter-op pool can be sized only before its first use in the process: set later, it keeps its size,
 and the setting reports the size it has.

@@ -1,19 +1,21 @@
 """The typed YAML loader every specroll config goes through.
 
-`load_config(path, cls)` reads a YAML file into the dataclass `cls`. Each value is checked against its
-field's type hint (nested dataclasses are sections and must be mappings; `X | None`, `Literal`, lists
-and tuples are understood; a bool is never an int; an int or a numeric string such as PyYAML's
-`'3e-4'` is taken as a float), unknown keys fail, and the dataclass's own `__post_init__` checks the
-ranges. Every failure is a `ConfigError` (a `ValueError`) naming `section.field`, the value and what
-is allowed, so a typo or a wrong type never silently falls back to a default or crashes after models
-are built.
+`load_config(path, cls, overrides)` reads a YAML file into the dataclass `cls`, with command-line `section.field=value`
+overrides set on the file's data first (`with_overrides`: so they are checked as the file is). Each value is checked
+against its field's type hint (nested dataclasses are sections and must be mappings; `X | None`, `Literal`, lists and
+tuples are understood; a bool is never an int; an int or a numeric string such as PyYAML's `'3e-4'` is taken as a
+float), unknown keys fail, and the dataclass's own `__post_init__` checks the ranges. Every failure is a `ConfigError`
+(a `ValueError`) naming `section.field`, the value and what is allowed, so a typo or a wrong type never silently falls
+back to a default or crashes after models are built.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -26,9 +28,38 @@ class ConfigError(ValueError):
     """A config that cannot be used as written: its file, or a field named by its dotted path."""
 
 
-def load_config(path: str | Path, cls: type[T]) -> T:
-    """Read a YAML file into the dataclass `cls` (an empty file gives the defaults); see the module doc."""
-    return from_dict(cls, read_yaml(path))
+def load_config(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> T:
+    """Read a YAML file into the dataclass `cls` (an empty file gives the defaults), with `overrides`
+    (`section.field=value`, `with_overrides`) on top; see the module doc."""
+    data = read_yaml(path)
+    return from_dict(cls, with_overrides(data, overrides) if overrides and isinstance(data, dict) else data)
+
+
+def with_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """`data` with each `section.field=value` of `overrides` set (a copy): the value read as YAML (`4`, `3e-4`,
+    `null`, `[model, suffix]`, `{a: 1}`), sections made where missing. What the path or the value may be is
+    then checked as the YAML's own (`from_dict`): an unknown field, a wrong type or a bad value is one
+    `ConfigError` line naming `section.field`; an override that is not `path=value` is one too."""
+    data = copy.deepcopy(data)
+    for override in overrides:
+        path, sep, text = override.partition("=")
+        keys = path.strip().split(".")
+        if not sep or not all(keys):
+            raise ConfigError(f"override {override!r} is invalid: section.field=value (e.g. grpo.steps=4)")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {override!r} is invalid: its value is not YAML "
+                              f"({' '.join(str(err).split())})") from err
+        section = data
+        for depth, key in enumerate(keys[:-1]):
+            inner = section.setdefault(key, {})
+            if not isinstance(inner, dict):
+                raise ConfigError(f"override {override!r} is invalid: {'.'.join(keys[: depth + 1])} is "
+                                  f"{inner!r}, not a section")
+            section = inner
+        section[keys[-1]] = value
+    return data
 
 
 def read_yaml(path: str | Path) -> Any:

@@ -17,7 +17,7 @@ drawn entries into its batch. What the buffer keeps and how it draws is the same
 - When full (`max_positions` completion positions), the oldest rollouts of the oldest version go first:
   a held-out group handed back to training (`HoldoutSet.trim`) leaves by its version, not by when it came.
 
-`save` / `load` round-trip the contents so a run can resume (`checkpoint.py`: written atomically, read back
+`save` / `load` round-trip the contents so a run can resume (`state/checkpoint.py`: written atomically, read back
 checked).
 """
 
@@ -33,8 +33,8 @@ import torch
 
 from specroll.rollout import RolloutSignals
 
-from .checkpoint import load_checkpoint, save_checkpoint
 from .learner_config import BufferConfig
+from .state.checkpoint import load_checkpoint, save_checkpoint
 
 
 class BufferEntry(Protocol):

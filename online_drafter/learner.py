@@ -1,7 +1,8 @@
 """Learner: distils a drafter toward the moving policy between RL steps, publish-if-better — the one learner seam.
 
-Usage (the loop DESIGN.md draws; `engine` is a `SpecEngine` with `record_signals=True`; a drafter family's
-learner, `lm.learner.DraftLearner` or `heads.learner.HeadLearner`, is this class on the family's data)::
+Usage (a run's loop: generate, learn while the trainer updates the policy, publish if better; `engine` is a
+`SpecEngine` with `record_signals=True`; a drafter family's learner, `lm.learner.DraftLearner` or
+`heads.learner.HeadLearner`, is this class on the family's data)::
 
     learner = DraftLearner(drafter, LearnerConfig(max_steps=50))
     for step in range(num_steps):
@@ -12,7 +13,7 @@ learner, `lm.learner.DraftLearner` or `heads.learner.HeadLearner`, is this class
             engine.update_drafter(learner.published_state_dict(), learner.version)
         probe = learner.probe(engine.generate(probe_prompts, params, n=2))   # fresh, never trained on
 
-The learner trains a private fp32 copy of the drafter — the *candidate* (`candidate.py`: warmup, and
+The learner trains a private fp32 copy of the drafter — the *candidate* (`gate/candidate.py`: warmup, and
 the exponential average that is judged and published) — teacher-forced on buffered entries, with the
 bucketed forward KL (or TV) to the target's recorded top-k (`divergence.py`). It never holds the
 target: everything it knows of p is the recorded top-k, so no gradient reaches the policy. What it
@@ -21,7 +22,7 @@ family's entries), its scorer (`scorer.Scorer`: `loss`, `score_entries`, `group`
 becomes an entry (`to_entry`). Every decision below is this module's, the same for every family. It keeps
 no files: a family that resumes runs offers that itself (`DraftLearner.save`/`load`).
 
-Decisions are paired comparisons on the same positions with a group-clustered interval (`paired.py`):
+Decisions are paired comparisons on the same positions with a group-clustered interval (`gate/paired.py`):
 
 - **Held-out set.** A stride of every policy version's prompt groups is held out and kept across
   versions (bounded by `max_holdout_positions`, oldest groups go to training), so the interval
@@ -38,13 +39,13 @@ Decisions are paired comparisons on the same positions with a group-clustered in
   candidate, by held-out score) as a new version and reports the event.
 - **Alarms.** A learner that stops learning (too few optimizer steps over a few rounds, nothing published
   while the probe shows the frozen drafter falling, probe scoring longer than a round) says so in its
-  reports (`alarms.py`): a stalled learner must be loud, never a quiet run with a stale drafter.
+  reports (`gate/alarms.py`): a stalled learner must be loud, never a quiet run with a stale drafter.
 - **Frozen shadow.** The initial drafter, scored on the same positions: what no online learning
   would give. `probe` scores served and frozen on rollouts of a fixed probe set of prompts, fresh at
   each policy version — the honest drift measure; held-out numbers move with the prompts a step drew.
 
-The watchdog's rule is `watchdog.py`'s; round, gate, revert and probe share one held-out cache (`_entry_scores`,
-`held_out_scores.py`).
+The watchdog's rule is `gate/watchdog.py`'s; round, gate, revert and probe share one held-out cache (`_entry_scores`,
+`gate/held_out_scores.py`).
 """
 
 from __future__ import annotations
@@ -65,18 +66,18 @@ from specroll.rollout.drafters.draft_vocab import STATE_KEY as VOCAB_STATE_KEY
 from specroll.rollout.models.weights import copy_into
 
 from . import autocast
-from .alarms import LearnerAlarms
 from .buffer import BufferEntry, ReplayBuffer
-from .candidate import Candidate, TrainResult, smoothed, weights_of
 from .divergence import LOSSES
-from .held_out_scores import HeldOutScores
-from .holdout import GroupKey, HoldoutSet
+from .gate.alarms import LearnerAlarms
+from .gate.candidate import Candidate, TrainResult, smoothed, weights_of
+from .gate.held_out_scores import HeldOutScores
+from .gate.holdout import GroupKey, HoldoutSet
+from .gate.paired import GroupScores, paired_gain
+from .gate.watchdog import watchdog_reason
 from .learner_config import LearnerConfig
-from .paired import GroupScores, paired_gain
 from .reports import LearnerReport, ProbeReport
 from .scorer import Scorer
 from .token_counts import DraftVocabs, TokenCounts
-from .watchdog import watchdog_reason
 
 
 class Learner(HeldOutScores):
@@ -94,7 +95,7 @@ class Learner(HeldOutScores):
         self.holdout = HoldoutSet(config.holdout_fraction, config.max_holdout_positions)
         self.scorer = scorer
         self.to_entry = to_entry
-        # Every budget decision reads this clock (seconds); a replay (`benchmarks.learner_replay`) sets a
+        # Every budget decision reads this clock (seconds); a replay (`tools.learner_replay`) sets a
         # virtual one that charges each forward a fixed cost.
         self.clock: Callable[[], float] = time.perf_counter
         self.version = 0
@@ -257,7 +258,7 @@ class Learner(HeldOutScores):
     # ------------------------------------------------------------------ decisions
 
     def _with_alarms(self, report: LearnerReport) -> LearnerReport:
-        """The round's report with the alarms it raises (the learner stopped learning: `alarms.py`)."""
+        """The round's report with the alarms it raises (the learner stopped learning: `gate/alarms.py`)."""
         raised = self.alarms.after_round(report, self.candidate.step_s)
         return dataclasses.replace(report, alarms=raised, alarms_active=self.alarms.active)
 

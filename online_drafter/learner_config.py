@@ -52,7 +52,7 @@ class LearnerConfig:
     learner trains the first n of the draft depths it scores (None: all; the EAGLE head's 1: the first draft only,
     over the target's real features, in one pass instead of two). `record_dir`: a folder to save every input the
     learner gets (`recording.RecordingLearner`; a drafter LM's or a head's learner), for
-    `python -m specroll.benchmarks.learner_replay`. `alarm_rounds`, `alarm_min_steps`, `alarm_publish_rounds`: when
+    `python -m specroll.tools.learner_replay`. `alarm_rounds`, `alarm_min_steps`, `alarm_publish_rounds`: when
     the learner says it stopped learning (`alarms.LearnerAlarms`): fewer than `alarm_min_steps` optimizer steps over
     `alarm_rounds` rounds, or no version for `alarm_publish_rounds` rounds while the probe's frozen drafter falls (the
     demo's healthy runs publish 9–14 versions in 20 rounds).

@@ -6,7 +6,9 @@ path, so a recording made before a module moved names a module that no longer ex
 each old path to the one that holds the name now — a whole module (`"old.module": "new.module"`), or one
 name that left its module or was renamed (`"old.module:Name": "new.module:NewName"`, which wins over its
 module's line) — and `load_moved` reads a file through it. Issue 34 gave both packages a folder per concept:
-its moves are listed here; a later move adds its lines (`rollout/` lists its own in the same form).
+its moves are listed here; a later move adds its lines (`rollout/` lists its own in the same form). Only a class
+a recording pickles needs a line: the learner's own pieces (`gate/`, `state/`, the config: saved as a dict) never
+are pickled, so their moves are not listed.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ the learner in this recorder. It writes, in call order, into that folder:
   seconds since the first call.
 
 Everything a round decides depends only on these inputs and on time, so `python -m
-specroll.benchmarks.learner_replay DIR` reruns the learner on them under any other settings, with a
+specroll.tools.learner_replay DIR` reruns the learner on them under any other settings, with a
 virtual clock: with `engine.sampler: invariant` every run of a config produces the same rollouts, and
 a recorded run is the one input a settings comparison needs. A main job's recording takes ~20 MB
 (a head's ~70 MB: its rollouts carry the policy's hidden states, 1 KiB per position for the demo).

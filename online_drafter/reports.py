@@ -54,6 +54,6 @@ class ProbeReport:
     time_s: float = 0.0  # the learner's scoring of the probe (its rollouts are the workers' time)
     # The served drafter's expected-acceptance sum and position count per prompt group, in the probe's group
     # order: with the invariant sampler two runs probe the same positions, so two drafters from two runs
-    # compare paired (`benchmarks.probe_compare`).
+    # compare paired (`tools.probe_compare`).
     served_group_sums: list[float] | None = None
     group_counts: list[float] | None = None

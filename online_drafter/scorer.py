@@ -4,7 +4,7 @@ The learner asks its scorer three things, the same for every family: `loss(draft
 a batch's distillation loss; `score_entries(drafter, entries)`, each entry's expected-acceptance sum
 Σ min(p, q), position count and sum of the invariant sampler's per-position bound (`invariant_bound`), for the
 held-out set and probes; `group(per_entry, keys)`, those sums
-per prompt group for the paired decisions of `paired.py`, a group of policy version v weighed
+per prompt group for the paired decisions of `gate/paired.py`, a group of policy version v weighed
 `recency_decay ** (newest − v)`. A family (`lm.scorer.DrafterScorer`, `heads.scorer.HeadScorer`) says
 how its drafter is trained on a batch (`loss`) and scored there (`acceptance`, per position); scoring
 entries in batches of similar length and grouping them are this module's, once for both.
@@ -24,8 +24,8 @@ from torch import nn
 from .batching import length_batches
 from .buffer import BufferEntry
 from .divergence import restrict
-from .holdout import GroupKey
-from .paired import GroupScores
+from .gate.holdout import GroupKey
+from .gate.paired import GroupScores
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (log q, top-k ids, p) -> per position
 SCORE_COLUMNS = 3  # `score_entries`' columns: acceptance sum, position count, invariant-bound sum

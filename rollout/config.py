@@ -74,6 +74,7 @@ DrafterKind = Literal["model", "suffix", "layer_skip", "eagle", "eagle3", "medus
 KVCacheKind = Literal["dense", "paged"]
 KV_CACHE_KINDS = ("dense", "paged")
 SPECULATION_MODES = ("always", "when_learned")  # EngineConfig.speculation
+ENGINE_KINDS = ("specroll", "vllm")  # EngineConfig.kind
 MAX_TREE_WIDTH = 16  # nodes per tree level (`EngineConfig.max_tree_width`)
 DRAFTER_KINDS = ("model", "suffix", "layer_skip", "eagle", "eagle3", "medusa", "block")
 DRAFTER_ALIASES = {"dflash": "block"}  # EngineConfig.drafters: another name of a kind
@@ -146,10 +147,10 @@ class EngineConfig:
     `eagle3_layers` (sorted ids, vLLM's numbering; None: low / middle / high, `eagle3_head.default_layers`),
     captured by verification; a fresh one is trained online at `eagle3_ttt_steps` draft depths (its training-time
     test) and drafts through the target's LM head; one passed as the drafter (a public checkpoint:
-    `integrations.eagle3_checkpoint`) brings its layers, depths and LM head.
+    `integrations.formats.eagle3`) brings its layers, depths and LM head.
     "block" (alias "dflash"): a DFlash-style block drafter (`drafters.block`) on the outputs of target layers
     `block_layers` (None: `block_head.default_layers`); one forward drafts up to `block_size` - 1 tokens (`max_gamma`
-    is capped there). A head passed as the drafter (`integrations.block_checkpoint`) brings both.
+    is capped there). A head passed as the drafter (`integrations.formats.dflash`) brings both.
 
     `draft_vocab` N: the drafter with an LM head ("model", "eagle", "eagle3", "medusa", "block", "layer_skip")
     drafts over N target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper drafts at a
@@ -181,6 +182,9 @@ class EngineConfig:
     version's is below; once a version drafts, what its drafts kept overrules that number (`gamma.speculation_gate`).
     It needs an adaptive `gamma` (the cost model says where break-even is). "always": draft whenever there is a
     drafter (γ as `gamma` says).
+
+    `kind` the engine that runs these settings: "specroll" (`SpecEngine`, every field) or "vllm"
+    (`integrations.vllm.VllmEngine`: the fields vLLM can honour, the rest refused by name when it is built).
     """
 
     max_batch_size: int = 16
@@ -220,9 +224,11 @@ class EngineConfig:
     tree_width: int | Literal["auto"] = 1
     max_tree_width: int = 4
     speculation: str = "always"
+    kind: str = "specroll"
 
     def __post_init__(self) -> None:
         require(self.speculation in SPECULATION_MODES, "speculation", self.speculation, f"one of {SPECULATION_MODES}")
+        require(self.kind in ENGINE_KINDS, "kind", self.kind, f"one of {ENGINE_KINDS}")
         require(self.speculation == "always" or self.gamma in ("auto", "auto_simple"), "speculation",
                 self.speculation, "'always' unless gamma is 'auto' or 'auto_simple' (its cost model gives break-even)")
         require(

@@ -112,6 +112,9 @@ class SpecEngine:
         as `config.drafters` says (by default as what it is: `drafters.factory`), any object implementing
         `Drafter` (used as given), or None (with `config.drafters` None: plain decoding)."""
         self.config = config = config or EngineConfig()
+        if config.kind != "specroll":
+            raise ValueError(f"engine.kind={config.kind!r} is invalid for SpecEngine (specroll's engine): build a "
+                             "kind 'vllm' engine with specroll.integrations.vllm.VllmEngine")
         check_architecture(target, "target", config.allow_unverified_architectures)
         if isinstance(drafter, PreTrainedModel):
             check_architecture(drafter, "drafter", config.allow_unverified_architectures)

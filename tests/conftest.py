@@ -1,8 +1,8 @@
 """Hooks and the few fixtures every module may use: the xdist work units (the session-Ray-cluster
-modules as one), one torch thread per test process, the tiny demo models built once per run, and
-`llama` (`tiny_models.tiny_lm`). Every pytest process loads this file — the xdist controller too, which
-only schedules — so it imports neither torch nor Ray at the top; test modules import their helpers from
-`tiny_models` and `ray_helpers`, never from here.
+modules as one), one torch thread per test process, the tiny demo models built once per run,
+`llama` (`tiny_models.tiny_lm`) and `study` (a one-off study of studies/, outside the package). Every pytest
+process loads this file — the xdist controller too, which only schedules — so it imports neither torch nor Ray at
+the top; test modules import their helpers from `tiny_models` and `ray_helpers`, never from here.
 """
 
 from __future__ import annotations
@@ -57,6 +57,16 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(1)
+
+
+@pytest.fixture
+def study(monkeypatch):
+    """`study("tree_tail")`: a one-off study of the checkout's studies/ folder, imported as a script's module —
+    studies are not part of the installed package (studies/README.md)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "studies"))
+    return importlib.import_module
 
 
 @pytest.fixture

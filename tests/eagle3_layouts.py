@@ -1,4 +1,4 @@
-"""Writers of EAGLE-3 checkpoints in the two public layouts, for the loader's tests (`integrations.eagle3_checkpoint`).
+"""Writers of EAGLE-3 checkpoints in the two public layouts, for the loader's tests (`integrations.formats.eagle3`).
 
 They follow the public files, not this project's loader: vllm-project/speculators at c05b95b
 (`src/speculators/models/eagle3/config.py` for config.json's fields, `core.py` and `model_definitions.py` for

@@ -1,7 +1,7 @@
 """Architectures: every allowlisted model type is exact, everything else is refused at construction.
 
 `test_allowlisted_type_is_exact` is the default-suite part of the architecture sweep
-(`specroll.benchmarks.arch_sweep`): per type a tiny random fp32 model, ragged prompts of 1/5/9/13
+(`specroll.tools.arch_sweep`): per type a tiny random fp32 model, ragged prompts of 1/5/9/13
 tokens (past a 4-token sliding window where the type has one), greedy plain (γ = 0) and
 speculative (γ = 3, the target itself, an unrelated random model, and that model with the suffix
 drafter choosing per row as drafters) equal to HF
@@ -18,10 +18,10 @@ from packaging import version
 from tiny_models import tiny_lm
 from transformers import CONFIG_MAPPING
 
-from specroll.benchmarks.arch_sweep import check_exact, tiny_model
 from specroll.rollout import EngineConfig, SpecEngine
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 from specroll.rollout.models.runner import ModelRunner
+from specroll.tools.arch_sweep import check_exact, tiny_model
 
 CPU = torch.device("cpu")
 

@@ -14,9 +14,9 @@ import math
 
 import pytest
 
-from specroll.benchmarks.contenders import hf_generate, specroll
-from specroll.benchmarks.engine_race import auto_vs_best, paired_ratio, race
-from specroll.benchmarks.models import load_bench_models
+from specroll.bench.contenders import hf_generate, specroll
+from specroll.bench.engine_race import auto_vs_best, paired_ratio, race
+from specroll.bench.models import load_bench_models
 from specroll.rollout import SamplingParams
 
 
@@ -56,7 +56,7 @@ def test_paired_ratio_interval_and_auto_vs_best_fixed_gamma():
 
 
 def test_bench_writes_each_finished_cell_as_it_goes(tmp_path, monkeypatch):
-    from specroll.benchmarks import engine_bench, engine_race
+    from specroll.bench import engine_bench, engine_race
 
     calls = []
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from specroll.benchmarks.long_tail import lognormal_quantile, long_tail_budgets, percentile
+from specroll.bench.long_tail import lognormal_quantile, long_tail_budgets, percentile
 from specroll.cli import main
 from specroll.rollout import SpecEngine
 

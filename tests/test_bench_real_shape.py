@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from specroll.benchmarks.fixed_acceptance import FixedAcceptanceDrafter
-from specroll.benchmarks.real_shape_check import conditional_acceptance, reference_completions
-from specroll.benchmarks.real_shape_costs import random_prompts
-from specroll.benchmarks.shapes import SHAPES, build
+from specroll.bench.fixed_acceptance import FixedAcceptanceDrafter
+from specroll.bench.real_shape_check import conditional_acceptance, reference_completions
+from specroll.bench.real_shape_costs import random_prompts
+from specroll.bench.shapes import SHAPES, build
 from specroll.cli import main
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.model import ModelDrafter

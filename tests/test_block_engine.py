@@ -15,8 +15,6 @@ import torch
 from test_engine_syncs import COUNTED_STEPS, syncs_per_step
 from tiny_models import make_prompts, tiny_lm
 
-from specroll.benchmarks.arch_sweep import prompts as sweep_prompts
-from specroll.benchmarks.arch_sweep import tiny_model
 from specroll.online_drafter import LearnerConfig, make_online_learner
 from specroll.online_drafter.heads.block_learner import BlockLearner
 from specroll.online_drafter.heads.block_scorer import BlockScorer
@@ -26,6 +24,8 @@ from specroll.rollout.drafters.block_head import BlockHead, default_layers
 from specroll.rollout.gamma.cost_model import CostModel
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 from specroll.rollout.models.timing import ForwardTimes
+from specroll.tools.arch_sweep import prompts as sweep_prompts
+from specroll.tools.arch_sweep import tiny_model
 
 PROMPTS = make_prompts(12, 1, 9)  # one-token prompts included: a row with no context yet
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0)

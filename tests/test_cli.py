@@ -34,7 +34,8 @@ def test_an_unknown_recipe_is_one_line_and_exit_code_2(tmp_path, capsys):
     path.write_text("models: {recipe: huge}\n")
     assert main(["train", "--config", str(path)]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "specroll train: error: models.recipe='huge' is invalid: one of ('full', 'tiny', 'bpe', 'bpe_tiny')"]
+        "specroll train: error: models.recipe='huge' is invalid: one of "
+        "('full', 'tiny', 'bpe', 'bpe_tiny', 'tiny_heads32')"]
 
 
 @pytest.mark.parametrize("argv", [["train"], ["train", "--config", "x.yaml", "--stepz", "3"], ["trian"]])

@@ -14,8 +14,6 @@ import pytest
 import torch
 from tiny_models import make_prompts, tiny_lm
 
-from specroll.benchmarks.arch_sweep import prompts as sweep_prompts
-from specroll.benchmarks.arch_sweep import tiny_model
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.heads.data import FeatureBatch
 from specroll.online_drafter.heads.learner import HeadLearner
@@ -23,6 +21,8 @@ from specroll.online_drafter.heads.objectives import objective_for
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.eagle3_head import Eagle3Head, default_layers
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
+from specroll.tools.arch_sweep import prompts as sweep_prompts
+from specroll.tools.arch_sweep import tiny_model
 
 PROMPTS = make_prompts(12, 1, 9)  # one-token prompts included: a row with no captured state yet
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0)

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from specroll.integrations.eagle3_checkpoint import load_eagle3_checkpoint
+from specroll.integrations.formats.eagle3 import load_eagle3_checkpoint
 from specroll.integrations.model_source import ModelPaths, load_drafter
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.eagle3_head import Eagle3Head

@@ -20,7 +20,7 @@ import torch
 
 import specroll.rollout.models.weights as weights_module
 import specroll.rollout.step.base as engine_module
-from specroll.benchmarks import gpu_check
+from specroll.bench import gpu_check
 
 TINY = ["--tiny", "--device", "cpu", "--batch-sizes", "1,4", "--max-new-tokens", "8", "--calibration-budget", "0.2",
         "--cell-rows", "4"]
@@ -89,7 +89,7 @@ def test_gpu_check_imports_only_torch_transformers_and_the_standard_library():
 
 def loaded_by_gpu_check() -> list[str]:
     """The specroll modules that importing gpu_check loads, in a fresh interpreter."""
-    code = "import sys, specroll.benchmarks.gpu_check; print(*(n for n in sys.modules if n.startswith('specroll')))"
+    code = "import sys, specroll.bench.gpu_check; print(*(n for n in sys.modules if n.startswith('specroll')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return done.stdout.split()
 
@@ -105,13 +105,13 @@ def gpu_check_args(tmp_path):
 def test_install_script_makes_gpu_check_importable_from_the_repository_root(tmp_path):
     """Run from the repository root as its doc says (where `python -m` put the source tree's own `specroll/`
     folder, which lacks the subpackages, first on sys.path): the printed exports import gpu_check from its view."""
-    root = Path(gpu_check.__file__).resolve().parents[1]
-    script = (f'eval "$(SPECROLL_VIEW={tmp_path} PYTHON={sys.executable} bash benchmarks/gpu_check_install.sh)" && '
-              f'{sys.executable} -m specroll.benchmarks.gpu_check --help >/dev/null && '
-              f'{sys.executable} -c "import specroll.benchmarks.gpu_check as g; print(g.__file__)"')
+    root = Path(gpu_check.__file__).resolve().parents[2]
+    script = (f'eval "$(SPECROLL_VIEW={tmp_path} PYTHON={sys.executable} bash specroll/bench/gpu_check_install.sh)" && '
+              f'{sys.executable} -m specroll.bench.gpu_check --help >/dev/null && '
+              f'{sys.executable} -c "import specroll.bench.gpu_check as g; print(g.__file__)"')
     done = subprocess.run(["bash", "-c", script], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(tmp_path / "specroll" / "benchmarks" / "gpu_check.py")
+    assert done.stdout.strip() == str(tmp_path / "specroll" / "bench" / "gpu_check.py")
 
 
 def test_sync_site_names_specroll_frames_innermost_first_and_the_call_below_them():

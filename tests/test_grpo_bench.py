@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from specroll.benchmarks.grpo_bench import grpo_workload
-from specroll.benchmarks.models import load_bench_models
+from specroll.bench.grpo_bench import grpo_workload
+from specroll.bench.models import load_bench_models
 
 
 def test_grpo_workload_reports_every_contender(monkeypatch, tmp_path, capsys):

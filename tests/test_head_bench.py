@@ -1,4 +1,4 @@
-"""`benchmarks.head_bench` on the tiny models: the EAGLE-3 and block heads from `specroll distill`-shaped files and
+"""`studies/head_bench.py` on the tiny models: the EAGLE-3 and block heads from `specroll distill`-shaped files and
 the draft-vocabulary contenders race in lockstep with plain decoding (a smoke run of the benchmark's code)."""
 
 import json
@@ -7,13 +7,12 @@ import sys
 import pytest
 import torch
 
-from specroll.benchmarks import head_bench
-from specroll.benchmarks.models import load_bench_models
+from specroll.bench.models import load_bench_models
 from specroll.rollout import EngineConfig
 from specroll.rollout.drafters.factory import fresh_block, fresh_eagle3
 
 
-def test_heads_from_distill_files_and_draft_vocab_contenders_race_with_plain(tmp_path, monkeypatch, capsys):
+def test_heads_from_distill_files_and_draft_vocab_contenders_race_with_plain(study, tmp_path, monkeypatch, capsys):
     target = load_bench_models("tiny", 4).target
     torch.save(fresh_eagle3(EngineConfig(), target.config).state_dict(), tmp_path / "eagle3.pt")
     torch.save(fresh_block(EngineConfig(), target.config).state_dict(), tmp_path / "block.pt")
@@ -22,7 +21,7 @@ def test_heads_from_distill_files_and_draft_vocab_contenders_race_with_plain(tmp
         "head_bench", "--models", "tiny", "--heads", str(tmp_path), "--contenders", "plain,model+dv,eagle3,block",
         "--batch-sizes", "1", "--modes", "greedy", "--max-new-tokens", "6", "--repeats", "1", "--grpo-prompts", "1",
         "--grpo-repeats", "1", "--draft-vocab", "16", "--threads", "1", "--out", str(out)])
-    head_bench.main()
+    study("head_bench").main()
     result = json.loads(out.read_text())
     assert set(result["draft_costs"]) == {"model+dv", "eagle3", "block"}
     assert all(c["parameters"] > 0 and c["ms_per_draft_token_b16"] > 0 for c in result["draft_costs"].values())
@@ -34,9 +33,9 @@ def test_heads_from_distill_files_and_draft_vocab_contenders_race_with_plain(tmp
 
 @pytest.mark.parametrize("contenders, says",
                          [("eagle9", "eagle9"), ("suffix+model+dv", "+dv"), ("eagle3", "eagle3.pt")])
-def test_a_contender_it_cannot_run_is_refused_by_name(tmp_path, monkeypatch, contenders, says):
+def test_a_contender_it_cannot_run_is_refused_by_name(study, tmp_path, monkeypatch, contenders, says):
     monkeypatch.setattr(sys, "argv", ["head_bench", "--models", "tiny", "--heads", str(tmp_path),
                                       "--contenders", contenders, "--grpo-prompts", "0"])
     with pytest.raises(SystemExit) as refused:
-        head_bench.main()
+        study("head_bench").main()
     assert says in str(refused.value)

@@ -85,7 +85,7 @@ def test_feature_sequences_are_buffered_as_their_rollouts_are():
 def test_a_first_version_is_trained_once_in_two_phases_and_cached(tmp_path):
     """`load_or_train_heads` (what `specroll train` calls for a demo head): only the heads asked for, at the
     settings' width, trained at `lr` then `final_lr`, cached, and loaded — not retrained — the next time."""
-    from specroll.benchmarks.head_training import HeadTrainingSettings, heads_dir, load_or_train_heads
+    from specroll.demo.heads import HeadTrainingSettings, heads_dir, load_or_train_heads
 
     model = target()
     settings = HeadTrainingSettings(prompts=8, samples=2, max_new_tokens=12, eagle_intermediate_size=24,

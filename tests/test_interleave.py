@@ -1,4 +1,4 @@
-"""benchmarks.interleave: two runs take turns on the machine, step by step, through a shared file."""
+"""tools.interleave: two runs take turns on the machine, step by step, through a shared file."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from specroll.benchmarks.interleave import Turns, run_pair
+from specroll.tools.interleave import Turns, run_pair
 
 
 def test_two_runs_alternate_turn_by_turn(tmp_path):

@@ -1,6 +1,8 @@
 """The tree's import structure: every `specroll.*` module imports on its own and in a shuffled order (in a fresh
-process), and the engine's imports run one way: config and core/stats ← sampling ← core ← models ← drafters
-← gamma ← the engine's parts ← step ← engine (`specroll.rollout`'s docstring)."""
+process), no installed module takes part in an import cycle (at module level or inside a function), the package
+is what pyproject.toml installs and holds no one-off study, and the engine's imports run one way: config and
+core/stats ← sampling ← core ← models ← drafters ← gamma ← the engine's parts ← step ← engine (`specroll.rollout`'s
+docstring)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,13 @@ import json
 import random
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-PACKAGES = ("specroll", "specroll.rollout", "specroll.online_drafter", "specroll.integrations", "specroll.demo",
-            "specroll.benchmarks")
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("specroll", "specroll.rollout", "specroll.online_drafter", "specroll.integrations", "specroll.demo")
 # specroll.rollout's layers, lowest first: a module imports only from its own layer or lower ones.
 ROLLOUT_LAYERS = (("config", "core.stats"), ("sampling",), ("core",), ("models",), ("drafters",), ("gamma",),
                   ("engine_caches", "engine_speculation", "engine_weights"), ("step",), ("engine",), ("",))
@@ -86,9 +89,23 @@ def test_every_module_imports_in_a_shuffled_order(import_failures):
     assert not import_failures["in order"], "\n".join(import_failures["in order"])
 
 
-def rollout_imports() -> dict[str, set[str]]:
-    """Each `specroll.rollout` module → the `specroll.rollout` modules it imports (wherever in the file)."""
-    files = module_files("specroll.rollout")
+def installed_modules() -> dict[str, Path]:
+    """Every module pyproject.toml installs (`packages`, each from its `package-dir` folder), by dotted name."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package_dir, out = setuptools["package-dir"], {}
+    for package in setuptools["packages"]:
+        mapped = max((p for p in package_dir if package == p or package.startswith(f"{p}.")), key=len)
+        folder = ROOT / package_dir[mapped] / Path(*package[len(mapped):].lstrip(".").split(".") if package != mapped
+                                                  else ())
+        for path in sorted(folder.glob("*.py")):
+            out[package if path.name == "__init__.py" else f"{package}.{path.stem}"] = path
+    return out
+
+
+def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module of `files` → the modules of `files` it imports, wherever in the file (at the top, inside a
+    function, under `TYPE_CHECKING`); `from package import name` counts as importing the submodule `name` if
+    there is one, else the package."""
     graph = {}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -102,6 +119,30 @@ def rollout_imports() -> dict[str, set[str]]:
                 targets.update(a.name for a in node.names)
         graph[name] = {t for t in targets if t in files and t != name}
     return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """One path per cycle a depth-first walk closes: "a → b → a"."""
+    state, found = {}, []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                found.append(" → ".join([*path[path.index(target):], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
+def rollout_imports() -> dict[str, set[str]]:
+    """Each `specroll.rollout` module → the `specroll.rollout` modules it imports (wherever in the file)."""
+    return import_graph(module_files("specroll.rollout"))
 
 
 def layer(module: str) -> int:
@@ -118,18 +159,42 @@ def test_rollout_imports_run_one_way():
 
 
 def test_rollout_has_no_import_cycle():
-    graph, state, cycles = rollout_imports(), {}, []
+    found = cycles(rollout_imports())
+    assert not found, "import cycles (type-only ones included):\n" + "\n".join(found)
 
-    def visit(module: str, path: list[str]) -> None:
-        state[module] = "open"
-        for target in sorted(graph[module]):
-            if state.get(target) == "open":
-                cycles.append(" → ".join([*path[path.index(target):], target]))
-            elif target not in state:
-                visit(target, [*path, target])
-        state[module] = "done"
 
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
-    assert not cycles, "import cycles (type-only ones included):\n" + "\n".join(cycles)
+def test_installed_package_has_no_import_cycle():
+    """Lazy imports included: a cycle hidden inside a function still ties two modules into one concept."""
+    found = cycles(import_graph(installed_modules()))
+    assert not found, "import cycles (lazy and type-only ones included):\n" + "\n".join(found)
+
+
+def test_subpackages_import_one_way():
+    """`specroll.X` folders, each taken as one node, form no loop: rollout ← online_drafter ← integrations ← jobs
+    ← bench and tools: dependencies point one way, and the jobs never import a benchmark."""
+    graph = import_graph(installed_modules())
+
+    def folder(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    folders: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        folders.setdefault(folder(source), set()).update(folder(t) for t in targets if folder(t) != folder(source))
+    found = cycles(folders)
+    assert not found, "subpackages importing each other:\n" + "\n".join(found)
+
+
+def test_pyproject_installs_every_package_folder_and_no_study():
+    """Every folder of a mapped package with an `__init__.py` is in `packages` (a wheel leaves nothing out), and
+    neither benchmarks nor one-off studies are: `specroll bench` is `specroll.bench`, studies/ stays a checkout's."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            folders.add(".".join((package, *parts)))
+    assert set(setuptools["packages"]) == folders
+    assert not [p for p in setuptools["packages"] if "benchmarks" in p or "studies" in p]
+    for name in ("specroll.benchmarks", "specroll.studies"):
+        assert importlib.util.find_spec(name) is None, name
+    assert not (ROOT / "studies" / "__init__.py").exists()

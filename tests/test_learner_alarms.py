@@ -11,7 +11,7 @@ import yaml
 from train_runs import REPO, run_train
 
 from specroll.online_drafter import LearnerConfig
-from specroll.online_drafter.alarms import LearnerAlarms
+from specroll.online_drafter.gate.alarms import LearnerAlarms
 from specroll.online_drafter.reports import LearnerReport, ProbeReport
 
 

@@ -1,4 +1,4 @@
-"""A learner recorded through `learner.record_dir` replays exactly (`benchmarks.learner_replay`), and a
+"""A learner recorded through `learner.record_dir` replays exactly (`tools.learner_replay`), and a
 replay under other settings runs on the same inputs."""
 
 from __future__ import annotations
@@ -9,18 +9,18 @@ import pytest
 import torch
 from online_fixtures import tiny_llama
 
-from specroll.benchmarks.learner_replay import apply_overrides, parse_set, replay, summary_lines
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.online_drafter.recording import RecordingLearner
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.heads import MedusaHeads
+from specroll.tools.learner_replay import apply_overrides, parse_set, replay, summary_lines
 
 V = 32
 
 
 def run_recorded(folder, budget_s=None):
-    """Two steps of the loop DESIGN.md draws, the learner made as a backend makes it (record_dir set)."""
+    """Two steps of a run's loop (generate, learn, publish), the learner made as a backend makes it (record_dir set)."""
     target, drafter = tiny_llama(32, 2, seed=0), tiny_llama(16, 1, seed=1)
     config = LearnerConfig(lr=1e-2, max_steps=6, batch_size=4, seed=3, record_dir=str(folder))
     learner = make_online_learner(copy.deepcopy(drafter), None, config)

@@ -13,10 +13,10 @@ import copy
 import pytest
 import torch
 
-from specroll.benchmarks.arch_sweep import hf_greedy, prompts, tiny_model
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.models.cache import STATE_HISTORY
 from specroll.rollout.models.runner import ModelRunner
+from specroll.tools.arch_sweep import hf_greedy, prompts, tiny_model
 
 CPU = torch.device("cpu")
 

@@ -12,7 +12,7 @@ from online_fixtures import tiny_llama
 
 from specroll.online_drafter import DraftLearner, LearnerConfig, bucketed_kl, bucketed_tv, expected_acceptance
 from specroll.online_drafter.batching import length_batches
-from specroll.online_drafter.candidate import weights_of
+from specroll.online_drafter.gate.candidate import weights_of
 from specroll.online_drafter.lm.data import to_buffered
 from specroll.online_drafter.lm.scorer import DrafterScorer
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine

@@ -13,12 +13,12 @@ import pytest
 import torch
 from tiny_models import build_lm, make_prompts, noisy_copy, tiny_lm
 
-from specroll.benchmarks.arch_sweep import NEW_TOKENS, hf_greedy, prompts, tiny_model
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.heads import EagleHead
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 from specroll.rollout.models.paged import RESERVED_BLOCKS, PagedKVCache, PagedLayout
 from specroll.rollout.models.runner import ModelRunner
+from specroll.tools.arch_sweep import NEW_TOKENS, hf_greedy, prompts, tiny_model
 
 CPU = torch.device("cpu")
 ATOL = 1e-6
@@ -214,10 +214,10 @@ def test_chunked_prefill_stays_under_its_token_budget_and_changes_no_token(kv_ca
     assert max(sizes[8]) <= 8
 
 
-def test_kv_memory_benchmark_lockstep_pairs_the_same_tokens():
-    """The speed benchmark's lockstep (`benchmarks.kv_memory`) runs a dense and a paged engine through one
+def test_kv_memory_benchmark_lockstep_pairs_the_same_tokens(study):
+    """The speed benchmark's lockstep (`studies/kv_memory.py`) runs a dense and a paged engine through one
     generation each, stepped in turn: both emit the same greedy tokens and each is timed on its own steps."""
-    from specroll.benchmarks.kv_memory import _lockstep
+    _lockstep = study("kv_memory")._lockstep
 
     target = tiny_lm()
     engines = {kind: SpecEngine(target, None, EngineConfig(max_batch_size=4, max_seq_len=64, gamma=0, kv_cache=kind,

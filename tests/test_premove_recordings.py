@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from specroll.benchmarks.learner_replay import replay
 from specroll.online_drafter.moved_paths import MOVED_PATHS
+from specroll.tools.learner_replay import replay
 
 DATA = Path(__file__).parent / "data" / "recordings_premove"
 EXPECTED = json.loads((DATA / "expected.json").read_text())

@@ -1,4 +1,4 @@
-"""Two runs' served drafters compared paired on the same probe positions (`benchmarks.probe_compare`), from
+"""Two runs' served drafters compared paired on the same probe positions (`tools.probe_compare`), from
 the per-group scores every probe records through the public path (backend round -> LearnerSchedule)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from test_head_online import ENGINE, LEARNER, grpo_steps
 from tiny_models import tiny_lm
 
-from specroll.benchmarks.probe_compare import compare, load_probes, table
 from specroll.integrations.local_backend import LocalBackend
 from specroll.rollout.drafters.heads import EagleHead
+from specroll.tools.probe_compare import compare, load_probes, table
 
 
 def probes_of_a_run(head_seed: int, steps: int = 2) -> list[dict]:

@@ -16,7 +16,6 @@ import ray
 import torch
 from ray_helpers import GREEDY, make_config, prompts_for, tiny_llama, versions_once_alive
 
-from specroll.benchmarks.sync_bench import actor_pid, measure_sync
 from specroll.integrations.ray_backend.controller import RolloutController
 from specroll.integrations.ray_backend.settings import SyncConfig
 from specroll.integrations.ray_backend.sync.broadcast import TorchBroadcastTransport
@@ -156,12 +155,13 @@ def test_broadcast_group_is_formed_once_and_reused_by_every_sync(broadcast_contr
     assert not ray.get(ctl.board.__ray_call__.remote(lambda _: "torch" in sys.modules))  # the board stays light
 
 
-def test_sync_adds_at_most_twice_the_payload_to_host_memory(broadcast_controller):
+def test_sync_adds_at_most_twice_the_payload_to_host_memory(broadcast_controller, study):
     ctl = broadcast_controller
+    sync_bench = study("sync_bench")
     named = policy_weights(54)
     payload = sum(t.numel() * t.element_size() for t in named.values())
-    pids = [os.getpid(), *(actor_pid(w) for w in ctl.workers)]
-    sample = measure_sync(ctl, named, ctl.policy_version + 1, pids)
+    pids = [os.getpid(), *(sync_bench.actor_pid(w) for w in ctl.workers)]
+    sample = sync_bench.measure_sync(ctl, named, ctl.policy_version + 1, pids)
     sender, worker = sample.process_growth[0], max(sample.process_growth[1:])
     assert sender + worker <= 2 * payload, (sender / payload, worker / payload)
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 from train_runs import REPO
 
-from specroll.benchmarks import resume_check
-from specroll.benchmarks.resume_check import KillAndResume
-from specroll.benchmarks.resume_check import step_entries as steps
+from specroll.tools import resume_check
+from specroll.tools.resume_check import KillAndResume
+from specroll.tools.resume_check import step_entries as steps
 
 STEPS = 4
 PROMPTS_PER_STEP, GENERATIONS = 2, 2

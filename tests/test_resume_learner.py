@@ -1,6 +1,6 @@
 """A learner saved after some rounds and loaded in a fresh process state goes on exactly as the one that was
 never stopped: the same next round, bit for bit (the state `specroll train --resume` keeps beside a trainer
-checkpoint: `online_drafter.learner_state`)."""
+checkpoint: `online_drafter.state.learner_state`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from online_fixtures import tiny_llama
 
 from specroll.online_drafter import DraftLearner, LearnerConfig
-from specroll.online_drafter.learner_state import restore, state_of
+from specroll.online_drafter.state.learner_state import restore, state_of
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 
 V = 32
@@ -81,7 +81,7 @@ def test_a_resumed_learner_keeps_its_own_settings_and_the_buffer_it_had(tmp_path
 
 
 def test_a_loaded_holdout_set_sends_a_group_met_again_where_it_went_first():
-    from specroll.online_drafter.holdout import HoldoutSet
+    from specroll.online_drafter.gate.holdout import HoldoutSet
 
     entry = type("Entry", (), {"num_positions": 1})
     saved = HoldoutSet(fraction=0.5, max_positions=100)

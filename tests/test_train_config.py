@@ -22,7 +22,7 @@ def test_shipped_configs_load(name):
 
 
 def test_the_frozen_vocabulary_arm_is_the_main_job_but_for_its_subset():
-    """configs/demo_frozen_vocab.yaml is compared with the main job paired (`benchmarks.probe_compare`): only
+    """configs/demo_frozen_vocab.yaml is compared with the main job paired (`tools.probe_compare`): only
     `learner.draft_vocab_updates` (and where the report goes) may differ."""
     main, arm = (resolved_dict(load_train_config(CONFIGS / name)) for name in ("demo.yaml", "demo_frozen_vocab.yaml"))
     assert main["learner"].pop("draft_vocab_updates") is True and arm["learner"].pop("draft_vocab_updates") is False
@@ -31,7 +31,7 @@ def test_the_frozen_vocabulary_arm_is_the_main_job_but_for_its_subset():
 
 
 def test_the_trees_arm_is_the_main_job_but_for_its_trees():
-    """configs/demo_trees.yaml takes turns with the main job (`benchmarks.interleave`): only the tree settings
+    """configs/demo_trees.yaml takes turns with the main job (`tools.interleave`): only the tree settings
     may differ, so the pair's rollouts, rewards and policy are one GRPO run's (the invariant sampler)."""
     main, arm = (resolved_dict(load_train_config(CONFIGS / name)) for name in ("demo.yaml", "demo_trees.yaml"))
     assert (main["engine"].pop("tree_width"), arm["engine"].pop("tree_width")) == (1, "auto")

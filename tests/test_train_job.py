@@ -94,3 +94,31 @@ def test_closing_lines_say_what_online_learning_bought(tiny_run):
     assert any("drafter versions published in 2 learner rounds" in line for line in closing), closing
     page = (tiny_run.out / "report.html").read_text()
     assert page.index("drafter versions published") < page.index("<table>")
+
+
+def test_the_run_keeps_its_final_policy_and_drafter_which_models_serves_again(tiny_run):
+    """`checkpoint.final` (the default, with `checkpoint.every: 0`): `policy/` loads with `from_pretrained` with its
+    tokenizer, `drafter/` (demo_tiny's drafter LM, trained online) as a Hugging Face folder; the `models:` section
+    serves the two again, to the run's own greedy tokens (the policy's plain decoding) with the drafter's drafts."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specroll.integrations.model_source import ModelPaths, load_drafter, tokenizer_pair
+    from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+
+    assert not (tiny_run.out / "trainer").exists() or not list((tiny_run.out / "trainer").glob("checkpoint-*"))
+    policy_dir, drafter_dir = tiny_run.out / "policy", tiny_run.out / "drafter"
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir)
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    assert AutoModelForCausalLM.from_pretrained(drafter_dir) is not None
+    assert (drafter_dir / "tokenizer_config.json").is_file()
+    paths = ModelPaths(str(policy_dir), str(drafter_dir))
+    engine = EngineConfig(max_batch_size=4, max_seq_len=96, gamma=2)
+    spec = SpecEngine(policy, load_drafter(paths, engine, policy), engine, *tokenizer_pair(paths))
+    prompts = [tokenizer(text)["input_ids"] for text in ("12+34=", "7*8=", "100-1=")]
+    greedy = SamplingParams(max_new_tokens=16, temperature=0, stop_token_ids=(tokenizer.eos_token_id,))
+    served = [r.completion_ids for r in spec.generate(prompts, greedy)]
+    plain = SpecEngine(AutoModelForCausalLM.from_pretrained(policy_dir), None, EngineConfig(max_batch_size=4,
+                                                                                            max_seq_len=96, gamma=0))
+    assert served == [r.completion_ids for r in plain.generate(prompts, greedy)]
+    assert spec.stats.accepted > 0  # the drafter drafted, and was right some of the time
+    assert "final model drafter in" in tiny_run.stdout and "drafter: " in tiny_run.stdout

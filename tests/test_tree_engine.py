@@ -14,13 +14,13 @@ from test_engine_greedy import ARCH_ATTN, NEW_TOKENS, PROMPTS, hf_greedy, make_d
 from test_engine_syncs import SyncCounter
 from tiny_models import make_prompts, tiny_lm
 
-from specroll.benchmarks import arch_sweep
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.config import SuffixConfig
 from specroll.rollout.drafters.block_head import BlockHead
 from specroll.rollout.drafters.eagle3_head import Eagle3Head
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
+from specroll.tools import arch_sweep
 
 GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0)
 

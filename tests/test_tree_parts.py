@@ -13,7 +13,6 @@ import torch
 from scipy.stats import chisquare
 from tiny_models import make_prompts, tiny_lm
 
-from specroll.benchmarks.arch_sweep import tiny_model
 from specroll.rollout.drafters.tree_draft import grow_tree
 from specroll.rollout.models.rows import RowIds
 from specroll.rollout.models.runner import ModelRunner
@@ -23,6 +22,7 @@ from specroll.rollout.sampling.draft_tree import DraftTree
 from specroll.rollout.sampling.noise import StepNoise
 from specroll.rollout.sampling.randomness import request_keys
 from specroll.rollout.sampling.tree_accept import TreeInvariant, TreeRejection
+from specroll.tools.arch_sweep import tiny_model
 
 CPU = torch.device("cpu")
 ALPHA = 1e-3

@@ -1,4 +1,4 @@
-"""`benchmarks/tree_tail.py` runs end to end on tiny models (a smoke run of the code, not a measurement), and the
+"""`studies/tree_tail.py` runs end to end on tiny models (a smoke run of the code, not a measurement), and the
 report plots accepted length against live batch."""
 
 from __future__ import annotations
@@ -7,11 +7,15 @@ import json
 
 import pytest
 
-from specroll.benchmarks import tree_tail
 from specroll.jobs.report import PLOTS, SpeedMeasurement, _plot_accepted
 
 
-def test_tree_tail_writes_paired_ratios_for_both_workloads(tmp_path, capsys):
+@pytest.fixture
+def tree_tail(study):
+    return study("tree_tail")
+
+
+def test_tree_tail_writes_paired_ratios_for_both_workloads(tree_tail, tmp_path, capsys):
     out = tmp_path / "tree_tail.json"
     assert tree_tail.main(["--models", "tiny", "--repeats", "2", "--rows", "3", "--full-rows", "3", "--new-tokens",
                            "8", "--quick", "--calibration-s", "0.3", "--calibration-cache", str(tmp_path / "cal"),
@@ -25,7 +29,7 @@ def test_tree_tail_writes_paired_ratios_for_both_workloads(tmp_path, capsys):
     assert "tail (live batch <= 4)" in printed and "full batch (3 rows)" in printed
 
 
-def test_tree_tail_compares_a_tree_with_the_chain_of_its_depth(tmp_path, capsys):
+def test_tree_tail_compares_a_tree_with_the_chain_of_its_depth(tree_tail, tmp_path, capsys):
     out = tmp_path / "tree_tail.json"
     assert tree_tail.main(["--models", "tiny", "--repeats", "2", "--rows", "3", "--new-tokens", "8", "--chain-gammas",
                            "2,3", "--tree-shapes", "3x2", "--skip-full", "--calibration-s", "0.3",
@@ -42,7 +46,7 @@ def test_tree_tail_compares_a_tree_with_the_chain_of_its_depth(tmp_path, capsys)
     assert "full batch" not in capsys.readouterr().out
 
 
-def test_tree_tail_runs_the_full_workload_alone_and_refuses_running_nothing(tmp_path):
+def test_tree_tail_runs_the_full_workload_alone_and_refuses_running_nothing(tree_tail, tmp_path):
     out = tmp_path / "tree_tail.json"
     common = ["--models", "tiny", "--repeats", "1", "--full-rows", "3", "--new-tokens", "6", "--calibration-s", "0.3",
               "--calibration-cache", str(tmp_path / "cal")]
@@ -53,7 +57,7 @@ def test_tree_tail_runs_the_full_workload_alone_and_refuses_running_nothing(tmp_
         tree_tail.main([*common, "--skip-tail", "--skip-full"])
 
 
-def test_lognormal_budgets_drain_the_batch():
+def test_lognormal_budgets_drain_the_batch(tree_tail):
     budgets = tree_tail.budgets(16, 100, 400)
     assert len(budgets) == 16 and max(budgets) > 2 * min(budgets) and max(budgets) <= 400
 

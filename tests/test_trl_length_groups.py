@@ -95,23 +95,23 @@ def test_length_grouped_trainer_trains_the_same_policy_over_fewer_token_columns(
     assert grouped_columns < 0.75 * plain_columns
 
 
-def test_update_cost_benchmark_times_both_trainers_on_fixed_completions(tmp_path):
+def test_update_cost_benchmark_times_both_trainers_on_fixed_completions(study, tmp_path):
     from types import SimpleNamespace
 
-    from specroll.benchmarks.update_cost import fixed_rollout, step_times
+    update_cost = study("update_cost")
 
     tokenizer = tiny_tokenizer()
     messages = list(prompt_dataset()["prompt"][:2])
     prompt_ids = [tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
                             add_special_tokens=False)["input_ids"] for m in messages]
     completions = [[[5, 6, 2], [7, 2]], [[8, 9, 10, 11], [12, 2]]]
-    rollout = fixed_rollout(prompt_ids, completions, [json.dumps(m) for m in messages])
+    rollout = update_cost.fixed_rollout(prompt_ids, completions, [json.dumps(m) for m in messages])
     out = rollout([messages[1], messages[0], messages[1]], None)
     assert out["completion_ids"] == [[8, 9, 10, 11], [5, 6, 2], [12, 2]]  # the k-th occurrence: the k-th sample
     args = SimpleNamespace(generations=2, max_new_tokens=4, steps=2)
     for trainer_class in (GRPOTrainer, length_grouped(GRPOTrainer)):
-        times = step_times(trainer_class, tiny_model(len(tokenizer), seed=0), tokenizer, messages, rollout, args,
-                           str(tmp_path / trainer_class.__name__))
+        times = update_cost.step_times(trainer_class, tiny_model(len(tokenizer), seed=0), tokenizer, messages, rollout,
+                                       args, str(tmp_path / trainer_class.__name__))
         assert len(times) == 2 and all(t > 0 for t in times)
 
 

@@ -56,8 +56,9 @@ from .drafter_events import DrafterEvents
 from .drafter_guard import DrafterGuard
 from .learner_driver import LearnerDriver
 from .settings import ControllerConfig
-from .sync.protocol import WeightSyncError, make_transport, wait_for_workers
+from .sync.protocol import WeightSyncError, wait_for_workers
 from .sync.sequence import sync_weights
+from .sync.transports import make_transport
 
 
 class RolloutController(DrafterEvents):

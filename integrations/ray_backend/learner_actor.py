@@ -34,8 +34,8 @@ from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_draf
 from specroll.integrations.threads import ThreadSetting, current_threads, set_torch_threads
 from specroll.integrations.weights_digest import weights_digest
 from specroll.online_drafter import LearnerConfig
-from specroll.online_drafter.learner_state import has_state, restore, state_of
 from specroll.online_drafter.online_learner import make_online_learner
+from specroll.online_drafter.state.learner_state import has_state, restore, state_of
 from specroll.rollout import EngineConfig
 from specroll.rollout.drafters.draft_vocab import initial_ids
 from specroll.rollout.models.weights import copy_into
@@ -121,7 +121,7 @@ class LearnerActor:
         return has_state(self.learner)
 
     def state_dict(self) -> dict[str, Any]:
-        """The learner's whole state (`online_drafter.learner_state.state_of`), for a resume or a restart."""
+        """The learner's whole state (`online_drafter.state.learner_state.state_of`), for a resume or a restart."""
         return state_of(self.learner)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -77,7 +77,7 @@ class SpecrollRolloutFunc:
     in the dataset's format) measures the served drafter against the frozen one every few steps;
     `schedule` sets the learner's budget shares (see `LearnerSchedule`). `between_steps`, if given, is
     called at each training call once the previous step is wholly done (its update and its learner round
-    collected) and before anything of this step runs: where `benchmarks.interleave` hands the machine to
+    collected) and before anything of this step runs: where `tools.interleave` hands the machine to
     a paired run, so that two runs take turns step by step.
     """
 
@@ -96,6 +96,7 @@ class SpecrollRolloutFunc:
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         if self._attached_to is not trainer:  # TRL hands the hook its trainer only here
+            refuse_trl_vllm(trainer)
             trainer.add_callback(PolicySyncCallback(self, trainer))
             self._attached_to = trainer
             _warn_if_per_rank(self.backend, trainer)
@@ -237,6 +238,15 @@ def check_policy_version(rollouts: list[Rollout], step: int, rank: int) -> None:
     if stale:
         raise RuntimeError(f"rank {rank}: rollouts from policy versions {stale}, but the trainer is at step {step} "
                            "(its backend missed a policy sync)")
+
+
+def refuse_trl_vllm(trainer: Any) -> None:
+    """A trainer built with `use_vllm=True` starts TRL's own vLLM and syncs its weights every step, though this hook
+    makes every rollout: refused in one line, saying how vLLM runs through specroll instead."""
+    if getattr(trainer.args, "use_vllm", False):
+        raise ValueError("GRPOConfig(use_vllm=True) is invalid with specroll's rollout_func: TRL would start and sync "
+                         "its own vLLM that never generates; set use_vllm=False, and to roll out on vLLM run it "
+                         "through specroll (engine.kind: vllm)")
 
 
 def _warn_if_per_rank(backend: RolloutBackend, trainer: Any) -> None:

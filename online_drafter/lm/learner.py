@@ -18,10 +18,10 @@ import os
 import torch
 from torch import nn
 
-from ..checkpoint import load_checkpoint, save_checkpoint
 from ..learner import Learner
 from ..learner_config import LearnerConfig
-from ..learner_state import CHECKPOINT_KEYS, restore, state_of
+from ..state.checkpoint import load_checkpoint, save_checkpoint
+from ..state.learner_state import CHECKPOINT_KEYS, restore, state_of
 from .data import DraftBuffer, to_buffered
 from .scorer import DrafterScorer
 

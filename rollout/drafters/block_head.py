@@ -12,7 +12,7 @@ so one forward gives k − 1 drafts' marginals. The anchor's own output is unuse
 
 Module names follow z-lab's checkpoint tensors one to one (`layers.{i}.self_attn.{q,k,v,o}_proj`,
 `layers.{i}.self_attn.{q,k}_norm`, `layers.{i}.mlp.{gate,up,down}_proj`, `layers.{i}.input_layernorm`,
-`layers.{i}.post_attention_layernorm`, `fc`, `hidden_norm`, `norm`), so `integrations.block_checkpoint` maps a
+`layers.{i}.post_attention_layernorm`, `fc`, `hidden_norm`, `norm`), so `integrations.formats.dflash` maps a
 checkpoint by name. Departs from DFlash: the mask positions' input is a trained vector of the head's own
 (`mask_embedding`, a checkpoint's starts as the target's embedding of its `mask_token_id`), plain RoPE only
 (a checkpoint with `rope_scaling` is refused), no sliding window.

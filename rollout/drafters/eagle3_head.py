@@ -10,7 +10,7 @@ target's, or its own over a draft vocabulary (`draft_ids`, the target ids of its
 `d2t`, `rollout.drafters.draft_vocab`).
 
 The module's names follow the public EAGLE-3 layer (vllm-project/speculators' `layers.0.*`, SpecForge's
-`midlayer.*`) one to one, so `integrations.eagle3_checkpoint` maps a checkpoint's tensors by name alone:
+`midlayer.*`) one to one, so `integrations.formats.eagle3` maps a checkpoint's tensors by name alone:
 `input_norm` is their `input_layernorm` (the embeddings' norm), `mlp_norm` their `post_attention_layernorm`.
 Departs from them: plain RoPE only (a checkpoint with `rope_scaling` is refused), one decoder layer, and the
 token embedding is always the target's (a checkpoint's copy is checked against it and dropped).

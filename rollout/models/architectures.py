@@ -5,7 +5,7 @@ itself (`runner`, `cache`). Whether an architecture honours all three is not som
 can tell: a model may take positions from the cache length, build its own mask (ALiBi), keep
 recurrent state, or cache K/V through its own API — and then it produces wrong tokens without an
 error. So the engine runs only the `model_type`s that the architecture sweep
-(`python -m specroll.benchmarks.arch_sweep`, and tests/test_architectures.py over this list) has
+(`python -m specroll.tools.arch_sweep`, and tests/test_architectures.py over this list) has
 verified exact: greedy plain and speculative decoding equal HF `generate` on ragged prompts past
 the sliding window. Anything else is refused at construction unless the caller opts out with
 `EngineConfig(allow_unverified_architectures=True)`; `KNOWN_GAPS` says why a popular family is
@@ -47,7 +47,7 @@ def unverified_reason(model: PreTrainedModel) -> str | None:
     model_type = model.config.model_type
     if model_type in VERIFIED_MODEL_TYPES:
         return None
-    gap = KNOWN_GAPS.get(model_type, "not verified by the architecture sweep (specroll.benchmarks.arch_sweep)")
+    gap = KNOWN_GAPS.get(model_type, "not verified by the architecture sweep (specroll.tools.arch_sweep)")
     return f"model_type {model_type!r}: {gap}"
 
 

@@ -11,7 +11,7 @@ decode step's key length is new at every step: on an H200 (torch 2.11) it took 1
 of the host time of a plain step of a 0.5B model at one row (device busy 4 ms of a 42 ms step). The
 memory-efficient kernel takes a boolean mask and any length with no planning; flash serves the mask-free calls and
 math what neither takes (`CUDA_SDPA_BACKENDS`). Raced against torch's own choice, stepped alternately on an H200
-(`benchmarks.gpu_check --stages sdpa`, after the GQA fold above): 1.01× at 1, 16 and 64 rows — it costs nothing,
+(`bench.gpu_check --stages sdpa`, after the GQA fold above): 1.01× at 1, 16 and 64 rows — it costs nothing,
 and it no longer buys anything measured either (docs/drafters.md#gpu-check). A CPU is left to torch's choice.
 """
 

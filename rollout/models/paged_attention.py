@@ -51,6 +51,13 @@ def kernel():
     where it cannot be built (a warning says why, once)."""
     from torch.utils import cpp_extension
 
+    from specroll.extras import hint
+
+    lacking = hint({"kernel": ("ninja", "setuptools")}, "the CPU paged-attention kernel's build")
+    if lacking is not None:
+        warnings.warn(f"{lacking}; the paged cache copies its blocks into a workspace instead (slower; "
+                      "SPECROLL_PAGED_KERNEL=0 silences this)", stacklevel=2)
+        return None
     source = SOURCE_PATH.read_text()
     parts = [source, *FLAGS, *LDFLAGS, torch.__version__, _cpu_model()]
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]

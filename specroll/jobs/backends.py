@@ -14,6 +14,7 @@ backend is one engine per rank (an engine in one process cannot be shared).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -25,9 +26,11 @@ from specroll.integrations.model_source import HEAD_KINDS, ModelPaths, load_toke
 
 from .train_config import TrainConfig
 
+logger = logging.getLogger(__name__)
+
 FRESH_HEAD = "fresh"  # models.head: a head from nothing (the cold start), also with the demo's models
 # Minutes a first build takes on 2 CPU cores (measured; a faster machine takes less).
-BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 11, "bpe_tiny": 1}
+BUILD_MINUTES = {"full": 8, "tiny": 1, "bpe": 11, "bpe_tiny": 1, "tiny_heads32": 1}
 
 
 @dataclass
@@ -64,9 +67,9 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     started = time.perf_counter()
     building = not is_cached(recipe)
     if building:
-        print(f"specroll: building the demo models ({models.recipe} recipe, first run only: about "
+        logger.info(f"specroll: building the demo models ({models.recipe} recipe, first run only: about "
               f"{BUILD_MINUTES[models.recipe]} min on 2 CPU cores) into {models_dir(recipe)} "
-              "($SPECROLL_CACHE); later runs load them from there", flush=True)
+              "($SPECROLL_CACHE); later runs load them from there")
     demo = load_or_build_demo_models(recipe)
     tokenizer_dir = str(demo.path / "tokenizer")
     drafter_dir = demo.path / "drafter"
@@ -85,15 +88,15 @@ def resolve_models(config: TrainConfig) -> ModelSources:
 
 def demo_head(demo: Any, kind: str, recipe: str) -> str:
     """The demo target's `kind` head's first version (trained offline from the target's own samples on
-    first use, saying so, and cached next to the demo models: `benchmarks.head_training`); its file path."""
-    from specroll.benchmarks.head_training import HeadTrainingSettings, heads_dir, load_or_train_heads, training_prompts
+    first use, saying so, and cached next to the demo models: `demo.heads`); its file path."""
+    from specroll.demo.heads import HeadTrainingSettings, heads_dir, load_or_train_heads, training_prompts
 
     path = heads_dir(demo.path) / f"{kind}.pt"
     if not path.is_file():
         settings = HeadTrainingSettings()
-        print(f"specroll: training the demo target's {kind} head's first version ({recipe} recipe, first run "
+        logger.info(f"specroll: training the demo target's {kind} head's first version ({recipe} recipe, first run "
               f"only: ~6 min sampling, then {settings.budget_s(kind) / 60:.0f} min training on 2 CPU cores) into "
-              f"{path.parent}", flush=True)
+              f"{path.parent}")
         prompts = training_prompts(demo.tokenizer, settings.prompts)
         load_or_train_heads(demo.target, prompts, (demo.tokenizer.eos_token_id,), demo.path, settings, (kind,))
     return str(path)
@@ -130,6 +133,16 @@ def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None =
                                   publish_acceptance=config.engine.speculation == "when_learned")
     trained = trained_drafter_kind(sources.paths, config.engine) is not None
     learner = learner if config.online_learning and trained else None
+    if config.engine.kind == "vllm":
+        from transformers import AutoModelForCausalLM
+
+        from specroll.integrations.model_source import load_drafter, tokenizer_pair
+        from specroll.integrations.vllm.backend import VllmBackend
+
+        paths = sources.paths
+        target = AutoModelForCausalLM.from_pretrained(paths.target)
+        return VllmBackend.from_models(target, load_drafter(paths, config.engine, target), config.engine, learner,
+                                       *tokenizer_pair(paths), settings=config.vllm)
     if config.backend.kind == "local":
         from transformers import AutoModelForCausalLM
 
@@ -165,9 +178,9 @@ def start_ray(config: TrainConfig) -> str:
     num_cpus = max(int(cpus + 0.999), 1)
     where = connect_ray(config.backend.address, num_cpus, log_to_driver=False)
     if where == "joined":
-        print(f"specroll: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", flush=True)
+        logger.info(f"specroll: joined the Ray cluster at {ray.get_runtime_context().gcs_address}")
     else:
-        print(f"specroll: started an embedded Ray cluster ({num_cpus} CPUs, 127.0.0.1 only)", flush=True)
+        logger.info(f"specroll: started an embedded Ray cluster ({num_cpus} CPUs, 127.0.0.1 only)")
     return where
 
 

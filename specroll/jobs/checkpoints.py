@@ -6,7 +6,7 @@
 TRL writes a checkpoint as `<report.out_dir>/trainer/checkpoint-<step>/` (the policy, its optimizer and
 scheduler, the trainer's RNG states and `trainer_state.json` with the log history); specroll's state goes in
 its `specroll/` folder: `run.json` (what `resume.capture` keeps of the run: plain data) and `backend.pt` (the
-rollout service's `state_dict()`: the learner's weights, optimizer, buffer..., `online_drafter.checkpoint`'s
+rollout service's `state_dict()`: the learner's weights, optimizer, buffer..., `online_drafter.state.checkpoint`'s
 format). The folder is written as a temporary sibling, every file synced to disk, then renamed into place
 and the parent synced: TRL writes its own files before it calls `on_save`, so a checkpoint with a
 `specroll/run.json` is whole, and one without it (a run killed while saving) is skipped with a line saying so.
@@ -15,6 +15,7 @@ and the parent synced: TRL writes its own files before it calls `on_save`, so a 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from specroll.integrations.yaml_config import ConfigError
-from specroll.online_drafter.checkpoint import load_checkpoint, save_checkpoint
+from specroll.online_drafter.state.checkpoint import load_checkpoint, save_checkpoint
+
+logger = logging.getLogger(__name__)
 
 SPECROLL_DIR = "specroll"
 RUN_FILE = "run.json"
@@ -92,8 +95,8 @@ def find_checkpoint(path: str | os.PathLike) -> SavedRun:
     for folder in folders:
         if (folder / SPECROLL_DIR / RUN_FILE).is_file():
             return read_saved_run(folder)
-        print(f"specroll train: skipping {folder}: incomplete (no {SPECROLL_DIR}/{RUN_FILE}: the run was stopped "
-              "while saving it)", flush=True)
+        logger.info(f"specroll train: skipping {folder}: incomplete (no {SPECROLL_DIR}/{RUN_FILE}: the run was stopped "
+              "while saving it)")
     found = f"{len(folders)} incomplete checkpoints" if folders else "no trainer/checkpoint-<step> folder"
     raise ConfigError(f"--resume {path}: no whole checkpoint to resume from ({found}; a run saves them with "
                       "checkpoint.every > 0)")

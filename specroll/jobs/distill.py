@@ -12,13 +12,15 @@
    `model`: a smaller LM of
    the same tokenizer, `--drafter`, or the policy's own first `--layers` layers) with the online learner itself
    (`online_drafter.make_online_learner`: its loss, its held-out set — every 4th prompt group — and its
-   publish-if-better gate), in rounds over the `--minutes` budget: two phases as `benchmarks.head_training`, `--lr`
-   for two thirds, then `--final-lr`, each phase a learner on the same samples (the same held-out groups); the
-   budget counts whole rounds, gates included (a gate that overran its round is taken from the next ones);
+   publish-if-better gate), in rounds over the `--minutes` budget (`online_drafter.offline`, the demo heads'
+   recipe too): two phases, `--lr` for two thirds, then `--final-lr`, each phase a learner on the same samples
+   (the same held-out groups); the budget counts whole rounds, gates included (a gate that overran its round is
+   taken from the next ones);
 4. writes what `models:` reads — `<out>/<kind>.pt` (a head's state dict: `models.head`) or `<out>/drafter/` (a
-   `save_pretrained` LM: `models.drafter`) — and `<out>/report.md`: held-out expected acceptance per round and
-   the speed the calibrated cost model predicts against plain decoding at live batch 1 / 16 / 64
-   (`distill_report`).
+   `save_pretrained` LM: `models.drafter`); an EAGLE-3 or DFlash head also in `<out>/drafter/`, the speculators
+   layout vLLM serves (and DFlash in z-lab's, `<out>/drafter_zlab/`: `integrations.drafter_export`) — and
+   `<out>/report.md`: held-out expected acceptance per round and the speed the calibrated cost model predicts against
+   plain decoding at live batch 1 / 16 / 64 (`distill_report`).
 
 An interrupted run resumes from `<out>`: the sample chunks written, the learner's state after its last round
 (`<out>/learner.pt`) and the rounds so far; `distill.json` holds the settings that decide what is learnt, and a
@@ -31,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import logging
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 KINDS = ("eagle", "eagle3", "medusa", "block", "model")
 # the arguments that decide what is learnt: a resumed run must have the same
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from specroll.online_drafter.offline import OfflineSchedule, train_offline
+
     from . import distill_data as data
 
     if args.threads:
@@ -110,69 +116,13 @@ def run(args: argparse.Namespace) -> int:
                           "policy's vocabulary)")
     entries = data.sample(policy, prompt_ids, args.kind, args, stop_ids, out / "samples", drafter)
     ids = None if args.draft_vocab is None else data.draft_ids(entries, args.draft_vocab, text.vocab_size, stop_ids)
-    rounds, final = train(drafter, policy, entries, args, out, ids)
-    return finish(drafter, policy, tokenizer, args, out, rounds, final, len(prompt_ids), entries, ids)
-
-
-def train(drafter: Any, policy: Any, entries: list[Any], args: argparse.Namespace, out: Path, ids: Any = None
-          ) -> tuple[list[dict[str, Any]], float]:
-    """The learner's rounds over the budget (see the module doc), resuming from `<out>/learner.pt`; returns the
-    rounds' reports and the published drafter's final held-out expected acceptance (`drafter` holds it). `ids`:
-    the draft vocabulary the learner trains and scores over (None: the whole one), fixed: the samples are."""
-    import dataclasses
-
-    import torch
-    from tqdm.auto import tqdm
-
-    from specroll.online_drafter import LearnerConfig, make_online_learner
-    from specroll.online_drafter.learner_state import restore, state_of
-    from specroll.rollout.drafters.draft_vocab import split_state
-    from specroll.rollout.models.weights import copy_into
-
-    from .distill_data import num_positions
-
-    budget_s, round_s = args.minutes * 60, args.round_minutes * 60
-    phases = [(args.lr, 2 / 3), (args.final_lr, 1 / 3)] if args.final_lr != args.lr else [(args.lr, 1.0)]
-    saved_path = out / "learner.pt"
-    saved = torch.load(saved_path, weights_only=False) if saved_path.is_file() else None
-    rounds: list[dict[str, Any]] = saved["rounds"] if saved else []
-    positions = sum(map(num_positions, entries))
-    bar = tqdm(total=sum(max(1, round(budget_s * share / round_s)) for _, share in phases), initial=len(rounds),
-               desc=f"training the {args.kind} drafter", unit="round")
-    learner = None
-    for phase, (lr, share) in enumerate(phases):
-        if saved is not None and saved["phase"] > phase:  # done: the saved later phase started from its drafter
-            continue
-        count = max(1, round(budget_s * share / round_s))
-        config = LearnerConfig(lr=lr, batch_size=args.batch_size, max_steps=10**9, gate_z=0.0, ema_decay=0.0,
-                               warmup_steps=0, holdout_fraction=0.25, temperature=args.temperature,
+    schedule = OfflineSchedule(budget_s=args.minutes * 60, round_s=args.round_minutes * 60, lr=args.lr,
+                               final_lr=args.final_lr, batch_size=args.batch_size, temperature=args.temperature,
                                device=args.device)
-        config = dataclasses.replace(config, buffer=dataclasses.replace(config.buffer, max_positions=positions))
-        learner = make_online_learner(drafter, policy, config)
-        in_phase = sum(1 for r in rounds if r["phase"] == phase)
-        if saved is not None and saved["phase"] == phase:
-            restore(learner, saved["learner"], f"the saved learner in {saved_path}")
-        elif in_phase < count:
-            learner.add_rollouts(entries)
-            if ids is not None:  # after the samples: the learner counts none, so it never recounts the subset
-                learner.set_draft_vocab(ids, policy.config.get_text_config().vocab_size)
-        for done in range(in_phase, count):
-            # the phase's time left, shared by its rounds left: a gate that overran a round is taken from the next
-            left = budget_s * share - sum(r["round_time_s"] for r in rounds if r["phase"] == phase)
-            if left <= 0:
-                break
-            report = learner.train_round(budget_s=left / (count - done))
-            served = learner.served_estimate()  # the published drafter's held-out score, as the gate left it
-            rounds.append({"phase": phase, "lr": lr, "served": served, **dataclasses.asdict(report)})
-            torch.save({"phase": phase, "rounds": rounds, "learner": state_of(learner)}, saved_path.with_suffix(".tmp"))
-            saved_path.with_suffix(".tmp").replace(saved_path)
-            bar.update(1)
-            bar.set_postfix(accept=f"{served:.3f}", version=report.version)
-        if in_phase < count or (saved is not None and saved["phase"] == phase):
-            copy_into(drafter, split_state(learner.published_state_dict())[0], "the distilled drafter")
-        saved = None
-    bar.close()
-    return rounds, learner.served_estimate() if rounds else math.nan
+    trained = train_offline(drafter, policy, entries, schedule, sum(map(data.num_positions, entries)),
+                            out / "learner.pt", ids, f"training the {args.kind} drafter")
+    return finish(drafter, policy, tokenizer, args, out, trained.rounds, trained.acceptance, len(prompt_ids), entries,
+                  ids)
 
 
 def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, out: Path,
@@ -181,6 +131,7 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
     speed, write the report; print where they are."""
     import torch
 
+    from specroll.integrations.drafter_export import export_drafter
     from specroll.online_drafter.heads.data import FeatureSequence
     from specroll.rollout.drafters.draft_vocab import STATE_KEY, carry
 
@@ -189,20 +140,23 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
 
     if args.kind == "model":
         output = out / "drafter"
-        drafter.save_pretrained(output)
-        tokenizer.save_pretrained(output)
+        export_drafter(drafter, "model", policy, output, tokenizer)
         models_yaml = (f"models: {{source: pretrained, target: {args.policy}, drafter: {output}}}\n"
                        "engine: {drafters: [model]}\n")
     else:
         output = out / f"{args.kind}.pt"
         torch.save({**drafter.state_dict(), **({} if ids is None else {STATE_KEY: ids})}, output)
         carry(drafter, ids)  # the speed prediction's engine drafts over them
+        if args.kind in ("eagle3", "block"):  # also in the public layout vLLM serves (speculators'; z-lab's too)
+            verifier = str(Path(args.policy).resolve())
+            public = export_drafter(drafter, args.kind, policy, out / "drafter", verifier=verifier)
+            layouts = ", ".join(f"{name}: {path}" for name, path in public.layouts.items())
+            logger.info(f"specroll distill: the {args.kind} drafter also in {layouts}")
         extra = {"medusa": f", medusa_heads: {args.medusa_heads}", "block": f", block_size: {args.block_size}"}.get(
             args.kind, "") + ("" if ids is None else f", draft_vocab: {args.draft_vocab}")
         models_yaml = (f"models: {{source: pretrained, target: {args.policy}, head: {output}}}\n"
                        f"engine: {{drafters: [{args.kind}]{extra}}}\n")
-    print(f"specroll distill: calibrating the engine's cost model (~{args.cost_model_s:g}s) to predict the speed",
-          flush=True)
+    logger.info(f"specroll distill: calibrating the engine's cost model (~{args.cost_model_s:g}s) to predict the speed")
     spans = [(len(e.token_ids), e.num_positions) if isinstance(e, FeatureSequence)
              else (len(e.prompt_ids) + len(e.completion_ids), len(e.completion_ids)) for e in entries]
     halfway = round(sum(total - completion / 2 for total, completion in spans) / len(spans))  # a mean row's KV mid-way
@@ -216,8 +170,8 @@ def finish(drafter: Any, policy: Any, tokenizer: Any, args: argparse.Namespace, 
     report = write_report(out / "report.md", settings, rounds, predictions, str(output), models_yaml)
     (out / "rounds.json").write_text(json.dumps(rounds, indent=1))
     speeds = ", ".join(f"{p.speedup:.2f}x at batch {p.batch}" for p in predictions)
-    print(f"specroll distill: held-out expected acceptance {final:.4f}; predicted {speeds}; drafter: {output}; "
-          f"report: {report}", flush=True)
+    logger.info(f"specroll distill: held-out expected acceptance {final:.4f}; predicted {speeds}; drafter: {output}; "
+          f"report: {report}")
     return 0
 
 
@@ -252,7 +206,7 @@ def _check_out(out: Path, args: argparse.Namespace, error: type[Exception]) -> N
             raise error(f"--out={str(out)!r} is invalid: it holds a run with other {', '.join(changed)} "
                         f"({', '.join(f'{k}={before.get(k)!r}' for k in changed)}): resume it as it was, or use "
                         "another folder")
-        print(f"specroll distill: resuming the run in {out}", flush=True)
+        logger.info(f"specroll distill: resuming the run in {out}")
         return
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(settings, indent=1))

@@ -32,6 +32,7 @@ docs/resume.md.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, fields
@@ -47,6 +48,8 @@ from specroll.integrations.yaml_config import ConfigError
 from .checkpoints import SavedRun, write_saved_run
 from .report import write_data
 from .train_config import TrainConfig, resolved_dict
+
+logger = logging.getLogger(__name__)
 
 # The config fields a checkpoint is bound to (dotted paths in the resolved config).
 FINGERPRINT = (
@@ -111,8 +114,8 @@ class ResumeCallback(TrainerCallback):
         folder = write_saved_run(f"{args.output_dir}/{PREFIX_CHECKPOINT_DIR}-{state.global_step}", run,
                                  self.backend.state_dict())
         write_data(self.report_dir, state.log_history, self.schedule.probes)
-        print(f"specroll train: step {state.global_step}: specroll's state saved in {folder} "
-              f"({time.perf_counter() - started:.1f}s)", flush=True)
+        logger.info(f"specroll train: step {state.global_step}: specroll's state saved in {folder} "
+              f"({time.perf_counter() - started:.1f}s)")
 
 
 def capture(trainer: Any, rollout_func: SpecrollRolloutFunc, schedule: LearnerSchedule, fingerprint: dict[str, Any],

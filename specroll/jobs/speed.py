@@ -66,7 +66,10 @@ def _measure_speed(config: TrainConfig, sources: ModelSources, task: Task, train
 def closing_engines(config: EngineConfig, paths: ModelPaths, policy: dict[str, torch.Tensor], version: int,
                     backend: RolloutBackend) -> tuple[SpecEngine, SpecEngine]:
     """The measurement's two engines over one target model holding `policy`: the speculative one with the drafter
-    the learner publishes, starting from what the run's first rollout engine learnt, and a plain one."""
+    the learner publishes, starting from what the run's first rollout engine learnt, and a plain one. On vLLM
+    (`engine.kind: vllm`) the run's own engine, synced to `policy`, against a plain vLLM engine."""
+    if config.kind == "vllm":
+        return vllm_closing_engines(config, paths, policy, version, backend)
     target = AutoModelForCausalLM.from_pretrained(paths.target)
     drafter = load_drafter(paths, config, target)
     config = dataclasses.replace(config, record_signals=False)
@@ -81,3 +84,17 @@ def closing_engines(config: EngineConfig, paths: ModelPaths, policy: dict[str, t
     # plain decoding has no drafter, so no draft vocabulary to cut (the config's applies to the drafter)
     plain = SpecEngine(spec.target.model, None, dataclasses.replace(config, draft_vocab=None))
     return spec, plain
+
+
+def vllm_closing_engines(config: EngineConfig, paths: ModelPaths, policy: dict[str, torch.Tensor], version: int,
+                         backend: RolloutBackend) -> tuple[Any, Any]:
+    """The run's vLLM engine (its drafter the one the learner publishes), synced to `policy`, and a plain vLLM
+    engine built on the same weights. The two take turns; neither runs while the other does."""
+    from specroll.integrations.vllm.engine import VllmEngine
+
+    backend.sync_policy(policy, version)
+    target = AutoModelForCausalLM.from_pretrained(paths.target)
+    target.load_state_dict(policy, strict=False)
+    plain_config = dataclasses.replace(config, gamma=0, drafters=None, draft_vocab=None, record_signals=False)
+    plain = VllmEngine.from_models(target, None, plain_config, backend.engine.settings, tokenizer_pair(paths)[0])
+    return backend.engine, plain

@@ -11,8 +11,15 @@ The main job, end to end:
    bar showing reward, rollout tokens/s and acceptance;
 5. measure speculative vs plain decoding on the same prompts with the final policy and drafter,
    and trace γ and the live batch over that rollout;
-6. write the report folder (`report.write_report`) and print where it is, with the model build's
+6. keep what it trained (`checkpoint.final`, on by default): the policy and tokenizer in `<out>/policy`
+   (`save_pretrained`), the drafter it ends with in `<out>/drafter` in its kind's public layout
+   (`integrations.drafter_export`: a Hugging Face folder, or the speculators layout vLLM serves);
+7. write the report folder (`report.write_report`) and print where it is, with the model build's
    seconds apart from the run's.
+
+`specroll train --config X grpo.steps=4 engine.gamma=3` sets fields over the YAML's, checked as the YAML is;
+`report.report_to` picks the trackers (TensorBoard, W&B, trackio); a missing extra (TRL, Ray, matplotlib) is one
+`pip install "specroll[...]"` line before anything loads.
 
 With `checkpoint.every` > 0 the run saves a trainer checkpoint with specroll's state beside it (`resume`);
 `--resume DIR` (a run's report folder: its newest whole checkpoint; or one `trainer/checkpoint-<step>`
@@ -29,18 +36,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="run config YAML (e.g. configs/demo.yaml)")
     parser.add_argument("--out-dir", default=None, help="report folder (overrides report.out_dir; with --resume, "
                         "the resumed run's folder)")
+    parser.add_argument("overrides", nargs="*", metavar="section.field=value",
+                        help="set a config field over the YAML's, checked as the YAML is (e.g. grpo.steps=4 "
+                             "engine.gamma=3)")
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="go on from a checkpoint: a run's report folder (its newest whole checkpoint) or one "
                              "of its trainer/checkpoint-<step> folders")
@@ -48,10 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, between_steps: Callable[[], None] | None = None) -> int:
     """Run the job of `args` (`add_arguments`'s); `between_steps` as `SpecrollRolloutFunc`'s (a benchmark's
-    hook: two runs taking turns step by step, `benchmarks.interleave`)."""
+    hook: two runs taking turns step by step, `tools.interleave`)."""
     from specroll.integrations.yaml_config import read_yaml
 
-    read_yaml(args.config)  # a missing file or bad YAML fails now, not after seconds of imports
+    data = read_yaml(args.config)  # a missing file or bad YAML fails now, not after seconds of imports
+    check_extras(data, getattr(args, "overrides", ()))
     import yaml
 
     from specroll.integrations.threads import set_torch_threads
@@ -66,7 +81,7 @@ def run(args: argparse.Namespace, between_steps: Callable[[], None] | None = Non
     from .task_source import load_task
     from .train_config import load_train_config, resolved_dict
 
-    config = load_train_config(args.config)
+    config = load_train_config(args.config, getattr(args, "overrides", ()))
     saved = None
     resume = getattr(args, "resume", None)  # a namespace built by hand (a script, a test) may leave it out
     if resume:
@@ -83,10 +98,9 @@ def run(args: argparse.Namespace, between_steps: Callable[[], None] | None = Non
                           "process; set checkpoint.every: 0 under accelerate launch")
     main = ranks is None or ranks.is_main
     if saved is not None:
-        print(f"specroll train: resuming from {saved.path} (step {saved.step}) into {config.report.out_dir}",
-              flush=True)
+        logger.info(f"specroll train: resuming from {saved.path} (step {saved.step}) into {config.report.out_dir}")
     if main:
-        print("specroll train: resolved config\n" + yaml.safe_dump(resolved_dict(config), sort_keys=False))
+        logger.info("specroll train: resolved config\n" + yaml.safe_dump(resolved_dict(config), sort_keys=False))
     with ranks.main_first() if ranks is not None else contextlib.nullcontext():  # one rank builds the demo models
         sources = resolve_models(config)  # a first-run model build has the machine to itself: all threads
     if sources.tokenizer is None:
@@ -98,11 +112,12 @@ def run(args: argparse.Namespace, between_steps: Callable[[], None] | None = Non
     backend = make_backend(config, sources, ranks)
     try:
         threads = [driver, *(backend.process_threads() if main else [])]
-        print("specroll: torch threads per process (set from the config, whatever OMP_NUM_THREADS says): "
-              + "; ".join(t.line() for t in threads), flush=True)
+        logger.info("specroll: torch threads per process (set from the config, whatever OMP_NUM_THREADS says): "
+              + "; ".join(t.line() for t in threads))
         if saved is not None:
             backend.load_state_dict(saved.backend_state())
         trainer, schedule = train(config, sources, task, backend, saved, between_steps)
+        published = backend.published_drafter() if main else None  # the drafter the run ends with
         if main:
             speed = measure_speed(config, sources, task, trainer, backend)
         else:  # the main rank's measurement gathers ZeRO-3 weights: a collective every rank joins
@@ -113,6 +128,8 @@ def run(args: argparse.Namespace, between_steps: Callable[[], None] | None = Non
             stop_ray()
         raise
     stop_backend(config, backend, ranks)
+    if config.checkpoint.final:
+        keep_final(trainer, config, sources, published, write=main)
     if config.report.save_policy:
         save_policy(trainer, Path(config.report.out_dir), write=main)
     if not main:
@@ -125,9 +142,9 @@ def run(args: argparse.Namespace, between_steps: Callable[[], None] | None = Non
     files = write_report(config.report.out_dir, history, speed, resolved_dict(config), summary, schedule.events,
                          schedule.probes)
     for line in headline_lines(summary["headline"]):
-        print(f"specroll train: {line}", flush=True)
+        logger.info(f"specroll train: {line}")
     built = f"model build {sources.build_s:.0f}s + " if sources.build_s else ""
-    print(f"specroll train: done in {built}run {wall_s - sources.build_s:.0f}s; speculative "
+    logger.info(f"specroll train: done in {built}run {wall_s - sources.build_s:.0f}s; speculative "
           f"{speed.spec_tokens_per_s:.0f} tok/s vs plain {speed.plain_tokens_per_s:.0f} tok/s "
           f"({speed.speedup:.2f}x); report: {files.html}")
     return 0
@@ -149,6 +166,37 @@ def stop_backend(config: Any, backend: Any, ranks: Any | None) -> None:
         backend.shutdown()
         if config.backend.kind == "ray":
             stop_ray()
+
+
+def keep_final(trainer: Any, config: Any, sources: Any, published: Any, write: bool = True) -> None:
+    """`checkpoint.final`: the final policy and its tokenizer in `out_dir/policy` (`save_pretrained`: the target's
+    architecture with the trained weights — a PEFT adapter merged, ZeRO-3 gathered), and the drafter the run ends
+    with (`published`: the learner's, None: as loaded) in `out_dir/drafter` (`integrations.drafter_export`).
+
+    Every rank calls it (a ZeRO-3 gather is collective); only the one with `write` keeps and writes them."""
+    from transformers import AutoModelForCausalLM
+
+    from specroll.integrations.drafter_export import export_run_drafter
+    from specroll.integrations.model_source import load_tokenizer
+    from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
+    from specroll.rollout.models.weights import copy_into
+
+    weights = gather_policy_weights(trainer.accelerator.unwrap_model(trainer.model), keep=write)
+    if not write:
+        return
+    out = Path(config.report.out_dir)
+    policy = AutoModelForCausalLM.from_pretrained(sources.paths.target)
+    copy_into(policy, weights, "the final policy")
+    policy.save_pretrained(out / "policy")
+    sources.tokenizer.save_pretrained(out / "policy")
+    logger.info(f"specroll train: final policy (and tokenizer) in {out / 'policy'}")
+    exported = export_run_drafter(sources.paths, config.engine, policy, published, out / "drafter",
+                                  load_tokenizer(sources.paths.drafter_tokenizer or sources.paths.drafter),
+                                  verifier=str((out / "policy").resolve()))
+    if exported is not None:
+        layouts = ", ".join(f"{name}: {path}" for name, path in exported.layouts.items())
+        logger.info(f"specroll train: final {exported.kind} drafter in {layouts}; to serve both again:\n"
+                    + exported.models_yaml(out / "policy"))
 
 
 def save_policy(trainer: Any, out: Path, write: bool = True) -> None:
@@ -186,13 +234,18 @@ def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None 
     grpo = config.grpo
     out = Path(config.report.out_dir)
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(out / "tensorboard"))
+    report_to = _report_to(config.report)
+    if "wandb" in report_to:  # W&B's run folder with the report (WANDB_DIR, WANDB_PROJECT, WANDB_MODE decide)
+        out.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("WANDB_DIR", str(out))
+        os.environ.setdefault("WANDB_PROJECT", "specroll")
     args = GRPOConfig(
         output_dir=str(out / "trainer"), max_steps=grpo.steps, num_generations=grpo.num_generations,
         per_device_train_batch_size=grpo.prompts_per_step * grpo.num_generations,
         max_completion_length=grpo.max_completion_length, learning_rate=grpo.learning_rate,
         temperature=grpo.temperature, beta=grpo.beta, num_iterations=grpo.num_iterations, seed=grpo.seed,
         bf16=grpo.bf16, deepspeed=grpo.deepspeed, use_cpu=config.engine.device == "cpu", logging_steps=1,
-        report_to=_report_to(), disable_tqdm=True, **_checkpointing(config.checkpoint), **grpo.extra,
+        report_to=report_to, disable_tqdm=True, **_checkpointing(config.checkpoint), **grpo.extra,
     )
     dataset = Dataset.from_dict({"prompt": task.prompts(grpo.num_train_prompts, grpo.seed)})
     probe = None
@@ -217,8 +270,8 @@ def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None 
     if saved is not None:
         restore_run(saved, trainer, rollout_func, schedule)
     if saved is not None and saved.step >= grpo.steps:
-        print(f"specroll train: checkpoint {saved.step} is at or past grpo.steps={grpo.steps}: no step left, "
-              "the report is written from it", flush=True)
+        logger.info(f"specroll train: checkpoint {saved.step} is at or past grpo.steps={grpo.steps}: no step left, "
+              "the report is written from it")
         load_finished_run(saved, trainer)
     else:
         trainer.train(resume_from_checkpoint=None if saved is None else str(saved.path))
@@ -290,9 +343,29 @@ def progress_bar() -> Any:
     return ProgressBar()
 
 
-def _report_to() -> list[str]:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return []
-    return ["tensorboard"]
+def _report_to(report: Any) -> list[str]:
+    """`GRPOConfig.report_to` from `report.report_to` (`ReportSettings`): as named ("none": nothing), or TensorBoard
+    when it is installed."""
+    if report.report_to is not None:
+        return [name for name in report.report_to if name != "none"]
+    return ["tensorboard"] if importlib.util.find_spec("tensorboard") is not None else []
+
+
+def check_extras(data: Any, overrides: list[str]) -> None:
+    """Before torch loads: the extras this run needs — TRL, Ray (the default backend), matplotlib (the report's
+    plots), vLLM (`engine.kind: vllm`) — installed, or one `MissingExtra` line naming them (`specroll.extras`)."""
+    from specroll.extras import require
+    from specroll.integrations.yaml_config import with_overrides
+
+    if isinstance(data, dict) and overrides:
+        data = with_overrides(data, overrides)
+    def kind(section: str, default: str) -> Any:
+        fields = data.get(section) if isinstance(data, dict) else None
+        return fields.get("kind", default) if isinstance(fields, dict) else default
+
+    needs = {"trl": ("trl", "datasets"), "ray": ("ray",), "report": ("matplotlib",), "vllm": ("vllm",)}
+    if kind("backend", "ray") != "ray":
+        del needs["ray"]
+    if kind("engine", "specroll") != "vllm":
+        del needs["vllm"]
+    require(needs, "specroll train")

@@ -5,7 +5,8 @@
 Sections: `models` (the demo recipe, or your own `save_pretrained` folders), `grpo` (the TRL
 `GRPOTrainer` run; the Ray job reads its rollout shape from it too), `task` (your dataset and reward
 by dotted path, or the demo's), `backend` (in-process or Ray, with the Ray
-topology and weight transport), `engine` (`EngineConfig`), `learner` (`LearnerConfig`;
+topology and weight transport), `engine` (`EngineConfig`; `engine.kind: vllm` runs rollouts on vLLM), `vllm`
+(`VllmSettings`: what only the vLLM engine reads), `learner` (`LearnerConfig`;
 `online_learning: false` keeps the drafter frozen), `learner_schedule` (the background round's
 budget), `probe` (the drift probe set), `checkpoint` (how often the run saves a checkpoint it can resume
 from: `specroll train --resume`, docs/resume.md), `report` (where the report lands and how the end-of-run
@@ -18,19 +19,34 @@ every section validates its values in `__post_init__`, so a bad config stops bef
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specroll.integrations.ray_backend.settings import SyncConfig, TopologyConfig
+from specroll.integrations.vllm.settings import VllmSettings
 from specroll.integrations.yaml_config import load_config
 from specroll.online_drafter import LearnerConfig
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
 
 MODEL_SOURCES = ("demo", "pretrained")
-DEMO_RECIPES = ("full", "tiny", "bpe", "bpe_tiny")  # demo.recipe.RECIPE_NAMES
+REPORT_TO = ("tensorboard", "wandb", "trackio", "none")  # the trackers report.report_to may name (TRL's names)
+DEMO_RECIPES = ("full", "tiny", "bpe", "bpe_tiny", "tiny_heads32")  # demo.recipe.RECIPE_NAMES
 BACKENDS = ("ray", "local")
+# GRPOConfig fields `specroll train` sets from its own config (train.py), and the field that sets each: set there,
+# never through grpo.extra (TRL would get the keyword twice). The checkpoint section's: `CHECKPOINT_FIELDS`.
+SET_FROM_CONFIG = {
+    "max_steps": "grpo.steps", "num_generations": "grpo.num_generations",
+    "per_device_train_batch_size": "grpo.prompts_per_step (times grpo.num_generations)",
+    "max_completion_length": "grpo.max_completion_length", "learning_rate": "grpo.learning_rate",
+    "temperature": "grpo.temperature", "beta": "grpo.beta", "num_iterations": "grpo.num_iterations",
+    "seed": "grpo.seed", "bf16": "grpo.bf16", "deepspeed": "grpo.deepspeed", "use_cpu": "engine.device",
+    "report_to": "report.report_to", "logging_steps": "nothing (specroll logs every step)",
+    "disable_tqdm": "nothing (specroll shows its own progress bar)",
+}
 
 
 @dataclass
@@ -40,8 +56,8 @@ class ModelsConfig:
     and `head` (a `state_dict` file) for an `engine.drafters` "eagle" / "eagle3" / "medusa" head (null: a fresh
     head; the demo brings its own first version of "eagle" / "medusa", unless `head: fresh` — the cold start,
     docs/get_a_drafter.md); for "eagle3" also a public EAGLE-3 checkpoint folder (speculators or SpecForge layout,
-    refused if it does not fit the target: `integrations.eagle3_checkpoint`, docs/drafters.md); for "block" also a
-    z-lab DFlash checkpoint folder (`integrations.block_checkpoint`, docs/drafters.md).
+    refused if it does not fit the target: `integrations.formats.eagle3`, docs/drafters.md); for "block" also a
+    z-lab DFlash checkpoint folder (`integrations.formats.dflash`, docs/drafters.md).
     With `source: demo`, `drafter: generic` serves the demo's generic drafter LM (trained on the corpus alone,
     never on the target's samples: `demo.generic`) instead of the one distilled from the target.
     `task_max_digits` bounds the demo task's operands (default: the recipe's, 10 for pretrained)."""
@@ -73,7 +89,8 @@ class GRPOSettings:
     `deepspeed` is a DeepSpeed JSON path handed to `GRPOConfig(deepspeed=...)` (GPU presets);
     `bf16` trains in bfloat16 (GPU presets); `length_grouped` runs the update's forwards over rows grouped by
     completion length, each group cut to its longest (`trl_hook.length_groups`: TRL's loss, less padding);
-    `extra` passes any other `GRPOConfig` field through.
+    `extra` passes any other `GRPOConfig` field through (one that specroll sets from its own fields is refused,
+    naming the field to set instead: `SET_FROM_CONFIG`).
     """
 
     steps: int = 30
@@ -101,6 +118,9 @@ class GRPOSettings:
         require(self.temperature > 0, "grpo.temperature", self.temperature, "a number > 0")
         require(self.beta >= 0, "grpo.beta", self.beta, "a number >= 0")
         require(isinstance(self.length_grouped, bool), "grpo.length_grouped", self.length_grouped, "true or false")
+        taken = sorted(set(self.extra) & set(SET_FROM_CONFIG))
+        require(not taken, "grpo.extra", taken, "fields specroll sets from its own config: set " + "; ".join(
+                f"{SET_FROM_CONFIG[name]} instead of {name}" for name in taken))
         if self.extra:
             from trl import GRPOConfig
 
@@ -125,16 +145,30 @@ class BackendSettings:
 
 @dataclass
 class ReportSettings:
-    """Where the report lands, the end-of-run speed measurement (spec vs plain, same prompts), and
-    whether the final policy is saved with it (to compare two runs parameter by parameter)."""
+    """Where the report lands, the end-of-run speed measurement (spec vs plain, same prompts),
+    whether the final policy's flat weights are saved with it (to compare two runs parameter by parameter), and
+    which trackers get the trainer's logs (`report_to`, TRL's names: "tensorboard", "wandb", "trackio" or "none";
+    null: TensorBoard when it is installed — each writes under `out_dir` unless its own variable says where,
+    e.g. `WANDB_DIR`, `WANDB_MODE=offline`)."""
 
     out_dir: str = "specroll_report"
     speed_prompts: int = 8
     speed_repeats: int = 2
     save_policy: bool = False  # write the final policy's weights to out_dir/policy.safetensors
+    report_to: str | list[str] | None = None
 
     def __post_init__(self) -> None:
         require(bool(self.out_dir), "report.out_dir", self.out_dir, "a folder path")
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
+        if self.report_to is not None:
+            names = self.report_to
+            require(all(name in REPORT_TO for name in names) and ("none" not in names or names == ["none"]),
+                    "report.report_to", names, f"some of {REPORT_TO} ('none' alone), or null (TensorBoard when "
+                    "installed)")
+            missing = [name for name in names if name != "none" and importlib.util.find_spec(name) is None]
+            require(not missing, "report.report_to", names, f"trackers that are installed: "
+                    f"pip install {' '.join(missing)}")
         for name in ("speed_prompts", "speed_repeats"):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, f"report.{name}", value, "an int >= 1")
@@ -201,10 +235,14 @@ CHECKPOINT_FIELDS = ("save_strategy", "save_steps", "save_total_limit", "save_on
 class CheckpointSettings:
     """A trainer checkpoint every `every` steps and at the last (0: none), with specroll's state beside it
     (`resume`: what it holds); `keep` the newest checkpoints kept (null: all). At least 2: TRL deletes the older
-    ones before specroll's state is written beside the newest, so a run killed in between still has one whole."""
+    ones before specroll's state is written beside the newest, so a run killed in between still has one whole.
+    `final` keeps what the run ends with, whatever `every` says: the policy and its tokenizer in `out_dir/policy`
+    (`save_pretrained`) and the drafter in `out_dir/drafter` (the layout its kind loads in:
+    `integrations.drafter_export`)."""
 
     every: int = 0
     keep: int | None = None
+    final: bool = True
 
     def __post_init__(self) -> None:
         require(isinstance(self.every, int) and self.every >= 0, "checkpoint.every", self.every,
@@ -222,6 +260,7 @@ class TrainConfig:
     task: TaskSettings = field(default_factory=TaskSettings)
     backend: BackendSettings = field(default_factory=BackendSettings)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    vllm: VllmSettings = field(default_factory=VllmSettings)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     online_learning: bool = True
     learner_schedule: LearnerScheduleSettings = field(default_factory=LearnerScheduleSettings)
@@ -236,6 +275,8 @@ class TrainConfig:
                  f"at least grpo.max_completion_length + a prompt (>= {needed})")
         require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
                  "an int >= 1 or null")
+        require(self.engine.kind == "specroll" or self.backend.kind == "local", "backend.kind", self.backend.kind,
+                "local with engine.kind: vllm (one in-process vllm.LLM; vLLM on Ray rollout workers is not built yet)")
         set_in_extra = sorted(set(self.grpo.extra) & set(CHECKPOINT_FIELDS))
         require(not set_in_extra, "grpo.extra", set_in_extra, "no checkpoint fields (the checkpoint section sets "
                 "them: checkpoint.every, checkpoint.keep; the run's folder is report.out_dir)")
@@ -252,9 +293,10 @@ class TrainConfig:
                     "null with checkpoint.every > 0 (a recording is one run from its start: it cannot resume)")
 
 
-def load_train_config(path: str | Path) -> TrainConfig:
-    """Read and validate a `specroll train` YAML file; a bad value fails with a `ConfigError` naming it."""
-    return load_config(path, TrainConfig)
+def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read and validate a `specroll train` YAML file, with `section.field=value` `overrides` (the command line's)
+    set on it first; a bad value fails with a `ConfigError` naming it."""
+    return load_config(path, TrainConfig, overrides)
 
 
 def resolved_dict(config: TrainConfig) -> dict[str, Any]:

@@ -4,6 +4,7 @@
   version on the board (the commit point), commit everywhere — and the default object-store transport;
 - `sequence`: those steps in order for one role's version (`sync_weights`), a drafter's checked against the
   learner's digest by every receiver;
+- `transports`: the transport a config names (`make_transport`);
 - `broadcast`: the `torch.distributed` transport (gloo on CPU, NCCL on GPU), one persistent group per
   controller, buckets built and received on the group's device;
 - `payload`: what a sync sends besides the bytes (layout, version, route, digest), standard library only;

@@ -1,6 +1,6 @@
 """Versioned weight sync: named tensors from one sender (trainer or controller) to rollout workers.
 
-Usage (in the controller; `sequence.sync_weights` is the full sequence)::
+Usage (in the controller; `sequence.sync_weights` is the full sequence; `transports.make_transport`)::
 
     transport = make_transport(sync_config)
     workers = wait_for_workers(workers, timeout_s=60)
@@ -49,7 +49,6 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from specroll.rollout.models.weights import FP32_BUFFER_SUFFIXES
 
-from ..settings import SyncConfig
 from .payload import TensorMeta, WeightPayload
 
 RESTART_PROBE_INTERVAL_S = 0.2  # how often a worker Ray is restarting is asked again whether it is up
@@ -184,15 +183,6 @@ def fetch_from_object_store(payload: WeightPayload, timeout_s: float) -> list[to
     with warnings.catch_warnings():  # store arrays are read-only; we only read them before copying
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return [torch.from_numpy(array) for array in arrays]
-
-
-def make_transport(config: SyncConfig) -> WeightTransport:
-    """The transport named by `config.transport`."""
-    if config.transport == "object_store":
-        return ObjectStoreTransport()
-    from .broadcast import TorchBroadcastTransport
-
-    return TorchBroadcastTransport(backend=config.backend)
 
 
 def wait_for_workers(workers: Sequence[Any], timeout_s: float) -> list[Any]:

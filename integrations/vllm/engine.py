@@ -1,0 +1,318 @@
+"""VllmEngine: rollouts on vLLM (`vllm.LLM`), with specroll's sampling contract, weight refit and drafter checks.
+
+    engine = VllmEngine.from_models(target, drafter, EngineConfig(gamma=3, drafters=("model",)))
+    rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=128, temperature=1.0), n=8)
+    engine.update_target(policy.state_dict(), version=1)      # the policy after a trainer step, in place
+    engine.load_drafter(DrafterVersion(1, drafter.state_dict()))  # a published drafter, digest-checked
+
+The same `Rollout`s as specroll's engine (`SpecEngine`): token ids, the target's log-probability of each token
+under the processed distribution (vLLM's `processed_logprobs`), the finish reason, and per rollout how many drafts
+were proposed and kept. Sampling: T, top-k, top-p, stop ids and the budget map one to one; sample j of prompt i
+is its own vLLM request seeded from (seed, prompt_indices[i], j) (`sampling.randomness.request_keys`), so a
+rollout's tokens do not depend on the batch it ran in. What vLLM cannot honour — the invariant sampler, token
+trees, several drafters at once, a drafter kind without a vLLM proposer (`proposers`) — is refused when the
+engine is built, naming the setting.
+
+Weights go in place through specroll's worker extension (`worker_extension`, over `collective_rpc`): a policy
+sync after every trainer step, a drafter version after every publish — its bytes checked against its digest on
+arrival, its names against the whole drafter's — and `served_drafter_digests()` says, per worker, which version
+each really serves (None: lost). `release` / `allocate` are vLLM's sleep / wake on a GPU; vLLM's CPU build has
+no sleep mode (both are no-ops there, the KV cache stays).
+
+The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so rollouts, weights and counters cross no
+process boundary; vLLM's own counters (`vllm:spec_decode_*`) give the acceptance statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import PreTrainedModel
+
+from specroll.rollout import EngineConfig, Rollout, SamplingParams
+from specroll.rollout.core.stats import EngineStats
+from specroll.rollout.core.validate import validate_generate_args
+from specroll.rollout.drafters.version import DrafterVersion
+from specroll.rollout.models.weights import copy_into
+from specroll.rollout.sampling.randomness import draw_seed, request_keys
+
+from . import cpu_fixes
+from .proposers import drafter_kind, speculative_config
+from .settings import VllmSettings
+from .signals import TargetSignals
+
+logger = logging.getLogger(__name__)
+EXTENSION = "specroll.integrations.vllm.worker_extension.SpecrollWorkerExtension"
+SEED_MASK = (1 << 63) - 1
+ENGINE_SETTINGS_REFUSED = {  # EngineConfig fields vLLM cannot honour: (field, the value it needs, why)
+    "sampler": ("rejection", "vLLM verifies with the rejection rule; the invariant sampler is specroll's engine's"),
+    "tree_width": (1, "vLLM verifies chains; token trees are specroll's engine's"),
+    "speculation": ("always", "vLLM has no acceptance-gated speculation; use gamma: 0 to decode plain"),
+}
+
+
+class VllmEngine:
+    """Generates with one in-process `vllm.LLM` (see the module doc)."""
+
+    def __init__(self, target_dir: str, drafter_dir: str | None = None, config: EngineConfig | None = None,
+                 settings: VllmSettings | None = None, tokenizer_dir: str | None = None,
+                 drafter: DrafterVersion | None = None, signals: TargetSignals | None = None):
+        """`target_dir` / `drafter_dir`: Hugging Face folders (the drafter's in the layout its kind's vLLM proposer
+        loads). `drafter`: the version those drafter weights are (loaded again through the worker extension, so
+        that what each worker serves is on record from the start; None: the folder's weights as version 0).
+        `signals`: with `config.record_signals`, what records the learner's signals (vLLM records none)."""
+        self.config = config = config or EngineConfig()
+        self.settings = settings = settings or VllmSettings()
+        check_engine_config(config)
+        if config.record_signals and signals is None:
+            raise ValueError("record_signals=True on a vLLM engine needs a TargetSignals (a Hugging Face copy of the "
+                             "policy that records them: VllmEngine.from_models builds one)")
+        self.signals = signals
+        self.kind = drafter_kind(config)
+        _set_environment(settings)
+        check_head_sizes(target_dir, drafter_dir if self.kind == "model" else None)
+        from vllm import LLM
+
+        spec = speculative_config(self.kind, drafter_dir, config)
+        self.llm = LLM(
+            model=target_dir, tokenizer=tokenizer_dir or target_dir, skip_tokenizer_init=tokenizer_dir is None,
+            dtype=_dtype_name(config.dtype), max_model_len=config.max_seq_len, max_num_seqs=config.max_batch_size,
+            enforce_eager=settings.enforce_eager, gpu_memory_utilization=settings.gpu_memory_utilization,
+            logprobs_mode="processed_logprobs", disable_log_stats=False, worker_extension_cls=EXTENSION,
+            speculative_config=spec, enable_sleep_mode=torch.cuda.is_available() and settings.sleep_level > 0,
+            **({"per_request_spec_decode_metrics": "summary"} if spec else {}),
+        )
+        self.repaired_cpu_defect = any(r["defective"] for r in self.llm.collective_rpc("specroll_cpu_fix"))
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self.wire_dtype = _dtype_name(config.dtype)
+        self.drafter_names = _checkpoint_names(drafter_dir) if spec and self.kind != "suffix" else None
+        self.policy_version = 0
+        self.drafter_version = 0
+        self.drafter_acceptance: float | None = None
+        self.stats = EngineStats()
+        self.released = False
+        self._counters = self._read_counters()
+        if self.drafter_names is not None:
+            self.load_drafter(drafter or DrafterVersion(0, _read_weights(drafter_dir)))
+
+    @classmethod
+    def from_models(cls, target: PreTrainedModel, drafter: PreTrainedModel | None = None,
+                    config: EngineConfig | None = None, settings: VllmSettings | None = None, tokenizer=None,
+                    folder: str | None = None) -> VllmEngine:
+        """Save `target` (and the drafter LM, `tokenizer` if given) under `folder` (a temporary one by default,
+        removed with the engine) and build the engine on them. With `config.record_signals`, `target` itself records
+        the learner's signals (`TargetSignals`) and follows every `update_target`."""
+        keep = tempfile.TemporaryDirectory(prefix="specroll-vllm-") if folder is None else None
+        root = Path(folder or keep.name)
+        target.save_pretrained(root / "target")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(root / "target")
+        drafter_dir = None
+        if drafter is not None:
+            drafter.save_pretrained(root / "drafter")
+            drafter_dir = str(root / "drafter")
+        config = config or EngineConfig()
+        if drafter is not None and config.drafters is None:  # a drafter LM passed as itself, as SpecEngine takes it
+            config = dataclasses.replace(config, drafters=("model",))
+        signals = TargetSignals(target, config.signal_top_k) if config.record_signals else None
+        engine = cls(str(root / "target"), drafter_dir, config, settings,
+                     tokenizer_dir=str(root / "target") if tokenizer is not None else None, signals=signals)
+        engine._folder = keep
+        return engine
+
+    # ------------------------------------------------------------------ rollouts
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1,
+                 max_new_tokens: Sequence[int] | None = None,
+                 prompt_indices: Sequence[int] | None = None) -> list[Rollout]:
+        """Complete every prompt `n` times; results in input order, a prompt's n samples consecutive. Arguments
+        as `SpecEngine.generate` (checked the same way, before vLLM sees them)."""
+        if self.released:
+            raise RuntimeError("generate called on a released engine (VllmEngine.release): call allocate() first")
+        budgets, indices = validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len,
+                                                  max_new_tokens, prompt_indices)
+        from vllm.inputs import TokensPrompt
+
+        seed = params.seed if params.seed is not None else draw_seed()
+        keys = request_keys(seed, torch.tensor(indices, dtype=torch.long).repeat_interleave(n),
+                            torch.arange(n).repeat(len(prompts))).tolist()
+        requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts for _ in range(n)]
+        sampling = [_vllm_params(params, budgets[i], keys[i * n + j]) for i in range(len(prompts)) for j in range(n)]
+        started = time.perf_counter()
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        wall = time.perf_counter() - started
+        rollouts = [self._rollout(out, prompts[r // n], seed, indices[r // n], r % n)
+                    for r, out in enumerate(outputs)]
+        self._count(rollouts, wall)
+        if self.signals is not None:
+            self.signals.record(rollouts, params)
+        return rollouts
+
+    def _rollout(self, output, prompt: Sequence[int], seed: int, prompt_index: int, sample_index: int) -> Rollout:
+        completion = output.outputs[0]
+        ids = list(completion.token_ids)
+        logprobs = [float(step[token].logprob) for token, step in zip(ids, completion.logprobs or [])]
+        metrics = completion.spec_decode_metrics
+        accepted = 0 if metrics is None else sum(j * c for j, c in enumerate(metrics.histogram))
+        return Rollout(prompt_ids=list(map(int, prompt)), completion_ids=ids, logprobs=logprobs,
+                       finish_reason="stop" if completion.finish_reason == "stop" else "length",
+                       num_drafted=0 if metrics is None else int(metrics.num_draft_tokens), num_accepted=int(accepted),
+                       policy_version=self.policy_version, drafter_version=self.drafter_version, seed=seed,
+                       prompt_index=prompt_index, sample_index=sample_index)
+
+    # ------------------------------------------------------------------ weights
+
+    def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load new policy weights (all or some parameters, by their Hugging Face names) in place."""
+        self.llm.collective_rpc("specroll_load", args=("target", dict(named_tensors)))
+        self.llm.reset_prefix_cache()  # cached prompt K/V were computed by the old policy
+        if self.signals is not None:
+            copy_into(self.signals.model, named_tensors, "target")
+        self.policy_version = version
+
+    def load_drafter(self, version: DrafterVersion) -> None:
+        """Serve `version`: its weights in place in every worker's proposer, checked against its digest and the
+        drafter's names on arrival (a mismatch raises, and the served version stays as it was)."""
+        if self.drafter_names is None:
+            raise ValueError(f"load_drafter called on a vLLM engine whose drafter ({self.kind!r}) has no weights")
+        if version.draft_vocab is not None and self.kind == "model":
+            raise ValueError("a drafter version with a draft vocabulary cannot be served by vLLM's draft-model "
+                             "proposer (it drafts over the whole vocabulary): serve draft vocabularies with "
+                             "drafters: [eagle3], whose d2t/t2d carry them")
+        self.llm.collective_rpc("specroll_load", args=("drafter", dict(version.weights)),
+                                kwargs={"digest": version.digest(), "expected_names": self.drafter_names})
+        self.llm.reset_prefix_cache()
+        self.drafter_version = version.number
+        self.drafter_acceptance = version.acceptance
+
+    def served_drafter_digests(self) -> list[str | None]:
+        """Per worker, the digest of the drafter version it serves (`DrafterVersion.digest()`), None where what it
+        loaded is no longer there."""
+        return self.llm.collective_rpc("specroll_served", args=("drafter",))
+
+    def draft_vocab(self) -> torch.Tensor | None:
+        """The target ids the drafter drafts over (None: the whole vocabulary)."""
+        return None
+
+    def break_even_acceptance(self) -> float | None:
+        return None
+
+    # ------------------------------------------------------------------ memory
+
+    def release(self) -> None:
+        """vLLM's sleep (`VllmSettings.sleep_level`) on a GPU, so a colocated trainer can use the memory; a no-op
+        on a CPU (vLLM's CPU build has no sleep mode). Between `release` and `allocate` `generate` refuses."""
+        if not self.released and torch.cuda.is_available() and self.settings.sleep_level > 0:
+            self.llm.sleep(level=self.settings.sleep_level)
+        self.released = True
+
+    def allocate(self) -> None:
+        """Wake what `release` put to sleep; the drafter's digests are checked by the caller afterwards."""
+        if self.released and torch.cuda.is_available() and self.settings.sleep_level > 0:
+            self.llm.wake_up()
+        self.released = False
+
+    # ------------------------------------------------------------------ counters
+
+    def _read_counters(self) -> dict[str, float]:
+        names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+        return {m.name: float(m.value) for m in self.llm.get_metrics() if m.name in names}
+
+    def _count(self, rollouts: list[Rollout], wall: float) -> None:
+        counters = self._read_counters()
+        delta = {k: counters.get(k, 0.0) - self._counters.get(k, 0.0) for k in counters}
+        self._counters = counters
+        stats = self.stats
+        stats.generated_tokens += sum(len(r.completion_ids) for r in rollouts)
+        stats.drafted += int(delta.get("vllm:spec_decode_num_draft_tokens", 0))
+        stats.accepted += int(delta.get("vllm:spec_decode_num_accepted_tokens", 0))
+        stats.spec_row_steps += int(delta.get("vllm:spec_decode_num_drafts", 0))  # a request's verify steps
+        stats.wall_time_s += wall
+
+
+def check_engine_config(config: EngineConfig) -> None:
+    """ValueError naming the first `EngineConfig` setting the vLLM engine cannot honour."""
+    for name, (needed, why) in ENGINE_SETTINGS_REFUSED.items():
+        if getattr(config, name) != needed:
+            raise ValueError(f"engine.{name}={getattr(config, name)!r} is invalid with engine.kind: vllm ({why}): "
+                             f"set it to {needed!r} or use engine.kind: specroll")
+    if not isinstance(config.gamma, int):
+        raise ValueError(f"engine.gamma={config.gamma!r} is invalid with engine.kind: vllm: an int (drafts per step; "
+                         "0 = plain decoding)")
+    if config.draft_vocab is not None and tuple(config.drafters or ()) != ("eagle3",):
+        raise ValueError(f"engine.draft_vocab={config.draft_vocab} is invalid with engine.kind: vllm and drafters "
+                         f"{list(config.drafters or ())}: vLLM drafts over a subset only through EAGLE-3's d2t/t2d "
+                         "(drafters: [eagle3])")
+
+
+def check_head_sizes(*folders: str | None) -> None:
+    """ValueError naming the model whose attention head size vLLM's CPU attention cannot run (on a CPU build)."""
+    from transformers import AutoConfig
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    for folder in filter(None, folders):
+        text = AutoConfig.from_pretrained(folder).get_text_config()
+        head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        if head not in supported:
+            raise ValueError(f"the model at {folder} has attention heads of size {head}: vLLM's CPU attention runs "
+                             f"{supported}; use engine.kind: specroll for it, or a model with one of those sizes")
+
+
+def _vllm_params(params: SamplingParams, budget: int, key: int):
+    from vllm import SamplingParams as VllmSamplingParams
+
+    return VllmSamplingParams(
+        n=1, temperature=float(params.temperature), top_k=params.top_k if params.top_k > 0 else -1,
+        top_p=float(params.top_p), max_tokens=budget, stop_token_ids=list(params.stop_token_ids), ignore_eos=True,
+        seed=key & SEED_MASK, logprobs=0, detokenize=False,
+    )
+
+
+def _set_environment(settings: VllmSettings) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", settings.omp_threads_bind)
+    cpu_fixes.apply()
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _weight_files(folder: str) -> list[Path]:
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} has no .safetensors weights: save the drafter with save_pretrained")
+    return files
+
+
+def _checkpoint_names(folder: str | None) -> list[str] | None:
+    if folder is None:
+        return None
+    names: list[str] = []
+    for path in _weight_files(folder):
+        with safe_open(str(path), "pt") as f:
+            names += list(f.keys())
+    return names
+
+
+def _read_weights(folder: str) -> dict[str, torch.Tensor]:
+    weights: dict[str, torch.Tensor] = {}
+    for path in _weight_files(folder):
+        with safe_open(str(path), "pt") as f:
+            weights.update({name: f.get_tensor(name) for name in f.keys()})  # noqa: SIM118 (a safetensors handle)
+    return weights
