@@ -95,14 +95,14 @@ class RolloutBackend(Protocol):
         ...
 
     def engine_states(self) -> list[dict[str, Any]]:
-        """What each engine learnt while it ran (`rollout.engine_state`: suffix history, γ statistics; one per Ray
+        """What each engine learnt while it ran (`SpecEngine.state_dict`: suffix history, γ statistics; one per Ray
         worker), between `generate` calls: a measurement's fresh engine starts where the run's engines are."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs of the service: `learner`, the learner's whole state
         (`online_drafter.state.learner_state.state_of`; None without a learner), `engines`, each engine's own state
-        (`rollout.engine_state`: suffix history, γ statistics; one per Ray worker), and `total_rollouts`. Raises
+        (`SpecEngine.state_dict`: suffix history, γ statistics; one per Ray worker), and `total_rollouts`. Raises
         RuntimeError while a learner round runs (`finish_learner_round` first) or on a service this rank does
         not drive."""
         ...

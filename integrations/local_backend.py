@@ -14,7 +14,7 @@ GIL in its kernels, so the two share the machine's cores — and `finish_learner
 loads the learner's drafter into the engine only when the version moved, so a round that measured
 worse never changes what the engine drafts with. `sync_policy` and `generate` join a running round
 first: the probe generates on the same engine. `state_dict` / `load_state_dict` (a resumed run) carry the
-learner's state (`online_drafter.state.learner_state`), the engine's (`rollout.engine_state`: the suffix history and
+learner's state (`online_drafter.state.learner_state`), the engine's (`SpecEngine.state_dict`: the suffix history and
 the γ statistics) and the rollout count. After every drafter publish, policy sync and resume the engine's drafter
 is hashed and compared with the learner's published digest, and the first batch after it judged for a collapse
 (`drafter_watch`: alarm, event, the watchdog's revert), as on Ray.
@@ -44,7 +44,7 @@ from specroll.rollout.core.stats import BatchStats
 from specroll.rollout.drafters.factory import initial_draft_vocab
 from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
 from specroll.rollout.drafters.version import DrafterVersion
-from specroll.rollout.engine_state import engine_state, load_engine_state
+from specroll.rollout.engine import engine_state, load_engine_state
 
 from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 from .drafter_watch import DrafterWatch

@@ -1,9 +1,10 @@
 """specroll.rollout — the speculative rollout engine (one process; no Ray, no TRL).
 
-Open `engine.py` (the step loop) and `config.py` first; beside it `tree_step.py` (a step over token trees) and the
-engine's memory and weights (`engine_memory.py`, `engine_weights.py`). Below them, one folder per concept, imports
-pointing one way (each uses only those before it): `core/stats` and `config` ← `sampling/` ← `core/` ← `models/` ←
-`drafters/` ← `gamma/` and `prefill` ← `engine`.
+Open `engine.py` (the step loop: schedule → run → postprocess) and `config.py` first; beside it the parts the
+engine holds: its memory (`engine_caches.py`), weights and versions (`engine_weights.py`) and speculation plan
+(`engine_speculation.py`); `step/` holds the steps it runs (`chain`, `tree`, `prefill`, on the stages in `base`).
+Below them, one folder per concept, imports pointing one way (each uses only those before it): `core/stats` and
+`config` ← `sampling/` ← `core/` ← `models/` ← `drafters/` ← `gamma/` ← the engine's parts ← `step/` ← `engine`.
 """
 
 from .config import EngineConfig, SamplingParams

@@ -167,9 +167,9 @@ class EngineConfig:
     prompt) runs as forwards of at most N tokens each, so its activations stay bounded; None: one forward.
 
     `tree_width` w ≥ 2: every speculative step drafts a tree of γ levels of w nodes per row, all verified in one
-    target forward (`tree_step`; a fixed shape, for benchmarks); "auto" (needs `gamma="auto"`): the width is
+    target forward (`step.tree`; a fixed shape, for benchmarks); "auto" (needs `gamma="auto"`): the width is
     chosen per step, up to `max_tree_width`, from the measured forward cost at the live batch and the trees'
-    acceptance so far (`gamma.tree`) — chains (w = 1) where a wider verification costs more than it keeps, as
+    acceptance so far (`gamma.tree_shape`) — chains (w = 1) where a wider verification costs more than it keeps, as
     at full batch. 1 (the default): chains only. Trees need a drafter that proposes them (the drafter LM, alone
     or with the suffix drafter) and a target and drafter without recurrent layers.
 

@@ -7,22 +7,30 @@ Usage::
     engine.release()   # the trainer trains in the KV cache's memory ...
     engine.allocate()  # ... and gives it back before the next rollout phase
 
-Each step asks the drafter (any `drafters.protocol.Drafter`: the drafter LM, the suffix drafter, or a per-row
-choice between them, as `EngineConfig.drafters` says) for up to γ tokens per live row, verifies them
+The loop is nano-vllm's schedule → run → postprocess: the scheduler admits rows (`core.scheduler`) and the
+speculation part plans each step (`engine_speculation.EngineSpeculation.plan`: γ, and a tree's width); a step
+object runs it (`step/`: `step.chain.ChainStep`, `step.tree.TreeStep`, admitted rows through
+`step.prefill.PrefillStep`); the policies learn from its report (`EngineSpeculation.observe`) and finished rows
+make room. A chain step asks the drafter (any `drafters.protocol.Drafter`: the drafter LM, the suffix drafter, or a
+per-row choice between them, as `EngineConfig.drafters` says) for up to γ tokens per live row, verifies them
 with one target forward of γ + 1 tokens per row, and keeps a different number of tokens per row
 (`sampling.accept.AcceptRule.verify`); `core.append.append_kept` appends them, then both caches roll back
 to what was kept (`ModelRunner.rollback`, `Drafter.keep`). The target cache always holds every token of a
 row but the last. With no drafter or γ = 0 the same loop is plain batched decoding — the fair baseline.
 For a drafter that reads the target's features (`Drafter.wants_hidden`) the prefill and verification
 forwards also write their last hidden states into `RowBuffers.hidden` (`drafters.hidden`). With
-`EngineConfig.tree_width` the tree policy (`gamma.tree`) may make a step a tree of γ levels of w candidates
-instead, verified in one forward (`tree_step.TreeStep`: one device→host copy, as a chain step).
+`EngineConfig.tree_width` the tree policy (`gamma.tree_shape`) may make a step a tree of γ levels of w candidates
+instead, verified in one forward (`step.tree.TreeStep`: one device→host copy, as a chain step).
 
 Memory: the target's attention K/V lives in dense per-slot buffers or, with `EngineConfig.kv_cache="paged"`,
 in blocks taken as rows grow (`models.paged`; requests wait for free blocks, siblings share their prompt's
-full blocks, `prefill`); `EngineConfig.memory_budget` is checked part by part before anything is
+full blocks, `step.prefill`); `EngineConfig.memory_budget` is checked part by part before anything is
 allocated (`models.memory`, `SpecEngine.memory`). `release` / `allocate` hand the caches' memory to a
-colocated trainer between rollout phases.
+colocated trainer between rollout phases (`engine_caches`).
+
+The engine holds its parts and delegates its public methods to them: `caches` (`engine_caches`: memory),
+`weights` (`engine_weights`: policy and drafter versions, the draft vocabulary), `speculation`
+(`engine_speculation`: γ, trees, whether to draft). What it learnt while it ran is its `state_dict()`.
 
 Randomness is per request and position (`sampling.randomness`): sample j of prompt i is keyed by the call's
 seed and (prompt_indices[i], j), and every number it draws by its sequence position and purpose —
@@ -35,7 +43,7 @@ accepted and verified drafts, stats, auto-γ's evidence — into one tensor. The
 forwards from host mirrors of their lengths (`models.cache`), random-number constants are Python ints,
 so nothing else reads the device. A step that uses the suffix drafter's proposal adds one host→device
 copy (its drafts, lengths and the model's rows, packed). With auto-γ on a GPU, every
-`DRAFT_TIMING_EVERY`-th drafting step adds one `torch.cuda.synchronize` to time its draft part. So:
+`step.chain.DRAFT_TIMING_EVERY`-th drafting step adds one `torch.cuda.synchronize` to time its draft part. So:
 1 per step for plain decoding, the model drafter, EAGLE, Medusa and layer-skip; 2 with the suffix
 drafter's drafts (`tests/test_engine_syncs.py` counts them). Finishing rows cost their export's copies
 and admitted rows their prefill's (the prompts, their slots), once per row, not per step.
@@ -51,44 +59,46 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from .config import EngineConfig, SamplingParams
-from .core.append import VerifiedStep, append_kept
 from .core.batch import RowBuffers
 from .core.request import Request, Rollout, make_requests
 from .core.scheduler import Scheduler
 from .core.stats import EngineStats
 from .core.validate import validate_generate_args
+from .drafters.draft_vocab import DraftVocab
 from .drafters.factory import DrafterWeights, initial_draft_vocab, make_drafter
-from .drafters.protocol import Drafter, Proposal
-from .engine_memory import EngineMemory
+from .drafters.protocol import Drafter
+from .drafters.version import DrafterVersion
+from .engine_caches import EngineCaches, plan_engine_memory
+from .engine_speculation import STATE_KEYS as SPECULATION_STATE_KEYS
 from .engine_speculation import EngineSpeculation
 from .engine_weights import EngineWeights
-from .gamma.factory import make_gamma_policy
-from .gamma.policy import GammaPolicy, StepOutcome, StepShape
+from .gamma.factory import make_gamma_policy, make_tree_policy
+from .gamma.policy import GammaPolicy, StepShape
 from .gamma.speculation_gate import SpeculationGate
+from .gamma.tree_shape import AutoWidth, FixedWidth
 from .models.architectures import check_architecture
+from .models.memory import MemoryPlan
 from .models.paged import PagedLayout
 from .models.runner import ModelRunner
-from .models.timing import runs_async
 from .models.vocab import check_vocab_compatible
-from .prefill import admits, check_blocks, prefill_target, reserved_tokens
 from .sampling.accept import ACCEPT_RULES, AcceptRule
-from .sampling.draft_q import DraftQ
-from .sampling.logits import process_logits
-from .sampling.noise import StepNoise
 from .sampling.randomness import draw_seed
-from .tree_step import make_tree_step
+from .step.chain import ChainStep
+from .step.prefill import PrefillStep
+from .step.tree import TreeStep, make_tree_step
 
-__all__ = ["DRAFT_TIMING_EVERY", "SpecEngine"]
-DRAFT_TIMING_EVERY = 16  # on an async device, the drafting steps whose draft part auto-γ times (one sync each)
+__all__ = ["STATE_FORMAT", "SpecEngine", "engine_state", "load_engine_state"]
+STATE_FORMAT = 1  # `SpecEngine.state_dict`'s layout
 
 
-class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
+class SpecEngine:
     """Generates completions for many prompts at once with a target model and optional drafter."""
 
     def __init__(
@@ -99,8 +109,8 @@ class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
         target_tokenizer=None,
         drafter_tokenizer=None,
     ):
-        """`drafter`: a drafter LM or a head (`drafters.heads`), wrapped as `config.drafters` says (by default as
-        what it is: `drafters.factory`, `drafters.registry`), any object implementing
+        """`drafter`: a drafter LM or a head (`drafters.heads.EagleHead`, `drafters.heads.MedusaHeads`), wrapped
+        as `config.drafters` says (by default as what it is: `drafters.factory`), any object implementing
         `Drafter` (used as given), or None (with `config.drafters` None: plain decoding)."""
         self.config = config = config or EngineConfig()
         if config.kind != "specroll":
@@ -111,31 +121,26 @@ class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
             check_architecture(drafter, "drafter", config.allow_unverified_architectures)
             check_vocab_compatible(target, drafter, target_tokenizer, drafter_tokenizer)
         self.device = torch.device(config.device)
-        slots, length = config.max_batch_size, config.cache_len
-        self.memory = self._plan_memory(target, drafter)
-        paged = None if self.memory.kv_blocks is None else PagedLayout(self.memory.kv_blocks, config.kv_block_size)
-        self.target = ModelRunner(target, slots, length, config.dtype, self.device, config.lean_forward,
-                                  config.state_history, paged, config.prefill_chunk_tokens)
+        memory = plan_engine_memory(config, target, drafter)
+        paged = None if memory.kv_blocks is None else PagedLayout(memory.kv_blocks, config.kv_block_size)
+        self.target = ModelRunner(target, config.max_batch_size, config.cache_len, config.dtype, self.device,
+                                  config.lean_forward, config.state_history, paged, config.prefill_chunk_tokens)
         self.vocab_size = self.target.vocab_size
         self.drafter: Drafter | None = make_drafter(drafter, config, self.target)
+        self.weights = EngineWeights(self.target, self.drafter, config.dtype)
         if config.draft_vocab is not None:
-            self.set_draft_vocab(initial_draft_vocab(config, self.vocab_size, target.config, drafter))
-        wants_hidden = self.drafter is not None and self.drafter.wants_hidden
-        self._hidden_size = self.target.hidden_width if wants_hidden else None
-        self.rows: RowBuffers | None = self._row_buffers()
+            self.weights.set_draft_vocab(initial_draft_vocab(config, self.vocab_size, target.config, drafter))
+        self.caches = EngineCaches(config, memory, self.target, self.drafter)
         self.stats = EngineStats(trace_steps=config.stats_trace_steps)
-        self.gamma_policy: GammaPolicy = make_gamma_policy(config, self.target, self.drafter)
-        self.accept_rule: AcceptRule = ACCEPT_RULES[config.sampler]()
-        self.tree_step, self.tree_policy = make_tree_step(config, self.target, self.drafter, self.gamma_policy)
-        self.policy_version = 0
-        self.drafter_version = 0
-        self.drafter_acceptance: float | None = None  # the served version's held-out acceptance, if it came with one
-        self.drafter_invariant_acceptance: float | None = None  # ... its bound under the invariant sampler
-        self.speculation_gate = SpeculationGate()  # "when_learned": that number, checked by what rollouts accept
+        gamma_policy = make_gamma_policy(config, self.target, self.drafter)
+        self.tree_step: TreeStep | None = make_tree_step(config, self.target, self.drafter, self.stats)
+        tree_policy = make_tree_policy(config, gamma_policy) if self.tree_step else None
+        self.speculation = EngineSpeculation(config, self.drafter, self.stats, self.weights, gamma_policy, tree_policy)
+        self.chain_step = ChainStep(self.target, self.drafter, self.stats, self.vocab_size,
+                                    ACCEPT_RULES[config.sampler](), self.speculation)
+        self.prefill_step = PrefillStep(self.target, self.drafter, config.max_step_drafts)
         self._drafting = False  # this generate call drafts (`speculating` at its start)
         self._generating = False
-        self._drafting_steps = 0
-        self._drafter_behind = False  # rows were prefilled, or steps run plain, since the last drafting step
 
     # ------------------------------------------------------------------ public API
 
@@ -172,10 +177,150 @@ class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
             raise RuntimeError("generate called on a released engine (SpecEngine.release): call allocate() first")
         budgets, indices = validate_generate_args(prompts, params, n, self.vocab_size, self.config.max_seq_len,
                                                   max_new_tokens, prompt_indices)
-        check_blocks(self.target.cache, [reserved_tokens(len(p), b, self.config.max_step_drafts)
-                                         for p, b in zip(prompts, budgets)])
+        self.target.cache.check_fits([self.prefill_step.reserved_tokens(len(p), b) for p, b in zip(prompts, budgets)])
         seed = params.seed if params.seed is not None else draw_seed()  # once per call, recorded in each Rollout
         return self._run(make_requests(prompts, n, budgets, seed, indices), params)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this engine learnt from the rollouts it served, for a resumed run (plain data and int64 tensors;
+        take it between `generate` calls): the speculation part's γ and tree statistics
+        (`EngineSpeculation.state_dict`) and the drafter's parts (`Drafter.learnt_state`: the suffix drafter's
+        history). Not in it: the cost model's calibration (measured again, or read from `calibration_cache`; the
+        corrections go on adapting on whatever hardware the resumed run has), and the weights (the learner
+        publishes them; the backends sync them). Speed only: a state never changes a token."""
+        learnt = self.drafter.learnt_state() if self.drafter else {}
+        return {"format": STATE_FORMAT, **self.speculation.state_dict(), **learnt}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back a `state_dict()` between `generate` calls. `ValueError` naming what differs where this engine's
+        γ policy or drafter kinds are not the saved engine's."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"engine state format {state.get('format')!r} is invalid: {STATE_FORMAT} is read")
+        # The rest is the drafter's; a part saved as None is one the saved engine's drafter did not have.
+        saved = {key: value for key, value in state.items()
+                 if key not in ("format", *SPECULATION_STATE_KEYS) and value is not None}
+        parts = set(self.drafter.learnt_state() if self.drafter else ())
+        if set(saved) != parts:
+            raise ValueError(f"the saved engine's drafter kept {sorted(saved) or 'nothing'} and this one's keeps "
+                             f"{sorted(parts) or 'nothing'}: engine.drafters must be the saved run's")
+        self.speculation.load_state_dict(state)
+        if saved:
+            self.drafter.load_learnt_state(saved)
+
+    # ------------------------------------------------------------------ the parts' public methods
+
+    @property
+    def memory(self) -> MemoryPlan:
+        """The memory plan checked before anything was allocated (`models.memory`)."""
+        return self.caches.memory
+
+    @property
+    def rows(self) -> RowBuffers | None:
+        """The per-row buffers (None while released)."""
+        return self.caches.rows
+
+    @property
+    def released(self) -> bool:
+        """Whether `release` freed the caches (and `allocate` has not made them again)."""
+        return self.caches.released
+
+    def release(self) -> None:
+        """Free the KV caches (target and drafter), recurrent state and per-row buffers between `generate`
+        calls, so that a trainer colocated with the engine can use the memory; weights, the drafter's suffix
+        history, stats and the cost model stay. `allocate` makes them again. On a GPU the memory goes back to
+        torch's caching allocator (the trainer's next allocations reuse it; `torch.cuda.empty_cache()` hands
+        it to the driver; on a CPU the host heap is trimmed, `models.memory.return_host_memory`). A released
+        engine refuses `generate` (it does not re-allocate by itself: memory a colocated trainer may hold is not
+        taken behind its back). Releasing twice is a no-op."""
+        if self._generating:
+            raise RuntimeError("release called while this engine is running a generation; finish or close it first")
+        self.caches.release()
+
+    def allocate(self) -> None:
+        """Make what `release` freed again, zeroed (a no-op on an allocated engine)."""
+        self.caches.allocate()
+
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """`EngineWeights.set_draft_vocab`: draft over `vocab`'s target ids only (None: the whole vocabulary)."""
+        self.weights.set_draft_vocab(vocab)
+
+    def draft_vocab(self) -> torch.Tensor | None:
+        """`EngineWeights.draft_vocab`: the target ids the drafter drafts over now [N] (None: all, or no drafter)."""
+        return self.weights.draft_vocab()
+
+    def update_target(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """`EngineWeights.update_target`: new policy weights between `generate` calls."""
+        self.weights.update_target(named_tensors, version)
+
+    def load_drafter(self, version: DrafterVersion) -> None:
+        """`EngineWeights.load_drafter`: serve a published drafter version between `generate` calls."""
+        self.weights.load_drafter(version)
+
+    def served_drafter_digest(self, weights: torch.nn.Module) -> str:
+        """`EngineWeights.served_drafter_digest`: the digest of the drafter `weights` this engine serves."""
+        return self.weights.served_drafter_digest(weights)
+
+    @property
+    def policy_version(self) -> int:
+        return self.weights.policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.weights.policy_version = version
+
+    @property
+    def drafter_version(self) -> int:
+        return self.weights.drafter_version
+
+    @drafter_version.setter
+    def drafter_version(self, version: int) -> None:
+        self.weights.drafter_version = version
+
+    @property
+    def drafter_acceptance(self) -> float | None:
+        """The served drafter version's held-out acceptance, if it came with one."""
+        return self.weights.drafter_acceptance
+
+    @property
+    def drafter_invariant_acceptance(self) -> float | None:
+        """... its bound under the invariant sampler."""
+        return self.weights.drafter_invariant_acceptance
+
+    def break_even_acceptance(self) -> float | None:
+        """`EngineSpeculation.break_even_acceptance`: per-draft acceptance below which speculation stops paying."""
+        return self.speculation.break_even_acceptance()
+
+    @property
+    def speculating(self) -> bool:
+        """`EngineSpeculation.speculating`: whether a generate call starting now drafts."""
+        return self.speculation.speculating(self.break_even_acceptance)
+
+    @property
+    def gamma_policy(self) -> GammaPolicy:
+        return self.speculation.gamma_policy
+
+    @gamma_policy.setter
+    def gamma_policy(self, policy: GammaPolicy) -> None:
+        self.speculation.gamma_policy = policy
+
+    @property
+    def tree_policy(self) -> FixedWidth | AutoWidth | None:
+        return self.speculation.tree_policy
+
+    @property
+    def speculation_gate(self) -> SpeculationGate:
+        return self.speculation.gate
+
+    @property
+    def accept_rule(self) -> AcceptRule:
+        """The chain step's accept rule (`EngineConfig.sampler`)."""
+        return self.chain_step.rule
+
+    @accept_rule.setter
+    def accept_rule(self, rule: AcceptRule) -> None:
+        self.chain_step.rule = rule
+
+    # ------------------------------------------------------------------ the step loop
 
     def _run(self, requests: list[Request], params: SamplingParams) -> Generator[int, None, list[Rollout]]:
         if self._generating:  # one batch state per engine: two generations would corrupt each other
@@ -189,27 +334,26 @@ class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
     def _steps(self, requests: list[Request], params: SamplingParams) -> Generator[int, None, list[Rollout]]:
         started = time.perf_counter()
         stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.device)
-        scheduler = Scheduler(self.config.max_batch_size, lambda req: admits(self.target.cache, self._reserve(req)))
+        scheduler = Scheduler(self.config.max_batch_size, lambda req: self.target.cache.try_reserve(
+            self.prefill_step.reserved_tokens(len(req.prompt_ids), req.max_new_tokens)))
         scheduler.add(requests)
         nonfinite_before = self.stats.drafter_nonfinite_rows
         self._drafting = self.drafter is not None and self.speculating
         tried_before, accepted_before = self.stats.tried, self.stats.accepted
         self._prefill(scheduler.admit(), scheduler)
         while not scheduler.done:
-            shape = self._shape(scheduler.num_live_rows)
-            gamma = self.gamma_policy.choose(shape, params.greedy) if self._drafting else 0
-            depth, width = self.tree_policy.choose(shape, gamma, params.greedy) if self.tree_policy else (gamma, 1)
-            finished = self._step(shape, gamma, params, stop_ids) if width == 1 else \
-                self._tree(shape, depth, width, params, stop_ids)
-            self._finish(scheduler, finished)
+            plan = self.speculation.plan(self._shape(scheduler.num_live_rows), params.greedy, self._drafting)
+            step = self.chain_step if plan.width == 1 else self.tree_step
+            report = step.run(self.rows, plan, params, stop_ids)
+            self.speculation.observe(report, params.greedy)
+            self._finish(scheduler, report.summary.finished)
             self._pause_clock(started)
             yield scheduler.num_live_rows
             started = time.perf_counter()
         self._pause_clock(started)
         self._warn_nonfinite_drafter(self.stats.drafter_nonfinite_rows - nonfinite_before)
-        if self._drafting and self.config.speculation == "when_learned":
-            self.speculation_gate.observe(self.drafter_version, self._served_acceptance(),
-                                          self.stats.tried - tried_before, self.stats.accepted - accepted_before)
+        if self._drafting:
+            self.speculation.observe_call(self.stats.tried - tried_before, self.stats.accepted - accepted_before)
         return [req.rollout for req in requests]
 
     def _shape(self, live: int) -> StepShape:
@@ -232,103 +376,14 @@ class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
         self.stats.target_forwards = self.target.num_forwards
         self.stats.drafter_forwards = self.drafter.num_forwards if self.drafter else 0
 
-    # ------------------------------------------------------------------ the step
-
-    def _step(self, shape: StepShape, gamma: int, params: SamplingParams, stop_ids: torch.Tensor) -> list[int]:
-        n = shape.rows
-        live = slice(0, n)
-        started = time.perf_counter()
-        # A copy, not a view: `append_kept` moves rows.seq_len, and the drafter rolls back to the old length.
-        seq_len = self.rows.seq_len[live].clone()  # [n]
-        noise = StepNoise(self.rows.keys[live], seq_len, gamma + 1, self.vocab_size, params.greedy)
-        proposal = self._narrow(shape, self._propose(live, gamma, params, noise))
-        if proposal.drafts.shape[1] < gamma:  # the last columns are not worth verifying
-            gamma = proposal.drafts.shape[1]
-            noise = noise.narrow(gamma + 1)
-        drafted = self._draft_clock(gamma)
-        usable = proposal.usable(gamma)  # [n, γ]
-        last_token = self.rows.tokens[live].gather(1, (seq_len - 1)[:, None])  # [n, 1]
-        logits = self.target.feed(live, torch.cat([last_token, proposal.drafts], dim=1),
-                                  self.rows.hidden)  # [n, γ+1, V] in the target's dtype
-        p = process_logits(logits, params)  # [n, γ+1, V] fp32
-        verdict = self.accept_rule.verify(proposal.drafts, proposal.q, p, noise, usable)
-        step = VerifiedStep(seq_len, proposal.drafts, proposal.lengths, proposal.source, usable, verdict, logits, p)
-        summary = append_kept(self.rows, live, step, params, stop_ids, self.drafter.names if self.drafter else (),
-                              count_evidence=bool(gamma) and self.gamma_policy.adaptive)
-        self.target.rollback(live, self.rows.seq_len[live] - 1, [length - 1 for length in self.rows.host_seq_len[:n]])
-        if self.drafter:
-            self.drafter.keep(live, self.rows, seq_len, verdict.accepted_len, usable.sum(1))
-        self.stats.record_step(gamma, n, summary, context=max(self.rows.host_seq_len[:n]))
-        if self.gamma_policy.adaptive:
-            self.gamma_policy.observe(shape, StepOutcome(
-                gamma=gamma, rows=n, counts=summary.counts, emitted=summary.emitted, stopped=summary.stopped,
-                seconds=time.perf_counter() - started, draft_seconds=None if drafted is None else drafted - started,
-                catch_up=bool(gamma) and self._drafter_behind,
-            ), params.greedy)
-        self._drafter_behind = not gamma
-        return summary.finished
-
-    def _propose(self, live: slice, gamma: int, params: SamplingParams, noise: StepNoise) -> Proposal:
-        n = live.stop
-        if not gamma:
-            return Proposal(torch.empty(n, 0, dtype=torch.long, device=self.device),
-                            DraftQ(None, None, None, self.vocab_size))
-        return self.drafter.propose(live, self.rows, gamma, params, noise.draw_draft)
-
-    def _draft_clock(self, gamma: int) -> float | None:
-        """When this step's drafting ended, for an adaptive γ policy's cost model (None: not measured).
-        On a device that runs asynchronously the clock must wait for the drafts (a sync), so only every
-        `DRAFT_TIMING_EVERY`-th drafting step is measured; the cost model takes the others' draft part as
-        predicted from the measured ones (`CostModel.observe`). On a CPU every step is measured, free."""
-        if not self.gamma_policy.adaptive:
-            return None
-        if gamma and runs_async(self.device):
-            self._drafting_steps += 1
-            if self._drafting_steps % DRAFT_TIMING_EVERY:
-                return None
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def _narrow(self, shape: StepShape, proposal: Proposal) -> Proposal:
-        """The proposal cut to the width the γ policy finds worth verifying, if the drafter said what
-        each width is expected to keep."""
-        if proposal.expected_kept is None or not self.gamma_policy.adaptive:
-            return proposal
-        return proposal.narrow(self.gamma_policy.narrow(shape, proposal.expected_kept))
-
-    def _tree(self, shape: StepShape, depth: int, width: int, params: SamplingParams, stop_ids: torch.Tensor
-              ) -> list[int]:
-        """A tree step (`tree_step.TreeStep`), counted and shown to the tree policy."""
-        started, n = time.perf_counter(), shape.rows
-        summary = self.tree_step.run(self.rows, n, depth, width, params, stop_ids)
-        self.stats.record_step(depth, n, summary, context=max(self.rows.host_seq_len[:n]),
-                               tree_nodes=n * depth * width)
-        step = self.rows.last_step
-        self.tree_policy.observe(shape, depth, width, step.accepted_len, step.drafted_len,
-                                 time.perf_counter() - started, params.greedy)
-        # The tree's drafter forwards moved no drafter length: the next chain step catches it up on the kept path
-        # (up to depth + 1 tokens, not a chain's 1-2), a step auto-γ must not time (`_step`): timed, it made
-        # drafting look dearer after every tree step (the draft scale is one number for every batch size).
-        self._drafter_behind = True
-        return summary.finished
-
     # ------------------------------------------------------------------ batch bookkeeping
 
     def _prefill(self, admitted: list[Request], scheduler: Scheduler) -> None:
         """Load admitted requests into their slots and fill both caches with all but the last token."""
         if not admitted:
             return
-        for req in admitted:
-            self.rows.load(req.slot, req.prompt_ids, req.max_new_tokens, req.key)
-        slots, count = prefill_target(self.target, self.rows, admitted, scheduler.running,
-                                      [self._reserve(req) for req in admitted])
-        self._drafter_behind = True  # the next drafting step catches the drafter up on these prompts
-        if self.drafter:  # an engine that never drafts lets the drafter catch up lazily, if ever
-            drafts = self._drafting and self.config.gamma != 0
-            self.drafter.prefill(slots, self.rows, count if drafts else torch.zeros_like(count))
-
-    def _reserve(self, req: Request) -> int:
-        return reserved_tokens(len(req.prompt_ids), req.max_new_tokens, self.config.max_step_drafts)
+        self.prefill_step.run(self.rows, admitted, scheduler.running, self._drafting and self.config.gamma != 0)
+        self.speculation.drafter_behind = True  # the next drafting step catches the drafter up on these prompts
 
     def _finish(self, scheduler: Scheduler, finished: list[int]) -> None:
         if not finished:
@@ -344,3 +399,13 @@ class SpecEngine(EngineMemory, EngineWeights, EngineSpeculation):
             if self.drafter:
                 self.drafter.move_row(src, dst)
         self._prefill(plan.admitted, scheduler)
+
+
+def engine_state(engine: SpecEngine) -> dict[str, Any]:
+    """`engine.state_dict()`, the form the resume path (`integrations`, `specroll.jobs`) takes it in."""
+    return engine.state_dict()
+
+
+def load_engine_state(engine: SpecEngine, state: dict[str, Any]) -> None:
+    """`engine.load_state_dict(state)`, the form the resume path takes it back in."""
+    engine.load_state_dict(state)

@@ -1,5 +1,6 @@
 """`SpecEngine`'s weights between `generate` calls: new policy and drafter versions, and the draft vocabulary.
-A base of `engine.SpecEngine`, which sets `target`, `drafter`, `vocab_size` and the versions.
+The engine holds one (`SpecEngine.weights`) and delegates its public `update_target`, `load_drafter`,
+`set_draft_vocab`, `draft_vocab`, `served_drafter_digest` and the versions to it.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from collections.abc import Mapping
 
 import torch
 
-from .config import EngineConfig
 from .drafters.draft_vocab import DraftVocab
 from .drafters.protocol import Drafter
 from .drafters.version import DrafterVersion, drafter_digest
@@ -17,14 +17,16 @@ from .models.weights import copy_into
 
 
 class EngineWeights:
-    config: EngineConfig
-    target: ModelRunner
-    drafter: Drafter | None
-    vocab_size: int
-    policy_version: int
-    drafter_version: int
-    drafter_acceptance: float | None
-    drafter_invariant_acceptance: float | None
+    """The weights one engine serves and their versions: the target's (`policy_version`) and the drafter's
+    (`drafter_version`, with the held-out acceptance it came with, if any)."""
+
+    def __init__(self, target: ModelRunner, drafter: Drafter | None, dtype: torch.dtype):
+        self.target, self.drafter, self.dtype = target, drafter, dtype
+        self.vocab_size = target.vocab_size
+        self.policy_version = 0
+        self.drafter_version = 0
+        self.drafter_acceptance: float | None = None  # the served version's held-out acceptance, if it came with one
+        self.drafter_invariant_acceptance: float | None = None  # ... its bound under the invariant sampler
 
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
         """Draft over `vocab`'s target ids only (None: the whole vocabulary), between `generate` calls. The
@@ -49,7 +51,7 @@ class EngineWeights:
     def load_drafter(self, version: DrafterVersion) -> None:
         """Serve drafter `version` between `generate` calls: its weights (caches are kept, not reallocated), its draft
         vocabulary (None: the whole one) and its held-out acceptance (with `EngineConfig.speculation="when_learned"`
-        it decides whether the engine drafts at all: `speculating`)."""
+        it decides whether the engine drafts at all: `SpecEngine.speculating`)."""
         if self.drafter is None or not self.drafter.trainable:
             raise ValueError("load_drafter called on an engine without a drafter that has weights "
                              f"(drafters: {self.drafter.names if self.drafter else None})")
@@ -63,4 +65,4 @@ class EngineWeights:
         """The digest of the drafter this engine serves (`DrafterVersion.digest` in the engine's dtype): `weights`'
         parameters — the module passed to the engine as its drafter, which it drafts with — and the draft
         vocabulary it drafts over now."""
-        return drafter_digest(dict(weights.named_parameters()), self.draft_vocab(), self.config.dtype)
+        return drafter_digest(dict(weights.named_parameters()), self.draft_vocab(), self.dtype)

@@ -13,7 +13,7 @@ from specroll.integrations.local_backend import LocalBackend
 from specroll.integrations.model_source import ModelPaths
 from specroll.jobs.speed import closing_engines
 from specroll.rollout import EngineConfig, SamplingParams
-from specroll.rollout.engine_state import engine_state
+from specroll.rollout.engine import engine_state
 
 
 @pytest.mark.parametrize("gamma", ["auto", "auto_simple"])

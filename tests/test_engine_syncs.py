@@ -23,8 +23,9 @@ import pytest
 import torch
 from tiny_models import make_prompts, tiny_lm
 
-from specroll.rollout import EngineConfig, SamplingParams, SpecEngine, engine
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.heads import EagleHead
+from specroll.rollout.step import chain as engine
 
 # The bar: 2 for all. A paged cache adds one host→device copy of new block-table entries on a step where
 # a row enters a new block.

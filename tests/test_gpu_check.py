@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-import specroll.rollout.engine as engine_module
 import specroll.rollout.models.weights as weights_module
+import specroll.rollout.step.base as engine_module
 from specroll.bench import gpu_check
 
 TINY = ["--tiny", "--device", "cpu", "--batch-sizes", "1,4", "--max-new-tokens", "8", "--calibration-budget", "0.2",

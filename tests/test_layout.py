@@ -1,7 +1,8 @@
 """The tree's import structure: every `specroll.*` module imports on its own and in a shuffled order (in a fresh
 process), no installed module takes part in an import cycle (at module level or inside a function), the package
 is what pyproject.toml installs and holds no one-off study, and the engine's imports run one way: config and
-core/stats ← sampling ← core ← models ← drafters ← gamma and prefill ← engine (`specroll.rollout`'s docstring)."""
+core/stats ← sampling ← core ← models ← drafters ← gamma ← the engine's parts ← step ← engine (`specroll.rollout`'s
+docstring)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("specroll", "specroll.rollout", "specroll.online_drafter", "specroll.integrations", "specroll.demo")
 # specroll.rollout's layers, lowest first: a module imports only from its own layer or lower ones.
-ROLLOUT_LAYERS = (("config", "core.stats"), ("sampling",), ("core",), ("models",), ("drafters",), ("gamma", "prefill"),
-                  ("engine", "engine_memory", "engine_speculation", "engine_weights", "tree_step"), ("",))
+ROLLOUT_LAYERS = (("config", "core.stats"), ("sampling",), ("core",), ("models",), ("drafters",), ("gamma",),
+                  ("engine_caches", "engine_speculation", "engine_weights"), ("step",), ("engine",), ("",))
 # In one fresh process: imports every module named on the command line on its own (after dropping every specroll
 # module already imported; third-party ones stay: they make a fresh import slow and cannot hide a cycle of ours),
 # then all of them again, from none, in the order given. Sources are compiled once per process (this machine runs

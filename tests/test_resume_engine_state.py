@@ -14,7 +14,7 @@ from tiny_models import make_prompts, noisy_copy, tiny_lm
 from specroll.integrations.local_backend import LocalBackend
 from specroll.jobs.checkpoints import read_saved_run, write_saved_run
 from specroll.rollout import EngineConfig, SamplingParams
-from specroll.rollout.engine_state import engine_state, load_engine_state
+from specroll.rollout.engine import engine_state, load_engine_state
 from specroll.rollout.gamma.policy import StepShape
 
 PROMPTS = make_prompts(4, 2, 6, seed=3)

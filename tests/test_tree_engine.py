@@ -185,7 +185,7 @@ def test_auto_width_drafts_trees_where_the_batch_drained(monkeypatch):
 
     from specroll.rollout.gamma import factory
     from specroll.rollout.gamma.cost_model import CostModel
-    from specroll.rollout.gamma.tree import AutoWidth
+    from specroll.rollout.gamma.tree_shape import AutoWidth
     from specroll.rollout.models.timing import ForwardTimes
 
     def flat(target, drafter, max_batch, max_gamma, budget_s, cache_dir=None, max_query=None):

@@ -18,9 +18,9 @@ from specroll.rollout.models.rows import RowIds
 from specroll.rollout.models.runner import ModelRunner
 from specroll.rollout.models.tree_mask import TreeAttention
 from specroll.rollout.sampling.draft_q import DraftQ
+from specroll.rollout.sampling.draft_tree import DraftTree
 from specroll.rollout.sampling.noise import StepNoise
 from specroll.rollout.sampling.randomness import request_keys
-from specroll.rollout.sampling.tree import DraftTree
 from specroll.rollout.sampling.tree_accept import TreeInvariant, TreeRejection
 from specroll.tools.arch_sweep import tiny_model
 

@@ -8,7 +8,7 @@ from gamma_helpers import with_acceptance
 from specroll.rollout.gamma.auto import AutoGamma
 from specroll.rollout.gamma.cost_model import CostModel
 from specroll.rollout.gamma.policy import StepShape
-from specroll.rollout.gamma.tree import EXPLORE_EVERY, AutoWidth, FixedWidth
+from specroll.rollout.gamma.tree_shape import EXPLORE_EVERY, AutoWidth, FixedWidth
 from specroll.rollout.models.timing import ForwardTimes
 
 BATCHES, QUERIES = [1, 4, 16], [1, 2, 3, 5, 9, 17, 33]

@@ -15,7 +15,7 @@ from specroll.integrations.model_source import ModelPaths, load_head_file
 from specroll.rollout import EngineConfig, SamplingParams
 from specroll.rollout.core.batch import RowBuffers
 from specroll.rollout.drafters.draft_vocab import DraftVocab, VocabDraws
-from specroll.rollout.drafters.protocol import DraftDraw, Proposal
+from specroll.rollout.drafters.protocol import DraftDraw, Drafter, Proposal
 from specroll.rollout.drafters.registry import DrafterSpec
 from specroll.rollout.models.rows import device_index
 from specroll.rollout.models.runner import ModelRunner
@@ -49,7 +49,7 @@ class BigramHead(nn.Module):
         return self.lm_head
 
 
-class BigramDrafter:
+class BigramDrafter(Drafter):
     names = ("toy",)
     trainable = True
     wants_hidden = False

@@ -29,7 +29,7 @@ the actors: the creating rank does, once per step, and the others `await_policy`
 state after its last round), `drafter_events` with `drafter_guard` handles every drafter event — publish, policy
 sync, worker or learner restart, resume: each worker's drafter digest against the learner's, the first batch after
 it for a collapse (alarm, event, the watchdog's revert). `state_dict` / `load_state_dict` (a resumed run) move the
-learner's state, the checks' counts and each worker's engine state (`rollout.engine_state`), and sync the
+learner's state, the checks' counts and each worker's engine state (`SpecEngine.state_dict`), and sync the
 learner's published drafter to the workers as any new version.
 """
 

@@ -41,7 +41,7 @@ from specroll.rollout import EngineConfig, Rollout, SamplingParams, SpecEngine
 from specroll.rollout.core.stats import BatchStats
 from specroll.rollout.drafters.draft_vocab import DraftVocab
 from specroll.rollout.drafters.version import DrafterVersion, drafter_digest
-from specroll.rollout.engine_state import engine_state, load_engine_state
+from specroll.rollout.engine import engine_state, load_engine_state
 from specroll.rollout.models.weights import check_fits
 
 from .metrics import WorkerMetrics
@@ -253,7 +253,7 @@ class RolloutWorker:
                               f"within {timeout_s}s ({'; '.join(failures) or 'no other holder'})")
 
     def engine_state(self) -> dict:
-        """What this engine learnt while it ran (`rollout.engine_state`: suffix history, γ statistics)."""
+        """What this engine learnt while it ran (`SpecEngine.state_dict`: suffix history, γ statistics)."""
         return engine_state(self.engine)
 
     def load_engine_state(self, state: dict) -> None:

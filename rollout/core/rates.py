@@ -56,7 +56,7 @@ class DecayedRates:
         return [(k + weight * a) / (r + weight) for k, r, a in zip(self.kept, self.reached, targets)]
 
     def state_dict(self) -> dict[str, list[float]]:
-        """The counts, for a resumed run (`rollout.engine_state`)."""
+        """The counts, for a resumed run (`SpecEngine.state_dict`)."""
         return {"kept": list(self.kept), "reached": list(self.reached)}
 
     def load_state_dict(self, state: dict[str, list[float]]) -> None:

@@ -173,7 +173,7 @@ class EngineStats(StatRates):
     row_steps: int = 0  # live rows summed over steps
     spec_row_steps: int = 0  # live rows summed over speculative (γ > 0) steps
     drafter_nonfinite_rows: int = 0  # row-steps whose drafts were dropped: the drafter's q was non-finite
-    tree_steps: int = 0  # steps that verified a tree (`tree_step`)
+    tree_steps: int = 0  # steps that verified a tree (`step.tree`)
     tree_row_steps: int = 0  # live rows summed over tree steps
     tree_nodes: int = 0  # draft nodes fed to the target in tree steps (rows × width × depth)
     tree_accepted: int = 0  # drafts kept in tree steps

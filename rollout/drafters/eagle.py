@@ -31,9 +31,9 @@ from ..models.rows import RowIds, Rows, device_index, pick
 from ..models.runner import ModelRunner
 from ..models.timing import CALIBRATION_CONTEXT, DRAFT_PARAMS, ForwardTimes, time_draft_calls
 from ..models.weights import cast_module
+from ..sampling.draft_tree import tree_ancestors
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
-from ..sampling.tree import tree_ancestors
 from .draft_vocab import VocabDraws
 from .heads.eagle import EagleHead
 from .own_cache_mixin import OwnCacheMixin

@@ -42,10 +42,10 @@ from ..models.timing import (
 from ..sampling.logits import process_logits
 from ..sampling.noise import gumbel_max
 from .draft_vocab import DraftVocab, VocabDraws
-from .protocol import DraftDraw, Proposal
+from .protocol import DraftDraw, Drafter, Proposal
 
 
-class LayerSkipDrafter:
+class LayerSkipDrafter(Drafter):
     names = ("layer_skip",)
     trainable = False
     wants_hidden = False

@@ -29,11 +29,11 @@ from ..sampling.noise import StepNoise, gumbel_max
 from .draft_vocab import DraftVocab, VocabDraws
 from .heads.medusa import MedusaHeads
 from .hidden import last_hidden
-from .protocol import DraftDraw, DrafterMemory, Proposal
+from .protocol import DraftDraw, Drafter, DrafterMemory, Proposal
 from .tree_draft import confidence, grow_tree
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     names = ("medusa",)
     trainable = True
     wants_hidden = True

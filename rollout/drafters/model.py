@@ -24,15 +24,15 @@ from ..models.runner import ModelRunner
 from ..models.timing import DRAFT_PARAMS, ForwardTimes, draft_noise, model_cost_key, time_forwards
 from ..models.tree_mask import TreeAttention
 from ..models.weights import copy_into
+from ..sampling.draft_tree import tree_ancestors
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise, gumbel_max
-from ..sampling.tree import tree_ancestors
 from .draft_vocab import DraftVocab, VocabDraws
-from .protocol import DraftDraw, DrafterMemory, Proposal
+from .protocol import DraftDraw, Drafter, DrafterMemory, Proposal
 from .tree_draft import grow_tree
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """An independent small LM sharing the target's vocabulary (checked by the engine)."""
 
     names = ("model",)

@@ -17,9 +17,10 @@ import torch
 from ..core.batch import RowBuffers
 from ..models.weights import copy_into
 from .draft_vocab import DraftVocab
+from .protocol import Drafter
 
 
-class OwnCacheMixin:
+class OwnCacheMixin(Drafter):
     weights_role = "head"
 
     def prefill(self, slots: torch.Tensor, rows: RowBuffers, count: torch.Tensor) -> None:

@@ -4,15 +4,15 @@ A drafter proposes up to γ tokens for every live row together with the distribu
 from (verification needs q), is told after the step which tokens the rows kept, and follows the
 scheduler's row moves and prefills. It reports what its drafts cost (`time_drafts`, for auto-γ's cost
 model) and whether it has weights the learner can update (`trainable`). The engine takes any object
-with these methods: `model.ModelDrafter` (an independent LM, the default), `suffix.SuffixDrafter`
-(model-free, over sibling and earlier completions), `suffix_or_model.SuffixOrModelDrafter` (a per-row
-choice between them), and the drafters that read the target (`layer_skip.LayerSkipDrafter`,
-`eagle.EagleDrafter`, `medusa.MedusaDrafter`; the last two ask for its hidden states: `wants_hidden`,
-`hidden`). `factory.make_drafter` builds what `EngineConfig.drafters` lists.
+with these methods (the drafters here subclass `Drafter` for its defaults: `learnt_state`): `model.ModelDrafter`
+(an independent LM, the default), `suffix.SuffixDrafter` (model-free, over sibling and earlier completions),
+`suffix_or_model.SuffixOrModelDrafter` (a per-row choice between them), and the drafters that read the target
+(`layer_skip.LayerSkipDrafter`, `eagle.EagleDrafter`, `medusa.MedusaDrafter`; the last two ask for its hidden
+states: `wants_hidden`, `hidden`). `factory.make_drafter` builds what `EngineConfig.drafters` lists.
 
 A drafter may also propose a *tree* of candidates (`TreeDrafter.propose_tree`: several children per node, by
-its own confidence; `sampling.tree.DraftTree` is the shape). Chains stay the common case: the engine asks for a
-tree only where the γ policy's tree shape says one pays (`gamma.tree`), and only of a drafter that implements
+its own confidence; `sampling.draft_tree.DraftTree` is the shape). Chains stay the common case: the engine asks for a
+tree only where the γ policy's tree shape says one pays (`gamma.tree_shape`), and only of a drafter that implements
 `TreeDrafter` (`model.ModelDrafter`, `suffix_or_model.SuffixOrModelDrafter`); `propose` is untouched.
 
 A drafter owns no randomness: it draws each draft with the `draw(q_i, i)` the engine hands it —
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -34,8 +34,8 @@ from ..core.batch import RowBuffers
 from ..models.cache import LayerShape
 from ..models.timing import ForwardTimes
 from ..sampling.draft_q import DraftQ
+from ..sampling.draft_tree import DraftTree
 from ..sampling.noise import StepNoise
-from ..sampling.tree import DraftTree
 from .draft_vocab import DraftVocab
 
 # draw(q_i [n, K], i, ids=None, rows=None) → draft i [n] (target ids), with the token noise of each row's position
@@ -59,7 +59,7 @@ class Proposal:
     # (w = 0..γ). Given, an adaptive γ policy may verify fewer columns (`GammaPolicy.narrow`).
     expected_kept: list[float] | None = None
     # A tree proposal: `drafts` [n, M] and q [n, M, K] are its drafted nodes, level by level (`DraftTree`); the
-    # engine verifies it with one tree forward (`tree_step`). None: a chain.
+    # engine verifies it with one tree forward (`step.tree`). None: a chain.
     tree: DraftTree | None = None
 
     def narrow(self, width: int) -> Proposal:
@@ -145,6 +145,14 @@ class Drafter(Protocol):
         """Seconds of one draft per batch size at query lengths [1, 2] (a draft after a catch-up of up
         to two tokens costs the second column, each further draft the first)."""
         ...
+
+    def learnt_state(self) -> dict[str, Any]:
+        """What it learnt from the rollouts it served, by part, for a resumed run (`SpecEngine.state_dict`; not its
+        weights: the learner publishes those). A drafter that learns nothing from them keeps this default: {}."""
+        return {}
+
+    def load_learnt_state(self, state: dict[str, Any]) -> None:
+        """Take back a `learnt_state()` (between `generate` calls; the engine checks the parts match)."""
 
 
 @runtime_checkable

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ from ..models.runner import ModelRunner
 from ..models.timing import ForwardTimes, time_host_drafts
 from ..sampling.draft_q import DraftQ
 from .draft_vocab import DraftVocab
-from .protocol import DraftDraw, Proposal
+from .protocol import DraftDraw, Drafter, Proposal
 from .suffix_index import KEY_LENS, CompletionIndex
 
 # Per-draft acceptance by match length before any is measured, and the match lengths where each
@@ -69,7 +70,7 @@ class Lookup:
     match: list[int]
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     names = ("suffix",)
     trainable = False
     wants_hidden = False
@@ -126,8 +127,15 @@ class SuffixDrafter:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise ValueError("the suffix drafter has no weights to load")
 
+    def learnt_state(self) -> dict[str, Any]:
+        """Its `state_dict()`, as the part "suffix"."""
+        return {"suffix": self.state_dict()}
+
+    def load_learnt_state(self, state: dict[str, Any]) -> None:
+        self.load_state_dict(state["suffix"])
+
     def state_dict(self) -> dict:
-        """Its history and its acceptance per match length, for a resumed run (`rollout.engine_state`)."""
+        """Its history and its acceptance per match length, for a resumed run (`SpecEngine.state_dict`)."""
         return {"index": self.index.state_dict(), "rates": self.rates.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:

@@ -150,7 +150,7 @@ class CompletionIndex:
 
     def state_dict(self) -> dict:
         """The history (every prompt's completions, least recently used first) as plain data and int64 tensors,
-        for a resumed run (`rollout.engine_state`). Rows being written are not part of it: take it between calls."""
+        for a resumed run (`SpecEngine.state_dict`). Rows being written are not part of it: take it between calls."""
         groups = [{"prompt": torch.tensor(key, dtype=torch.int64),
                    "seqs": [(seq_id, torch.tensor(seq, dtype=torch.int64)) for seq_id, seq in group.seqs.items()]}
                   for key, group in self.groups.items()]

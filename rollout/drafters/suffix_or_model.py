@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -30,8 +31,8 @@ from ..core.rates import PRIOR_ACCEPTANCE, DecayedRates
 from ..models.rows import RowIds
 from ..models.timing import ForwardTimes
 from ..sampling.draft_q import DraftQ
+from ..sampling.draft_tree import DraftTree
 from ..sampling.noise import StepNoise
-from ..sampling.tree import DraftTree
 from .draft_vocab import DraftVocab
 from .protocol import DraftDraw, Drafter, Proposal, TreeDrafter
 from .suffix import Lookup, SuffixDrafter
@@ -41,7 +42,7 @@ DECAY = 0.98  # per step (memory ~50 steps)
 SUFFIX_BRANCHES = 2  # a tree's nodes per level that continue the suffix index's continuations (`propose_tree`)
 
 
-class SuffixOrModelDrafter:
+class SuffixOrModelDrafter(Drafter):
     """`suffix` and `model` (any drafter that proposes γ drafts for the rows it is given, `live` a slice or
     an index tensor of slots) behind one `Drafter`; stats under "suffix" and the model's name."""
 
@@ -178,6 +179,14 @@ class SuffixOrModelDrafter:
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.model.load_weights(state_dict)
+
+    def learnt_state(self) -> dict[str, Any]:
+        """The suffix drafter's history ("suffix") and the model-served rows' running acceptance ("model_rates")."""
+        return {**self.suffix.learnt_state(), "model_rates": self.model_rates.state_dict()}
+
+    def load_learnt_state(self, state: dict[str, Any]) -> None:
+        self.suffix.load_learnt_state(state)
+        self.model_rates.load_state_dict(state["model_rates"])
 
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
         self.model.set_draft_vocab(vocab)

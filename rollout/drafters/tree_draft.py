@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SamplingParams
+from ..sampling.draft_tree import DraftTree
 from ..sampling.logits import process_logits
 from ..sampling.noise import StepNoise
-from ..sampling.tree import DraftTree
 
 # expand(tokens [n, w] (target ids), parents [n, d·w] of every node so far, d) → q of the level-d nodes [n, w, K]
 Expand = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]

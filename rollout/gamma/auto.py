@@ -59,7 +59,7 @@ class AutoGamma:
 
     def state_dict(self) -> dict:
         """What it learnt from the steps run — acceptance per mode, the cost model's online corrections (not its
-        calibration) — and its step counters, for a resumed run (`rollout.engine_state`)."""
+        calibration) — and its step counters, for a resumed run (`SpecEngine.state_dict`)."""
         return {"estimates": {mode: estimate.state_dict() for mode, estimate in self.estimates.items()},
                 "cost": self.cost.corrections_state(),
                 "plain_steps": self.plain_steps, "last": dict(self.last), "steps": self.steps,

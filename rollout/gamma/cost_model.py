@@ -56,7 +56,7 @@ class CostModel:
 
     def corrections_state(self) -> dict:
         """The online corrections learnt from the steps run (not the calibration), for a resumed run
-        (`rollout.engine_state`): they go on adapting from there, on whatever hardware it runs."""
+        (`SpecEngine.state_dict`): they go on adapting from there, on whatever hardware it runs."""
         return {"draft_scale": self.draft_scale, "overhead": dict(self.overhead),
                 "plain_overhead": dict(self.plain_overhead),
                 "overhead_offsets": {batch: list(offsets) for batch, offsets in self.overhead_offsets.items()}}

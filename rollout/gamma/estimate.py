@@ -53,7 +53,7 @@ class AcceptanceEstimate:
         self.alpha_by_state = [list(self.alpha), list(self.alpha)]
 
     def state_dict(self) -> dict:
-        """The counts and the α they give, for a resumed run (`rollout.engine_state`)."""
+        """The counts and the α they give, for a resumed run (`SpecEngine.state_dict`)."""
         return {"max_gamma": self.max_gamma, "by_state": [rates.state_dict() for rates in self.by_state],
                 "stops": self.stops, "emitted": self.emitted, "seen": list(self.seen), "alpha": list(self.alpha),
                 "alpha_by_state": [list(a) for a in self.alpha_by_state]}

@@ -1,6 +1,6 @@
 """make_gamma_policy: the engine's γ policy from `EngineConfig.gamma`: an int is a `FixedGamma`; "auto" an
 `AutoGamma` and "auto_simple" a `SimpleGamma`, both on a cost model calibrated here (`calibration.calibrate`).
-make_tree_policy: the tree shape from `EngineConfig.tree_width` (`tree`)."""
+make_tree_policy: the tree shape from `EngineConfig.tree_width` (`tree_shape`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .auto import AutoGamma
 from .calibration import calibrate
 from .policy import FixedGamma, GammaPolicy
 from .simple import SimpleGamma
-from .tree import AutoWidth, FixedWidth
+from .tree_shape import AutoWidth, FixedWidth
 
 
 def make_gamma_policy(config: EngineConfig, target: ModelRunner, drafter: Drafter | None) -> GammaPolicy:

@@ -67,7 +67,7 @@ class GammaPolicy(Protocol):
         ...
 
     def state_dict(self) -> dict:
-        """What the policy learnt from the steps run (plain data), for a resumed run (`rollout.engine_state`)."""
+        """What the policy learnt from the steps run (plain data), for a resumed run (`SpecEngine.state_dict`)."""
         ...
 
     def load_state_dict(self, state: dict) -> None:

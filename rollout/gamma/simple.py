@@ -56,7 +56,7 @@ class SimpleGamma:
 
     def state_dict(self) -> dict:
         """The acceptance counts per mode, the time corrections and the plain-step counter, for a resumed run
-        (`rollout.engine_state`)."""
+        (`SpecEngine.state_dict`)."""
         return {"acceptance": {mode: rates.state_dict() for mode, rates in self.acceptance.items()},
                 "draft_scale": self.draft_scale, "overhead": dict(self.overhead), "plain_steps": self.plain_steps}
 

@@ -236,7 +236,7 @@ class RaggedKVCache(Cache):
 
     def compact(self, rows: slice, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move each row's K/V at slots `src` [n, k] to slots `dst` [n, k] (a verified tree's kept path into the
-        slots a chain would have written: `tree_step`). Every `src` slot was written by the forward just run, and
+        slots a chain would have written: `step.tree`). Every `src` slot was written by the forward just run, and
         `dst` ≤ `src` slot by slot, so the moved slots stay below `written`. Recurrent state has no tree forward
         (`tree_mask.check_tree`): only attention K/V move."""
         for layer in self.buffered_layers:
@@ -244,6 +244,29 @@ class RaggedKVCache(Cache):
                 view = buf[rows]  # [n, H, L, D], a view of the live prefix
                 index = src[:, None, :, None].expand(-1, view.shape[1], -1, view.shape[3])  # [n, H, k, D]
                 view.scatter_(2, dst[:, None, :, None].expand_as(index), view.gather(2, index))
+
+    # ------------------------------------------------------------------ admission: a dense cache has room for every row
+
+    def check_fits(self, tokens: list[int]) -> None:
+        """Every request fits a dense cache (its slots are `max_seq_len` long); a paged cache checks its pool."""
+
+    def try_reserve(self, tokens: int) -> bool:
+        """Whether a request of up to `tokens` tokens can start now: in a dense cache always (its slot is its
+        memory); a paged cache reserves blocks."""
+        return True
+
+    def assign(self, row: int, tokens: int) -> None:
+        """Row `row` takes what `try_reserve(tokens)` reserved: nothing, in a dense cache."""
+
+    def shareable_blocks(self, prompt_len: int) -> int:
+        """How many blocks of a prompt's cached tokens (all but its last) a row can take from a row holding the
+        same prompt (`share_prefix`): none in a dense cache, where each row's slots are its own."""
+        return 0
+
+    def share_prefix(self, row: int, holder: int, num_blocks: int) -> int:
+        """Row `row` starts with `holder`'s first `num_blocks` blocks; returns the tokens they hold. A dense cache
+        has no blocks to share (`shareable_blocks` is 0), so it is never asked."""
+        raise ValueError(f"share_prefix({row}, {holder}, {num_blocks}) on a dense cache: it shares no blocks")
 
     def release_rows(self, rows: list[int]) -> None:
         """Finished rows: their slots' memory is the dense buffers', nothing to give back (a paged cache's is)."""

@@ -225,8 +225,13 @@ class PagedKVCache(RaggedKVCache):
         self.unassigned = max(self.unassigned - need, 0)
         self.pending[row] = need
 
-    def share_prefix(self, row: int, holder: int, num_blocks: int) -> None:
-        """Row `row` (empty) starts with the first `num_blocks` full blocks of row `holder` (read-only)."""
+    def shareable_blocks(self, prompt_len: int) -> int:
+        """The full blocks of a prompt's cached tokens (all but its last): what a sibling can share."""
+        return (prompt_len - 1) // self.block_size
+
+    def share_prefix(self, row: int, holder: int, num_blocks: int) -> int:
+        """Row `row` (empty) starts with the first `num_blocks` full blocks of row `holder` (read-only); returns
+        the tokens they hold."""
         blocks = self.tables[holder][:num_blocks]
         for block in blocks:
             self.refs[block] += 1
@@ -234,6 +239,7 @@ class PagedKVCache(RaggedKVCache):
         self.shared[row] = len(blocks) * self.block_size
         self.pending[row] = max(self.pending[row] - len(blocks), 0)
         self.block_table[row, : len(blocks)] = self.block_table[holder, : len(blocks)]
+        return self.shared[row]
 
     # ------------------------------------------------------------------ rows come and go
 

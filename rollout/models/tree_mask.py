@@ -1,6 +1,6 @@
 """Tree attention: which cached slots each query of a forward over a token tree sees (`TreeAttention`).
 
-A tree forward feeds several candidate continuations of a row at once (`sampling.tree`). Its nodes are
+A tree forward feeds several candidate continuations of a row at once (`sampling.draft_tree`). Its nodes are
 written to consecutive slots from `region_start` on, in node order; a node must see the row's context
 (every slot before the region) and its own ancestors and itself among the region's slots — never a
 sibling's branch. Its rotary position is the context length plus its depth, not its slot, so the runner

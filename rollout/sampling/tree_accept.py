@@ -1,4 +1,4 @@
-"""Accept rules over a tree of drafts (`tree.DraftTree`): which root-to-node path the target keeps.
+"""Accept rules over a tree of drafts (`draft_tree.DraftTree`): which root-to-node path the target keeps.
 
 Both descend the tree level by level from the root. At the current node c (depth d − 1, the target's p_c
 known from the one tree forward) they decide among c's children, keep at most one, and stop at the first
@@ -36,8 +36,8 @@ import torch
 
 from .accept import Verdict
 from .draft_q import DraftQ
+from .draft_tree import DraftTree
 from .noise import StepNoise, gumbel_max
-from .tree import DraftTree
 
 
 @dataclass

@@ -13,7 +13,7 @@ learner is half done), then saves (`checkpoints.write_saved_run`, all or nothing
 - the rollout service's `state_dict()`: the learner's whole state (candidate, optimizer, replay buffer,
   held-out set and its cached scores, served and frozen drafters and the version, draft vocabularies and their
   counts, the gate's and the alarms' state, its sampling generator), each engine's own state
-  (`rollout.engine_state`: the suffix drafter's history, the γ policy's statistics), and the rollouts generated
+  (`SpecEngine.state_dict`: the suffix drafter's history, the γ policy's statistics), and the rollouts generated
   so far;
 - the hook's call counter (the seed of every rollout batch is a function of it and `grpo.seed`), the learner
   schedule's probes, events, time totals and counters (the report's probe plot, events and headline go on

@@ -21,7 +21,7 @@ from specroll.integrations.model_source import ModelPaths, load_drafter, tokeniz
 from specroll.integrations.trl_hook.policy_sync import gather_policy_weights
 from specroll.integrations.trl_hook.rollout_func import tokenize_prompts
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
-from specroll.rollout.engine_state import load_engine_state
+from specroll.rollout.engine import load_engine_state
 
 from .backends import ModelSources
 from .report import SpeedMeasurement
