@@ -12,7 +12,9 @@ tokens): two-sample χ² against plain sampling p = 1e-160 … 1e-261 at positio
 Upstream: vllm-project/vllm#55005 (open at the time of writing; #42638 was an earlier attempt, closed).
 
 `apply()` replaces `vllm.v1.sample.rejection_sampler.expand_batch_to_tokens` with the same operation in torch
-(`repeat_interleave`, any dtype, no truncation) on a CPU platform. It runs in the process that samples: the
+(`repeat_interleave`, any dtype, no truncation) on a CPU platform. It also lets a verify step without any draft pass
+`apply_sampling_constraints` untouched: the CPU build's top-k path raises on it (`max()` of an empty k), which
+happens at top-k > 0 whenever every request of a step is at the end of its budget at once. It runs in the process that samples: the
 engine core — this process with `VLLM_ENABLE_V1_MULTIPROCESSING=0`, else the worker, where specroll's worker
 extension (`worker_extension`) is imported at start-up and calls it. `defective()` tells whether the installed
 build still has the defect (checked once the C++ stand-ins are registered, i.e. after an engine started).
@@ -53,10 +55,24 @@ def apply() -> bool:
 
     ORIGINAL_EXPAND = rejection_sampler.expand_batch_to_tokens
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    rejection_sampler.apply_sampling_constraints = _skipping_empty(rejection_sampler.apply_sampling_constraints)
     _applied = True
     logger.info("vLLM CPU build: expand_batch_to_tokens replaced by specroll's torch version (%s: without it, "
                 "T > 0 speculative decoding is verified against garbage temperatures)", UPSTREAM_ISSUE)
     return True
+
+
+def _skipping_empty(apply_sampling_constraints):
+    """vLLM's `apply_sampling_constraints`, returning an empty batch as it is: on a CPU its top-k path takes the
+    max of the (empty) per-token k and raises when a verify step holds no draft at all (every request at the end
+    of its budget in the same step)."""
+
+    def apply(logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata):
+        if logits.shape[0] == 0:
+            return logits
+        return apply_sampling_constraints(logits, cu_num_draft_tokens, sampling_metadata)
+
+    return apply
 
 
 def defective() -> bool:
