@@ -14,10 +14,11 @@ Upstream: vllm-project/vllm#55005 (open at the time of writing; #42638 was an ea
 `apply()` replaces `vllm.v1.sample.rejection_sampler.expand_batch_to_tokens` with the same operation in torch
 (`repeat_interleave`, any dtype, no truncation) on a CPU platform. It also lets a verify step without any draft pass
 `apply_sampling_constraints` untouched: the CPU build's top-k path raises on it (`max()` of an empty k), which
-happens at top-k > 0 whenever every request of a step is at the end of its budget at once. It runs in the process that samples: the
-engine core — this process with `VLLM_ENABLE_V1_MULTIPROCESSING=0`, else the worker, where specroll's worker
-extension (`worker_extension`) is imported at start-up and calls it. `defective()` tells whether the installed
-build still has the defect (checked once the C++ stand-ins are registered, i.e. after an engine started).
+happens at top-k > 0 whenever every request of a step is at the end of its budget at once. It runs in the
+process that samples: the engine core — this process with `VLLM_ENABLE_V1_MULTIPROCESSING=0`, else the worker, where
+specroll's worker extension (`worker_extension`) is imported at start-up and calls it. `defective()` tells whether
+the installed build still has the defect (checked once the C++ stand-ins are registered, i.e. after an engine
+started).
 """
 
 from __future__ import annotations
