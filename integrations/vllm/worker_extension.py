@@ -52,8 +52,10 @@ class SpecrollWorkerExtension:
                                  "the transfer changed them")
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
-        reload_weights(self.vllm_config, module, iter(named.items()), None, True)
-        self._specroll_records()[role] = (digest, self._specroll_fingerprint(module))
+        shared = self._specroll_shared() if role == "drafter" else set()
+        own = {name: tensor for name, tensor in named.items() if ".".join(name.split(".")[-2:]) not in shared}
+        reload_weights(self.vllm_config, module, iter(own.items()), None, True)
+        self._specroll_records()[role] = (digest, self._specroll_fingerprint(module, shared))
         return {"role": role, "tensors": len(named), "fingerprint": self._specroll_records()[role][1]}
 
     def specroll_served(self, role: str) -> str | None:
@@ -63,7 +65,8 @@ class SpecrollWorkerExtension:
         if record is None:
             return None
         digest, fingerprint = record
-        return digest if self._specroll_fingerprint(self._specroll_module(role)) == fingerprint else None
+        shared = self._specroll_shared() if role == "drafter" else set()
+        return digest if self._specroll_fingerprint(self._specroll_module(role), shared) == fingerprint else None
 
     def specroll_cpu_fix(self) -> dict:
         """Whether this worker's vLLM still has the CPU expand defect, and whether specroll's repair is in."""
@@ -81,18 +84,27 @@ class SpecrollWorkerExtension:
             return model
         raise ValueError(f"role={role!r} is invalid: one of {ROLES}")
 
+    def _specroll_shared(self) -> set[str]:
+        """The drafter's tensors that are the target's own (vLLM shares EAGLE's embedding and LM head with the target
+        when they are equal), as `module.param` keys: the policy sync writes them, so a drafter load skips them and
+        the drafter's fingerprint leaves them out."""
+        target = {id(p) for p in self.model_runner.model.parameters()}
+        return {".".join(name.split(".")[-2:]) for name, p in self._specroll_module("drafter").named_parameters()
+                if id(p) in target}
+
     def _specroll_records(self) -> dict:
         if not hasattr(self, "_specroll_loaded"):
             self._specroll_loaded = {}
         return self._specroll_loaded
 
     @staticmethod
-    def _specroll_fingerprint(module: torch.nn.Module) -> str:
-        """BLAKE2b over every non-empty parameter and buffer of `module` (KV caches are attributes, not buffers)."""
+    def _specroll_fingerprint(module: torch.nn.Module, shared: set[str]) -> str:
+        """BLAKE2b over every non-empty parameter and buffer of `module` but the `shared` ones (KV caches are
+        attributes, not buffers)."""
         digest = hashlib.blake2b(digest_size=16)
         tensors = [*module.named_parameters(), *module.named_buffers()]
         for name, tensor in sorted(tensors, key=lambda item: item[0]):
-            if tensor.numel() == 0:
+            if tensor.numel() == 0 or ".".join(name.split(".")[-2:]) in shared:
                 continue
             digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
             digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())

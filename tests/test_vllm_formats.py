@@ -1,0 +1,54 @@
+"""What specroll exports, served by vLLM: an EAGLE-3 head written in the speculators layout
+(`formats.eagle3.save_eagle3_checkpoint`, what `specroll train` / `distill` / `export` write) loads in vLLM's EAGLE-3
+proposer through `VllmEngine` (drafters: [eagle3]), refits in place through the worker extension, and vLLM's greedy
+output with it equals vLLM's plain greedy output, ragged prompts, n = 2 (an 8-layer fp32 Llama: EAGLE-3 fuses three
+of its layers). Slow: two vLLM starts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from tiny_models import build_lm, make_prompts
+
+from specroll.integrations.formats.eagle3 import save_eagle3_checkpoint
+from specroll.integrations.vllm.engine import VllmEngine
+from specroll.integrations.vllm.settings import VllmSettings
+from specroll.rollout import EngineConfig, SamplingParams
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
+from specroll.rollout.drafters.version import DrafterVersion
+
+SHAPE = dict(vocab=64, hidden=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64, logit_scale=6)
+
+
+@pytest.mark.slow
+def test_an_exported_eagle3_head_is_served_by_vllm_exactly(tmp_path):
+    target = build_lm("llama", **SHAPE, layers=8, seed=21)
+    target.save_pretrained(tmp_path / "target")
+    head = Eagle3Head.for_target(target.config)
+    save_eagle3_checkpoint(head, target, tmp_path / "eagle3", verifier=str(tmp_path / "target"))
+    settings, base = VllmSettings(kv_cache_gib=1), EngineConfig(max_batch_size=16, max_seq_len=64)
+    prompts = make_prompts(5, 2, 7, vocab=64, seed=5)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    plain = VllmEngine(str(tmp_path / "target"), None, dataclasses.replace(base, gamma=0), settings)
+    expected = [r.completion_ids for r in plain.generate(prompts, params, n=2)]
+    spec = VllmEngine(str(tmp_path / "target"), str(tmp_path / "eagle3"),
+                      dataclasses.replace(base, gamma=2, drafters=("eagle3",)), settings)
+    assert [r.completion_ids for r in spec.generate(prompts, params, n=2)] == expected
+    assert spec.stats.drafted > 0
+    weights = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+               for k, v in spec_weights(tmp_path / "eagle3").items()}
+    version = DrafterVersion(1, weights)
+    spec.load_drafter(version)
+    assert spec.served_drafter_digests() == [version.digest()]
+    assert [r.completion_ids for r in spec.generate(prompts, params, n=2)] == expected
+
+
+def spec_weights(folder) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
