@@ -45,7 +45,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import CONFIG_MAPPING, PreTrainedModel
 
 from specroll.rollout import EngineConfig
@@ -56,6 +56,7 @@ from specroll.rollout.drafters.heads.block import BlockHead, default_layers
 from ..model_source import ModelPaths, load_head_file
 from ..vocab_maps import draft_ids, vocab_maps
 from .eagle3 import theta_of
+from .files import read_safetensors
 
 SPECULATORS, ZLAB = "speculators", "zlab"
 LAYOUTS = (SPECULATORS, ZLAB)
@@ -75,7 +76,7 @@ def load_block_checkpoint(path: str | Path, target: PreTrainedModel) -> BlockHea
                      config.get("head_dim") or config["hidden_size"] // heads, config["intermediate_size"],
                      config["block_size"], float(config.get("rope_theta", 10000.0)),
                      float(config.get("rms_norm_eps", 1e-6)), bool(config.get("attention_bias", False)))
-    weights = _read_weights(path)
+    weights = read_safetensors(path, "DFlash checkpoint")
     mask_id = config["dflash_config"]["mask_token_id"]
     ids = None
     if config.get("speculators_model_type") == "dflash":
@@ -233,11 +234,3 @@ def _check_fits(config: dict, text, vocab_size: int, path: Path) -> tuple[int, .
     return layers
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
-    if single.is_file():
-        return load_file(single)
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {name: tensor for shard in shards for name, tensor in load_file(path / shard).items()}
-    raise ValueError(f"DFlash checkpoint at {path} has no model.safetensors (nor model.safetensors.index.json)")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import CONFIG_MAPPING, PreTrainedModel
 
 from specroll.rollout import EngineConfig
@@ -49,6 +49,7 @@ from ..head_file import read_head_file
 from ..model_source import ModelPaths, load_head_file
 from ..tokenizers import load_tokenizer
 from ..vocab_maps import draft_ids, vocab_maps
+from .files import read_safetensors
 
 SPECULATORS, SPECFORGE = "speculators", "specforge"
 LAYER_TYPES = ("llama", "qwen3")  # the draft decoder layers speculators defines (`model_definitions.model_classes`)
@@ -155,7 +156,7 @@ def load_eagle3_checkpoint(path: str | Path, target: PreTrainedModel, tokenizer=
     spec = read_spec(json.loads(config_file.read_text()))
     layers = check_fits(spec, target)
     _check_tokenizer(folder, tokenizer)
-    tensors = _load_tensors(folder)
+    tensors = read_safetensors(folder, "EAGLE-3 checkpoint")
     draft_ids = _draft_ids(tensors, spec, target.get_output_embeddings().weight.shape[0])
     state = _renamed(tensors, spec, target)
     layer = spec.layer
@@ -287,16 +288,6 @@ def _renamed(tensors: dict[str, torch.Tensor], spec: Eagle3Spec, target: PreTrai
             local = f"{FUSION_NAMES[first]}.{rest}"
         state[local] = tensor.float()
     return state
-
-
-def _load_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    if single.is_file():
-        return load_file(single)
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {name: t for shard in shards for name, t in load_file(folder / shard).items()}
-    raise ValueError(f"EAGLE-3 checkpoint {str(folder)!r} has no model.safetensors (or its index)")
 
 
 def _check_tokenizer(folder: Path, tokenizer) -> None:

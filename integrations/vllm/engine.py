@@ -44,6 +44,7 @@ from specroll.rollout.drafters.version import DrafterVersion
 from specroll.rollout.models.weights import copy_into
 from specroll.rollout.sampling.randomness import draw_seed, request_keys
 
+from ..formats.files import read_safetensors
 from . import cpu_fixes
 from .proposers import drafter_kind, speculative_config
 from .settings import VllmSettings
@@ -101,7 +102,7 @@ class VllmEngine:
         self.released = False
         self._counters = self._read_counters()
         if self.drafter_names is not None:
-            self.load_drafter(drafter or DrafterVersion(0, _read_weights(drafter_dir)))
+            self.load_drafter(drafter or DrafterVersion(0, read_safetensors(drafter_dir, "drafter folder")))
 
     @classmethod
     def from_models(cls, target: PreTrainedModel, drafter: PreTrainedModel | None = None,
@@ -308,11 +309,3 @@ def _checkpoint_names(folder: str | None) -> list[str] | None:
         with safe_open(str(path), "pt") as f:
             names += list(f.keys())
     return names
-
-
-def _read_weights(folder: str) -> dict[str, torch.Tensor]:
-    weights: dict[str, torch.Tensor] = {}
-    for path in _weight_files(folder):
-        with safe_open(str(path), "pt") as f:
-            weights.update({name: f.get_tensor(name) for name in f.keys()})  # noqa: SIM118 (a safetensors handle)
-    return weights

@@ -28,7 +28,7 @@ from torch import nn
 
 from ...models.attention import attention
 from ...models.lean import rotate_half
-from .parts import config_value, normed
+from .parts import attention_geometry, config_value, normed
 
 # kv(layer, k, v) → (keys, values) the block attends over: the ragged cache's update, or context ‖ block in training.
 LayerKV = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -119,13 +119,7 @@ class BlockHead(nn.Module):
         `default_layers`."""
         text = config.get_text_config()
         hidden = text.hidden_size
-        # The target's attention geometry where its config has one for every layer, else 64-wide heads (an
-        # attention-free target; a per-layer geometry: Gemma 4), as the EAGLE-3 head does.
-        heads = config_value(text, "num_attention_heads") or max(1, hidden // 64)
-        head_dim = config_value(text, "head_dim") or hidden // heads
-        kv_heads = config_value(text, "num_key_value_heads") or heads
-        theta = config_value(text, "rope_theta") or (config_value(text, "rope_parameters") or {}).get(
-            "rope_theta", 10000.0)
+        heads, head_dim, kv_heads, theta = attention_geometry(text)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             return cls(hidden, layers or default_layers(text.num_hidden_layers), num_layers, heads,

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .parts import KVWrite, attend, config_value, normed
+from .parts import KVWrite, attend, attention_geometry, config_value, normed
 
 FUSION_NORMS = (None, "joint", "per_layer")  # `Eagle3Head.fusion_norm`
 
@@ -97,13 +97,7 @@ class Eagle3Head(nn.Module):
         low / middle / high default; `intermediate_size` None: the target's MLP width."""
         text = config.get_text_config()
         hidden = text.hidden_size
-        # The head's attention is its own: the target's geometry where its config has one for every layer, else
-        # 64-wide heads (an attention-free target: Mamba; a per-layer geometry: Gemma 4).
-        heads = config_value(text, "num_attention_heads") or max(1, hidden // 64)
-        head_dim = config_value(text, "head_dim") or hidden // heads
-        kv_heads = config_value(text, "num_key_value_heads") or heads
-        theta = config_value(text, "rope_theta") or (config_value(text, "rope_parameters") or {}).get(
-            "rope_theta", 10000.0)
+        heads, head_dim, kv_heads, theta = attention_geometry(text)  # the head's attention is its own
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             return cls(hidden, layers or default_layers(text.num_hidden_layers), heads,

@@ -47,6 +47,18 @@ def normed(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.eps).to(x.dtype)
 
 
+def attention_geometry(text) -> tuple[int, int, int, float]:
+    """(heads, head_dim, kv_heads, rope theta) of a fresh head's own attention, from the target's text config: the
+    target's geometry where its config has one for every layer, else 64-wide heads (an attention-free target:
+    Mamba; a per-layer geometry: Gemma 4)."""
+    heads = config_value(text, "num_attention_heads") or max(1, text.hidden_size // 64)
+    head_dim = config_value(text, "head_dim") or text.hidden_size // heads
+    kv_heads = config_value(text, "num_key_value_heads") or heads
+    theta = config_value(text, "rope_theta") or (config_value(text, "rope_parameters") or {}).get(
+        "rope_theta", 10000.0)
+    return heads, head_dim, kv_heads, theta
+
+
 def config_value(config, name: str):
     """`config.name`, or None where it has none or none that holds for every layer (transformers raises its
     `AmbiguousGlobalPerLayerAttributeError`, a RuntimeError, for a per-layer attribute of a heterogeneous config)."""
