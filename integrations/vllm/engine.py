@@ -19,8 +19,9 @@ arrival, its names against the whole drafter's — and `served_drafter_digests()
 each really serves (None: lost). `release` / `allocate` are vLLM's sleep / wake on a GPU; vLLM's CPU build has
 no sleep mode (both are no-ops there, the KV cache stays).
 
-The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so rollouts, weights and counters cross no
-process boundary; vLLM's own counters (`vllm:spec_decode_*`) give the acceptance statistics.
+The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so rollouts and weights cross no process
+boundary. The acceptance statistics are the rollouts' own (vLLM's per-request spec-decode metrics): vLLM's
+`vllm:spec_decode_*` counters live in one registry per process, shared by every engine in it.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class VllmEngine:
             model=target_dir, tokenizer=tokenizer_dir or target_dir, skip_tokenizer_init=tokenizer_dir is None,
             dtype=_dtype_name(config.dtype), max_model_len=config.max_seq_len, max_num_seqs=config.max_batch_size,
             enforce_eager=settings.enforce_eager, gpu_memory_utilization=settings.gpu_memory_utilization,
-            logprobs_mode="processed_logprobs", disable_log_stats=False, worker_extension_cls=EXTENSION,
+            logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
             speculative_config=spec, enable_sleep_mode=torch.cuda.is_available() and settings.sleep_level > 0,
             **({"per_request_spec_decode_metrics": "summary"} if spec else {}),
         )
@@ -100,7 +101,6 @@ class VllmEngine:
         self.drafter_acceptance: float | None = None
         self.stats = EngineStats()
         self.released = False
-        self._counters = self._read_counters()
         if self.drafter_names is not None:
             self.load_drafter(drafter or DrafterVersion(0, read_safetensors(drafter_dir, "drafter folder")))
 
@@ -152,7 +152,8 @@ class VllmEngine:
         wall = time.perf_counter() - started
         rollouts = [self._rollout(out, prompts[r // n], seed, indices[r // n], r % n)
                     for r, out in enumerate(outputs)]
-        self._count(rollouts, wall)
+        metrics = [out.outputs[0].spec_decode_metrics for out in outputs]
+        self._count(rollouts, sum(sum(m.histogram) for m in metrics if m is not None), wall)
         if self.signals is not None:
             self.signals.record(rollouts, params)
         return rollouts
@@ -223,20 +224,14 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ counters
 
-    def _read_counters(self) -> dict[str, float]:
-        names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens")
-        return {m.name: float(m.value) for m in self.llm.get_metrics() if m.name in names}
-
-    def _count(self, rollouts: list[Rollout], wall: float) -> None:
-        counters = self._read_counters()
-        delta = {k: counters.get(k, 0.0) - self._counters.get(k, 0.0) for k in counters}
-        self._counters = counters
+    def _count(self, rollouts: list[Rollout], verify_steps: int, wall: float) -> None:
+        """Add a call to `stats` from its rollouts' own counts (vLLM's Prometheus counters are one registry per
+        process, shared by every engine in it: not this engine's)."""
         stats = self.stats
         stats.generated_tokens += sum(len(r.completion_ids) for r in rollouts)
-        stats.drafted += int(delta.get("vllm:spec_decode_num_draft_tokens", 0))
-        stats.accepted += int(delta.get("vllm:spec_decode_num_accepted_tokens", 0))
-        stats.spec_row_steps += int(delta.get("vllm:spec_decode_num_drafts", 0))  # a request's verify steps
+        stats.drafted += sum(r.num_drafted for r in rollouts)
+        stats.accepted += sum(r.num_accepted for r in rollouts)
+        stats.spec_row_steps += verify_steps  # a request's verify steps
         stats.wall_time_s += wall
 
 

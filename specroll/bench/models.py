@@ -76,8 +76,8 @@ def _tiny_models(num_prompts: int, seed: int) -> BenchModels:
     def build(layers: int, hidden: int, model_seed: int) -> PreTrainedModel:
         torch.manual_seed(model_seed)
         cfg = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden,
-                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=1024)
+                          num_hidden_layers=layers, num_attention_heads=hidden // 32, num_key_value_heads=1,
+                          max_position_embeddings=1024)  # heads of 32: the smallest vLLM's CPU attention runs
         return LlamaForCausalLM(cfg).eval()
 
     rng = random.Random(seed)

@@ -32,6 +32,7 @@ from .engine_race import paired_ratio
 from .models import BenchModels, load_bench_models
 
 BASELINE = "vllm_plain"
+WARMUP_TOKENS = 8  # each contender's untimed pass before a workload's repeats
 
 
 @dataclass
@@ -89,14 +90,23 @@ def _engine_run(engine):
 
 def race(engines: list[Engine], prompts: list[list[int]], budgets: list[int], params: SamplingParams, n: int,
          repeats: int) -> dict[str, dict]:
-    """Every contender once per repeat, in turn; tokens/s per repeat, acceptance over all repeats."""
+    """Every contender once per repeat, in turn, after one untimed short pass each (vLLM's first calls of a shape
+    are slow); tokens/s per repeat, acceptance over the timed repeats."""
+
+    def run(engine: Engine, limit: int | None = None) -> int:
+        cut = budgets if limit is None else [min(limit, b) for b in budgets]
+        if engine.stats is not None:
+            return engine.generate(prompts, cut, params, n)
+        return engine.generate([p for p in prompts for _ in range(n)], [b for b in cut for _ in range(n)], params)
+
+    for engine in engines:
+        run(engine, limit=WARMUP_TOKENS)
     per_repeat: dict[str, list[float]] = {e.name: [] for e in engines}
     before = {e.name: e.stats.totals() for e in engines if e.stats is not None}
     for _ in range(repeats):
         for engine in engines:
             started = time.perf_counter()
-            tokens = engine.generate(prompts, budgets, params, n) if engine.stats is not None else \
-                engine.generate([p for p in prompts for _ in range(n)], [b for b in budgets for _ in range(n)], params)
+            tokens = run(engine)
             per_repeat[engine.name].append(tokens / (time.perf_counter() - started))
     out = {}
     for engine in engines:
