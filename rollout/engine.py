@@ -76,7 +76,7 @@ from .drafters.factory import DrafterWeights, initial_draft_vocab, make_drafter
 from .drafters.protocol import Drafter
 from .drafters.version import DrafterVersion
 from .engine_caches import EngineCaches, plan_engine_memory
-from .engine_speculation import STATE_KEYS as SPECULATION_STATE_KEYS
+from .engine_speculation import STATE_PARTS as SPECULATION_PARTS
 from .engine_speculation import EngineSpeculation
 from .engine_weights import EngineWeights
 from .gamma.factory import make_gamma_policy, make_tree_policy
@@ -198,7 +198,7 @@ class SpecEngine:
             raise ValueError(f"engine state format {state.get('format')!r} is invalid: {STATE_FORMAT} is read")
         # The rest is the drafter's; a part saved as None is one the saved engine's drafter did not have.
         saved = {key: value for key, value in state.items()
-                 if key not in ("format", *SPECULATION_STATE_KEYS) and value is not None}
+                 if key not in ("format", *SPECULATION_PARTS) and value is not None}
         parts = set(self.drafter.learnt_state() if self.drafter else ())
         if set(saved) != parts:
             raise ValueError(f"the saved engine's drafter kept {sorted(saved) or 'nothing'} and this one's keeps "

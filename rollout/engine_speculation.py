@@ -21,7 +21,7 @@ from .gamma.speculation_gate import SpeculationGate
 from .gamma.tree_shape import AutoWidth, FixedWidth
 from .models.timing import CALIBRATION_CONTEXT
 
-STATE_KEYS = ("gamma_kind", "gamma", "tree")  # `EngineSpeculation.state_dict`'s
+STATE_PARTS = ("gamma_kind", "gamma", "tree")  # `EngineSpeculation.state_dict`'s
 
 
 @dataclass
@@ -124,7 +124,7 @@ class EngineSpeculation:
         is, and a resumed engine then decodes plain) and, with `tree_width: auto`, the tree shape's
         (`gamma.tree_shape.AutoWidth.state_dict`; None for chains or a fixed width, which learn nothing)."""
         tree = self.tree_policy.state_dict() if isinstance(self.tree_policy, AutoWidth) else None
-        return dict(zip(STATE_KEYS, (type(self.gamma_policy).__name__, self.gamma_policy.state_dict(), tree)))
+        return dict(zip(STATE_PARTS, (type(self.gamma_policy).__name__, self.gamma_policy.state_dict(), tree)))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take back a `state_dict()`; `ValueError` naming both if the saved γ policy is not this one's."""
