@@ -1,8 +1,9 @@
-"""What specroll exports, served by vLLM: an EAGLE-3 head written in the speculators layout
-(`formats.eagle3.save_eagle3_checkpoint`, what `specroll train` / `distill` / `export` write) loads in vLLM's EAGLE-3
+"""Drafter kinds served by vLLM's proposers, exact under greedy decoding. An EAGLE-3 head written in the
+speculators layout (`formats.eagle3.save_eagle3_checkpoint`, what `specroll train` / `distill` / `export` write) loads in vLLM's EAGLE-3
 proposer through `VllmEngine` (drafters: [eagle3]), refits in place through the worker extension, and vLLM's greedy
 output with it equals vLLM's plain greedy output, ragged prompts, n = 2 (an 8-layer fp32 Llama: EAGLE-3 fuses three
-of its layers). Slow: two vLLM starts."""
+of its layers). The suffix kind on vLLM's n-gram proposer: greedy output equal to plain, on prompts that repeat
+themselves (so prompt lookup drafts). Slow: two vLLM starts each."""
 
 from __future__ import annotations
 
@@ -52,3 +53,18 @@ def spec_weights(folder) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(folder / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_the_suffix_kind_on_vllms_ngram_proposer_is_exact(tmp_path):
+    target = build_lm("llama", **SHAPE, layers=2, seed=21)
+    target.save_pretrained(tmp_path / "target")
+    settings, base = VllmSettings(kv_cache_gib=1), EngineConfig(max_batch_size=16, max_seq_len=96)
+    prompts = [(p * 4)[:24] for p in make_prompts(5, 3, 6, vocab=64, seed=7)]  # each repeats itself
+    params = SamplingParams(max_new_tokens=24, temperature=0.0)
+    plain = VllmEngine(str(tmp_path / "target"), None, dataclasses.replace(base, gamma=0), settings)
+    expected = [r.completion_ids for r in plain.generate(prompts, params, n=2)]
+    ngram = VllmEngine(str(tmp_path / "target"), None, dataclasses.replace(base, gamma=3, drafters=("suffix",)),
+                       settings)
+    assert [r.completion_ids for r in ngram.generate(prompts, params, n=2)] == expected
+    assert ngram.stats.drafted > 0
