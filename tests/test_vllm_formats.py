@@ -1,9 +1,9 @@
 """Drafter kinds served by vLLM's proposers, exact under greedy decoding. An EAGLE-3 head written in the
-speculators layout (`formats.eagle3.save_eagle3_checkpoint`, what `specroll train` / `distill` / `export` write) loads in vLLM's EAGLE-3
-proposer through `VllmEngine` (drafters: [eagle3]), refits in place through the worker extension, and vLLM's greedy
-output with it equals vLLM's plain greedy output, ragged prompts, n = 2 (an 8-layer fp32 Llama: EAGLE-3 fuses three
-of its layers). The suffix kind on vLLM's n-gram proposer: greedy output equal to plain, on prompts that repeat
-themselves (so prompt lookup drafts). Slow: two vLLM starts each."""
+speculators layout (`formats.eagle3.save_eagle3_checkpoint`, what `specroll train` / `distill` / `export` write)
+loads in vLLM's EAGLE-3 proposer through `VllmEngine` (drafters: [eagle3]), refits in place through the worker
+extension, and vLLM's greedy output with it equals vLLM's plain greedy output, ragged prompts, n = 2 (an 8-layer
+fp32 Llama: EAGLE-3 fuses three of its layers). The suffix kind on vLLM's n-gram proposer: greedy output equal to
+plain, on prompts that repeat themselves (so prompt lookup drafts). Slow: two vLLM starts each."""
 
 from __future__ import annotations
 
