@@ -17,6 +17,7 @@ say which drafts it kept where, only how many per rollout.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 from transformers import PreTrainedModel
@@ -46,8 +47,6 @@ class TargetSignals:
     def record(self, rollouts: list[Rollout], params: SamplingParams) -> None:
         """Set `signals` on every rollout: the policy's top-k processed p at each completion position (for greedy
         params the T = 1 distribution, as the engine records it)."""
-        import time
-
         started = time.perf_counter()
         processed = dataclasses.replace(params, temperature=1.0) if params.greedy else params
         order = sorted(range(len(rollouts)), key=lambda i: -len(rollouts[i].prompt_ids + rollouts[i].completion_ids))

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import time
@@ -228,6 +227,7 @@ def train(config: Any, sources: Any, task: Any, backend: Any, saved: Any | None 
     from specroll.integrations.learner_schedule import LearnerSchedule, ProbeSet
     from specroll.integrations.trl_hook import SpecrollRolloutFunc, length_grouped
 
+    from .progress import progress_bar
     from .resume import ResumeCallback, load_finished_run, restore_run, resumes_of
     from .task_source import probe_prompts
 
@@ -313,34 +313,6 @@ def summarize(history: list[dict], speed: Any, wall_s: float, build_s: float, sc
         "threads": {t.process: {"intra_op": t.intra_op, "inter_op": t.inter_op, "OMP_NUM_THREADS": t.omp_num_threads}
                     for t in threads},
     }
-
-
-def progress_bar() -> Any:
-    """One tqdm bar over GRPO steps with reward, rollout tokens/s and acceptance as they are logged."""
-    from transformers import TrainerCallback
-
-    class ProgressBar(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=state.max_steps, desc="GRPO", unit="step", disable=not state.is_world_process_zero)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if not state.is_world_process_zero:  # one bar and one summary line per run, from the main rank
-                return
-            logs = logs or {}
-            shown = {"reward": "reward", "rollout/tokens_per_s": "tok/s", "rollout/acceptance_rate": "accept",
-                     "drafter/version": "drafter", "drafter/speculating": "spec"}
-            self.bar.set_postfix({label: f"{logs[k]:.3g}" for k, label in shown.items() if logs.get(k) is not None})
-            self.bar.n = state.global_step
-            self.bar.refresh()
-
-        def on_train_end(self, args, state, control, **kwargs):
-            self.bar.close()
-            if state.log_history and state.is_world_process_zero:
-                print(json.dumps({k: v for k, v in state.log_history[-1].items() if isinstance(v, (int, float))}))
-
-    return ProgressBar()
 
 
 def _report_to(report: Any) -> list[str]:
