@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import torch
 
+from specroll.integrations.signal_source import SignalRequest
 from specroll.integrations.threads import ThreadSetting
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.core.stats import BatchStats
@@ -70,6 +71,16 @@ class RolloutBackend(Protocol):
         """On a rank that does not sync a shared service: check that the service serves `version` (the
         main rank synced it) and accept rollouts from it. Raises when it does not, or when the backend
         is not shared."""
+        ...
+
+    def trainer_signals(self) -> SignalRequest | None:
+        """What the trainer's forward must capture for the learner (`LearnerConfig.signals` "trainer": the TRL hook's
+        `trl_hook.signal_capture`), None when the backend's learner gets its signals elsewhere (or it has none)."""
+        ...
+
+    def add_trainer_signals(self, rollouts: list[Rollout]) -> None:
+        """Hand the learner rollouts of earlier `generate` calls whose `signals` the trainer's forward captured
+        (as `trainer_signals()` asked). Raises RuntimeError where `trainer_signals()` is None."""
         ...
 
     def start_learner_round(self, budget_s: float | None, probe: ProbeRequest | None = None) -> None:

@@ -19,6 +19,10 @@ the γ statistics) and the rollout count. After every drafter publish, policy sy
 is hashed and compared with the learner's published digest, and the first batch after it judged for a collapse
 (`drafter_watch`: alarm, event, the watchdog's revert), as on Ray.
 
+With `LearnerConfig(signals="trainer")` the engine records nothing: `generate` buffers no rollouts, and the learner
+gets them from `add_trainer_signals` once the TRL hook captured their signals in the trainer's forward
+(`trainer_signals()` says what to capture: `signal_source.SignalRequest`).
+
 A LocalBackend lives in one process and cannot be shared: under `accelerate launch` every rank
 builds its own (its own engine and learner), and every rank syncs its own with the gathered weights.
 One service for all ranks needs the Ray backend (`ray_backend.shared_service`).
@@ -48,20 +52,24 @@ from specroll.rollout.engine import engine_state, load_engine_state
 
 from .backend import LearnerRound, ProbeRequest, name_prompt_ids, raise_for_errors
 from .drafter_watch import DrafterWatch
+from .signal_source import SignalRequest, resolve_source
 
 
 class LocalBackend:
     """Runs rollouts on an engine in this process; implements `RolloutBackend`."""
 
     def __init__(self, engine: SpecEngine, learner: OnlineLearner | None = None,
-                 drafter: torch.nn.Module | None = None):
+                 drafter: torch.nn.Module | None = None, trainer_signals: SignalRequest | None = None):
         """`drafter`: the module the engine drafts with (its weights, hashed for the drafter checks; None: no
-        digest check, the collapse check only)."""
-        if learner is not None and not engine.config.record_signals:
+        digest check, the collapse check only). `trainer_signals`: the learner's signals come from the trainer's
+        forward (`add_trainer_signals`), recorded as this asks; None: from the engine's verification."""
+        if learner is not None and trainer_signals is None and not engine.config.record_signals:
             raise ValueError("a LocalBackend with a learner needs an engine with record_signals=True (the learner "
-                             "trains on what verification records); LocalBackend.from_models sets it")
+                             "trains on what verification records) or trainer_signals; LocalBackend.from_models "
+                             "sets one")
         self.engine = engine
         self.learner = learner
+        self.signal_request = trainer_signals
         self.last_batch = BatchStats()
         self.last_sync_s: float | None = None
         self.total_rollouts = 0  # returned by generate since the run began (a resumed run's from its checkpoint)
@@ -85,19 +93,27 @@ class LocalBackend:
         (`make_online_learner`: the learner of the drafter's kind).
 
         The engine records verification signals (and, for a head, hidden states) whenever there is a
-        learner to feed. The tokenizers, if given, let the engine compare vocabularies token by token.
+        learner to feed, unless `learner_config.signals` is "trainer" (`add_trainer_signals`). The tokenizers, if
+        given, let the engine compare vocabularies token by token.
         """
         engine_config = engine_config or EngineConfig()
+        source = None
         if learner_config is not None:
             if drafter is None:
                 raise ValueError("learner_config needs a drafter to train, but drafter is None")
-            engine_config = dataclasses.replace(engine_config, record_signals=True)
+            source = resolve_source(learner_config.signals, "specroll")
+            engine_config = dataclasses.replace(engine_config, record_signals=source == "engine")
         # The learner copies the drafter before the engine takes it (a head is moved to the engine's dtype).
         learner = None if learner_config is None else make_online_learner(drafter, target, learner_config)
         engine = SpecEngine(target, drafter, engine_config, target_tokenizer, drafter_tokenizer)
         if learner is not None and engine_config.draft_vocab is not None:  # the engine's first subset, counted on
             learner.set_draft_vocab(initial_draft_vocab(engine_config, engine.vocab_size, target.config, drafter))
-        return cls(engine, learner, drafter)
+        request = None
+        if source == "trainer":  # what verification would have recorded for this engine's drafter
+            hidden = engine.drafter is not None and engine.drafter.wants_hidden
+            layers = engine.target.capture_layers if hidden else None
+            request = SignalRequest(engine_config.signal_top_k, hidden, layers)
+        return cls(engine, learner, drafter, request)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
         self._join_round()
@@ -107,7 +123,8 @@ class LocalBackend:
                                               wall_time_s=time.perf_counter() - started)
         self.total_rollouts += len(rollouts)
         if self.learner is not None:
-            self.learner.add_rollouts(rollouts)
+            if self.signal_request is None:
+                self.learner.add_rollouts(rollouts)
             self._check_batch()
         raise_for_errors(rollouts, name_prompt_ids(prompts, n))
         return rollouts
@@ -125,6 +142,16 @@ class LocalBackend:
 
     def serves_all_ranks(self) -> bool:
         return False
+
+    def trainer_signals(self) -> SignalRequest | None:
+        return self.signal_request
+
+    def add_trainer_signals(self, rollouts: list[Rollout]) -> None:
+        if self.signal_request is None:
+            raise RuntimeError("add_trainer_signals on a backend whose learner trains on the engine's signals "
+                               "(learner.signals is not 'trainer')")
+        self._join_round()
+        self.learner.add_rollouts(rollouts)
 
     def await_policy(self, version: int) -> None:
         raise RuntimeError("a LocalBackend is not shared between trainer ranks (it lives in one process): every "

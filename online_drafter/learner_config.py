@@ -9,6 +9,7 @@ import torch
 from .divergence import LOSSES
 
 COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}  # autocast dtype of training and gate scoring
+SIGNAL_SOURCES = ("auto", "engine", "trainer", "forward")  # where the learner's signals come from (`signals`)
 
 
 @dataclass
@@ -63,6 +64,13 @@ class LearnerConfig:
     `draft_vocab_updates` each round's candidate drafts over the most counted ids — trained and scored over that
     subset, and published with it, so the engine's drafter follows the policy's token frequencies as they drift.
     False: every version keeps the first subset.
+
+    `signals`: where the target's top-k probabilities (and a head's hidden states) the learner trains on come from.
+    "engine": recorded by specroll's engine during verification (free); "trainer": captured in the trainer's own
+    forward over the rollouts (TRL's GRPO loss pass, `integrations.trl_hook.signal_capture`: no extra target forward,
+    the learner trains on a step's rollouts once that step's forward ran); "forward": an extra forward of a policy copy
+    over every rollout (`integrations.vllm.signals.TargetSignals`, for an engine that records none); "auto": "engine"
+    on specroll's engine, "forward" on vLLM (docs/vllm.md measures what each costs).
     """
 
     lr: float = 1e-4
@@ -96,6 +104,7 @@ class LearnerConfig:
     draft_vocab_decay: float = 0.7
     draft_vocab_updates: bool = True
     publish_acceptance: bool = False  # versions carry their held-out acceptance (`served_acceptance.ServedAcceptance`)
+    signals: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.buffer, dict):  # from `asdict` (a checkpoint) or a plain mapping
@@ -135,6 +144,7 @@ class LearnerConfig:
             ("draft_vocab_decay", 0 < self.draft_vocab_decay <= 1, "a number in (0, 1] (1: never forget)"),
             ("draft_vocab_updates", isinstance(self.draft_vocab_updates, bool), "True or False"),
             ("publish_acceptance", isinstance(self.publish_acceptance, bool), "True or False"),
+            ("signals", self.signals in SIGNAL_SOURCES, f"one of {list(SIGNAL_SOURCES)}"),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -164,6 +164,15 @@ class RolloutController(DrafterEvents):
         """True for a service in a namespace: one set of workers and one learner for every trainer rank."""
         return self.namespace is not None
 
+    def trainer_signals(self) -> None:
+        """None: the workers' engines record the learner's signals (`learner.signals: trainer` is refused with the
+        Ray backend at config load)."""
+        return None
+
+    def add_trainer_signals(self, rollouts: list[Rollout]) -> None:
+        raise RuntimeError("the Ray backend's learner trains on its workers' recorded signals: trainer-captured "
+                           "signals are not taken (learner.signals: trainer needs backend.kind: local)")
+
     def sync_policy(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> float:
         """Load new policy weights on every worker; returns seconds. Raises WeightSyncError (versions kept)."""
         self._require_owner("sync_policy")

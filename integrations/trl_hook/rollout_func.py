@@ -23,7 +23,10 @@ to the reward functions (one value per entry). On each call this hook:
    every rollout of the batch, instead of handing TRL a completion cut short by a fault; a rollout
    from any policy version but the current step's raises too (a stale backend never trains silently);
 4. for a training batch, starts the next learner round (with a probe of the served drafter every
-   few steps) without waiting for it;
+   few steps) without waiting for it. With `learner.signals: trainer` (`backend.trainer_signals()`), the
+   rollouts reach the learner a step late: TRL's loss forward over step t's rollouts captures their signals
+   (`signal_capture.TrainerSignalCapture`), and step t + 1's call hands them to the backend before its round
+   starts — no round starts before the first signals arrived;
 5. appends `rollout/*` (the backend's `BatchStats` of the step, `backend.rollout_metrics`), the
    backend's versions and sync times, `drafter/*` (whether the step drafted at all among them:
    `LearnerSchedule.speculation_seen`) and `weights/sync_s` to the trainer's metrics, which
@@ -68,6 +71,7 @@ from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.core.stats import BatchStats
 
 from .policy_sync import gather_policy_weights
+from .signal_capture import TrainerSignalCapture
 
 
 class SpecrollRolloutFunc:
@@ -93,6 +97,7 @@ class SpecrollRolloutFunc:
         self.num_calls = 0
         self._attached_to: Any = None
         self._probe_ids: list[list[int]] | None = None
+        self.capture: TrainerSignalCapture | None = None  # with `learner.signals: trainer`, set at the first call
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         if self._attached_to is not trainer:  # TRL hands the hook its trainer only here
@@ -100,12 +105,18 @@ class SpecrollRolloutFunc:
             trainer.add_callback(PolicySyncCallback(self, trainer))
             self._attached_to = trainer
             _warn_if_per_rank(self.backend, trainer)
+            request = self.backend.trainer_signals() if self.learn else None
+            self.capture = None if request is None else TrainerSignalCapture(request)
+            if self.capture is not None:
+                self.capture.attach(trainer)
         mode = "train" if trainer.model.training else "eval"
         step = trainer.state.global_step
         learns = mode == "train" and self.learn
         drives = self.drives_service(trainer)
         if learns and drives:
             self.collect_learner_round(trainer)  # before the sync: on Ray the probe still uses the workers
+            if self.capture is not None:
+                self.hand_signals(trainer)
         if mode == "train" and self.between_steps is not None:
             self.between_steps()
         if step != self.synced_step:  # evaluation, too, sees the current policy
@@ -117,6 +128,8 @@ class SpecrollRolloutFunc:
         rollouts, stats = self._generate_groups(prompt_ids, group_size, params, trainer)
         seconds = time.perf_counter() - started
         check_policy_version(rollouts, step, trainer.accelerator.process_index)
+        if learns and self.capture is not None:
+            self.capture.expect(rollouts, params, step)
         self.num_calls += 1
         service = self.backend.metrics() if drives else {}
         drafted = self.schedule.speculation_seen(step, stats, service.get("drafter/version")) if mode == "train" else {}
@@ -125,6 +138,7 @@ class SpecrollRolloutFunc:
             trainer.accelerator.wait_for_everyone()  # every rank's rollouts are in the shared learner's buffer
         if learns and drives:
             self.schedule.rollout_done(seconds, started, stats.generated_tokens)
+        if learns and drives and (self.capture is None or self.capture.handed):
             probe = self.schedule.probe_request(step, self._probe_prompt_ids(trainer), params,
                                                 last_step=trainer.state.max_steps - 1)
             self.backend.start_learner_round(self.schedule.budget(), probe)
@@ -171,6 +185,20 @@ class SpecrollRolloutFunc:
         """Collect the background learner round — stopping its training: the trainer wants its next rollouts, so
         every learner second from here on is one it waits — publishing its drafter if the version moved; log it."""
         self._log(trainer, "train", self.schedule.round_collected(self.backend.finish_learner_round(stop=True)))
+
+    def hand_signals(self, trainer: Any) -> None:
+        """Hand the backend the last training call's rollouts whose signals its loss forward captured; log how many
+        arrived, how many no forward covered, and the capture's seconds (`signals/*`)."""
+        capture = self.capture
+        missed, seconds = capture.missed, capture.seconds
+        arrived = capture.take()
+        if not arrived and capture.missed == missed:
+            return  # nothing was expected: the first step
+        if arrived:
+            self.backend.add_trainer_signals(arrived)
+        self._log(trainer, "train", {"signals/captured": len(arrived), "signals/missed": capture.missed - missed,
+                                     "signals/capture_s": seconds})
+        capture.seconds = 0.0
 
     def _probe_prompt_ids(self, trainer: Any) -> list[list[int]] | None:
         if self.schedule.probe is None:

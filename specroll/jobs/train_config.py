@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specroll.integrations.ray_backend.settings import SyncConfig, TopologyConfig
+from specroll.integrations.signal_source import resolve_source
 from specroll.integrations.vllm.settings import VllmSettings
 from specroll.integrations.yaml_config import load_config
 from specroll.online_drafter import LearnerConfig
@@ -277,6 +278,10 @@ class TrainConfig:
                  "an int >= 1 or null")
         require(self.engine.kind == "specroll" or self.backend.kind == "local", "backend.kind", self.backend.kind,
                 "local with engine.kind: vllm (one in-process vllm.LLM; vLLM on Ray rollout workers is not built yet)")
+        require(self.learner.signals != "trainer" or self.backend.kind == "local", "learner.signals",
+                self.learner.signals, "'auto', 'engine' or 'forward' with backend.kind: ray (its workers record the "
+                "learner's signals; trainer-captured signals reach an in-process learner only)")
+        resolve_source(self.learner.signals, self.engine.kind)  # ValueError naming learner.signals
         set_in_extra = sorted(set(self.grpo.extra) & set(CHECKPOINT_FIELDS))
         require(not set_in_extra, "grpo.extra", set_in_extra, "no checkpoint fields (the checkpoint section sets "
                 "them: checkpoint.every, checkpoint.keep; the run's folder is report.out_dir)")
