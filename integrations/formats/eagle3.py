@@ -218,6 +218,17 @@ def save_eagle3_checkpoint(head: Eagle3Head, target: PreTrainedModel, folder: st
         },
         "torch_dtype": "float32",
     }
+    tensors = speculators_tensors(head, target, ids)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({name: t.contiguous() for name, t in tensors.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def speculators_tensors(head: Eagle3Head, target: PreTrainedModel, ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """`head`'s tensors under the speculators layout's names (fp32), drafting over the target ids `ids` (None: all):
+    what `save_eagle3_checkpoint` writes and vLLM's EAGLE-3 proposer loads in place (`integrations.vllm.backend`).
+    A head without an LM head of its own takes the target's rows at `ids` — and the target's embedding —, so these
+    follow the policy only when built again after a policy sync."""
     to_public = {local: f"layers.0.{name}" for name, local in LAYER_NAMES.items()}
     to_public.update({local: name for name, local in FUSION_NAMES.items()})
     tensors = {"embed_tokens.weight": target.get_input_embeddings().weight.detach().float()}
@@ -227,10 +238,8 @@ def save_eagle3_checkpoint(head: Eagle3Head, target: PreTrainedModel, folder: st
     if head.lm_head is None:  # drafts through the target's LM head: speculators' layout has one of its own
         lm_head = target.get_output_embeddings().weight.detach().float()
         tensors["lm_head.weight"] = lm_head if ids is None else lm_head[ids]
-    tensors.update(vocab_maps(ids, vocab))
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    save_file({name: t.contiguous() for name, t in tensors.items()}, str(folder / "model.safetensors"))
-    return folder
+    tensors.update(vocab_maps(ids, target.get_output_embeddings().weight.shape[0]))
+    return tensors
 
 
 def theta_of(inv_freq: torch.Tensor, head_dim: int) -> float:

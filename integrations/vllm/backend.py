@@ -4,8 +4,13 @@
     backend = VllmBackend.from_models(target, drafter, EngineConfig(gamma=3, drafters=("model",)), LearnerConfig())
     trainer = GRPOTrainer(..., rollout_func=SpecrollRolloutFunc(backend))
 
-What differs from `LocalBackend`, and only that, is here: the engine is vLLM (signals from a forward of the
-target copy, `signals.TargetSignals`); a published drafter reaches vLLM's proposer as a `DrafterVersion`; the
+What differs from `LocalBackend`, and only that, is here: the engine is vLLM, which records no signals — the learner's
+come from a forward of the target copy (`learner.signals: forward`, `signals.TargetSignals`) or from TRL's own loss
+forward (`learner.signals: trainer`, `trl_hook.signal_capture`: the TRL hook hands them over with
+`add_trainer_signals`); the drafter is a drafter LM (vLLM's draft-model proposer) or an EAGLE-3 head (its EAGLE-3
+proposer: the head written in the speculators layout, `formats.eagle3`, each published version converted to those
+names — with the policy's current embedding and LM head rows where the head reads the target's); a published
+drafter reaches vLLM's proposer as a `DrafterVersion`; the
 digest check asks every vLLM worker which version it serves (`VllmEngine.served_drafter_digests`: a worker whose
 drafter is gone or half-written answers None) and loads the published one again where it is not — after every
 publish, policy sync, wake (`allocate`) and resume, and before every batch, so a lost drafter is repaired before
@@ -14,21 +19,30 @@ the batch it would have slowed. The engine keeps no resumable state of its own (
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from specroll.integrations.formats.eagle3 import save_eagle3_checkpoint, speculators_tensors
 from specroll.integrations.local_backend import LocalBackend
+from specroll.integrations.signal_source import SignalRequest, resolve_source
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import make_online_learner
 from specroll.rollout import EngineConfig, Rollout, SamplingParams
+from specroll.rollout.drafters.draft_vocab import carry
 from specroll.rollout.drafters.factory import initial_draft_vocab
+from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 from specroll.rollout.drafters.version import DrafterVersion
+from specroll.rollout.models.weights import copy_into
 
 from .engine import VllmEngine
 from .settings import VllmSettings
+from .signals import TargetSignals
 
 WORKER = "vllm worker {}"
 
@@ -38,26 +52,58 @@ class VllmBackend(LocalBackend):
 
     engine: VllmEngine
     _served: tuple[DrafterVersion, DrafterVersion] | None = None  # (the learner's version, as vLLM serves it)
+    head: Eagle3Head | None = None  # an EAGLE-3 drafter's module, the learner's versions are written through
+    policy: PreTrainedModel | None = None  # the policy copy the head's versions read (embedding, LM head rows)
+    folder: tempfile.TemporaryDirectory | None = None  # the models' folder `from_models` wrote, removed with it
 
     @classmethod
-    def from_models(cls, target: PreTrainedModel, drafter: PreTrainedModel | None,
+    def from_models(cls, target: PreTrainedModel, drafter: PreTrainedModel | Eagle3Head | None,
                     engine_config: EngineConfig | None = None, learner_config: LearnerConfig | None = None,
                     target_tokenizer=None, drafter_tokenizer=None, settings: VllmSettings | None = None,
-                    ) -> VllmBackend:
-        """The vLLM engine on `target` and the drafter LM, and a learner on a private copy of the drafter when
-        `learner_config` is given; `target` itself records the learner's signals and follows every policy sync."""
+                    folder: str | None = None) -> VllmBackend:
+        """The vLLM engine on `target` and the drafter (a drafter LM or an `Eagle3Head`), saved under `folder` (a
+        temporary one by default, removed with the backend), and a learner on a private copy of the drafter when
+        `learner_config` is given. `target` follows every policy sync where something reads it: the learner's
+        signals (`learner.signals: forward`) or an EAGLE-3 head's versions (the policy's embedding and LM head)."""
         engine_config = engine_config or EngineConfig()
-        learner = None
+        head = drafter if isinstance(drafter, Eagle3Head) else None
+        if drafter is not None and engine_config.drafters is None:  # the drafter passed as itself, as SpecEngine takes
+            engine_config = dataclasses.replace(engine_config, drafters=("eagle3",) if head is not None else ("model",))
+        vocab = initial_draft_vocab(engine_config, target.config.vocab_size, target.config, drafter)
+        learner, source = None, None
         if learner_config is not None:
             if drafter is None:
                 raise ValueError("learner_config needs a drafter to train, but drafter is None")
-            engine_config = dataclasses.replace(engine_config, record_signals=True)
+            source = resolve_source(learner_config.signals, "vllm")
             learner = make_online_learner(drafter, target, learner_config)
-            if engine_config.draft_vocab is not None:
-                learner.set_draft_vocab(initial_draft_vocab(engine_config, target.config.vocab_size, target.config,
-                                                            drafter))
-        engine = VllmEngine.from_models(target, drafter, engine_config, settings, target_tokenizer)
-        return cls(engine, learner, None)
+            if vocab is not None:
+                learner.set_draft_vocab(vocab)
+        request = None if learner is None else signal_request(engine_config, head)
+        engine_config = dataclasses.replace(engine_config, record_signals=source == "forward")
+        keep = tempfile.TemporaryDirectory(prefix="specroll-vllm-") if folder is None else None
+        root = Path(folder or keep.name)
+        target.save_pretrained(root / "target")
+        if target_tokenizer is not None:
+            target_tokenizer.save_pretrained(root / "target")
+        drafter_dir, first = None, None
+        if head is not None:  # over the first draft vocabulary: vLLM's d2t / t2d keep their size from here on
+            written = head if vocab is None or head.lm_head is not None else carry(copy.deepcopy(head), vocab.ids)
+            drafter_dir = str(save_eagle3_checkpoint(written, target, root / "drafter", verifier=str(root / "target")))
+            first = DrafterVersion(0, speculators_tensors(head, target, None if vocab is None else vocab.ids))
+        elif drafter is not None:
+            drafter.save_pretrained(root / "drafter")
+            drafter_dir = str(root / "drafter")
+        signals = None
+        if source == "forward":
+            signals = TargetSignals(target, request.top_k, request.hidden, request.capture_layers)
+        engine = VllmEngine(str(root / "target"), drafter_dir, engine_config, settings,
+                            tokenizer_dir=str(root / "target") if target_tokenizer is not None else None,
+                            drafter=first, signals=signals)
+        backend = cls(engine, learner, None, request if source == "trainer" else None)
+        backend.folder = keep
+        if head is not None:
+            backend.head, backend.policy = copy.deepcopy(head).float().cpu(), target
+        return backend
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
         if self.learner is not None:
@@ -77,11 +123,17 @@ class VllmBackend(LocalBackend):
         super().load_state_dict({**state, "engines": []})
 
     def _published(self) -> DrafterVersion:
-        """The learner's published version as vLLM serves it: over the whole vocabulary (its draft-model proposer
-        takes no draft vocabulary), one object per learner version (its digest is hashed once)."""
+        """The learner's published version as vLLM serves it, one object per learner version (its digest is hashed
+        once): a drafter LM's over the whole vocabulary (the draft-model proposer takes no draft vocabulary); an
+        EAGLE-3 head's under the speculators layout's names, its draft vocabulary as `d2t` / `t2d`."""
         version = self.learner.published_version()
         if self._served is None or self._served[0] is not version:
-            self._served = (version, dataclasses.replace(version, draft_vocab=None))
+            weights = version.weights
+            if self.head is not None:
+                self.head.load_state_dict(dict(version.weights))
+                weights = speculators_tensors(self.head, self.policy, version.draft_vocab)
+            self._served = (version, DrafterVersion(version.number, weights, None, version.acceptance,
+                                                    version.invariant_acceptance))
         return self._served[1]
 
     def _serve_published(self, event: str) -> None:
@@ -101,5 +153,15 @@ class VllmBackend(LocalBackend):
             self.engine.load_drafter(self._published())
 
     def sync_policy(self, named_tensors, version: int) -> float:
-        return super().sync_policy({k: v.detach() if isinstance(v, torch.Tensor) else v
-                                    for k, v in named_tensors.items()}, version)
+        named = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in named_tensors.items()}
+        if self.policy is not None and (self.engine.signals is None or self.engine.signals.model is not self.policy):
+            copy_into(self.policy, named, "target")  # the EAGLE-3 head's next versions read its embedding and LM head
+        return super().sync_policy(named, version)
+
+
+def signal_request(config: EngineConfig, head: Eagle3Head | None) -> SignalRequest:
+    """What the learner trains on, as specroll's engine would record it: top-`signal_top_k` p, and for an EAGLE-3
+    head the residual stream entering its target layers."""
+    if head is None:
+        return SignalRequest(config.signal_top_k)
+    return SignalRequest(config.signal_top_k, hidden=True, capture_layers=tuple(head.target_layers))

@@ -1,4 +1,6 @@
-"""TargetSignals: what the online learner trains on, for rollouts from an engine that records nothing (vLLM).
+"""TargetSignals: what the online learner trains on, for rollouts from an engine that records nothing (vLLM), when
+`learner.signals` is "forward" (`signal_source`; "trainer" takes them from TRL's own loss forward instead, at no extra
+target forward).
 
 specroll's own engine records the target's top-k processed probabilities at every generated position for free
 (verification computes them). vLLM returns tokens and log-probabilities only, so these signals take one forward of
@@ -16,15 +18,14 @@ say which drafts it kept where, only how many per rollout.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
 from transformers import PreTrainedModel
 
+from specroll.integrations.signal_source import top_k_signals
 from specroll.rollout import Rollout, SamplingParams
 from specroll.rollout.core.request import RolloutSignals
-from specroll.rollout.sampling.logits import process_logits
 
 HIDDEN_DTYPE = torch.float16  # as `RolloutSignals.hidden` documents
 MAX_BATCH_TOKENS = 16_384  # tokens per forward (rows × padded length)
@@ -48,14 +49,13 @@ class TargetSignals:
         """Set `signals` on every rollout: the policy's top-k processed p at each completion position (for greedy
         params the T = 1 distribution, as the engine records it)."""
         started = time.perf_counter()
-        processed = dataclasses.replace(params, temperature=1.0) if params.greedy else params
         order = sorted(range(len(rollouts)), key=lambda i: -len(rollouts[i].prompt_ids + rollouts[i].completion_ids))
         start = 0
         while start < len(order):
             longest = len(rollouts[order[start]].prompt_ids) + len(rollouts[order[start]].completion_ids)
             rows = max(1, MAX_BATCH_TOKENS // max(1, longest))
             batch = [rollouts[i] for i in order[start:start + rows]]
-            self._record_batch(batch, processed, longest)
+            self._record_batch(batch, params, longest)
             start += rows
         self.seconds += time.perf_counter() - started
 
@@ -69,10 +69,10 @@ class TargetSignals:
         for b, r in enumerate(batch):
             prompt, total = len(r.prompt_ids), len(r.prompt_ids) + len(r.completion_ids)
             logits = out.logits[b, prompt - 1:total - 1]  # [T, V]: position t predicts completion token t
-            top = process_logits(logits, params).topk(min(self.top_k, logits.shape[-1]), dim=-1)
+            ids, probs = top_k_signals(logits, params, self.top_k)
             steps = len(r.completion_ids)
             r.signals = RolloutSignals(
-                topk_ids=top.indices.cpu(), topk_probs=top.values.float().cpu(),
+                topk_ids=ids, topk_probs=probs,
                 draft_ids=torch.full((steps,), -1, dtype=torch.long), accepted=torch.zeros(steps, dtype=torch.bool),
                 hidden=self._hidden(out.hidden_states, b, total) if self.hidden else None)
 
