@@ -2,10 +2,12 @@
 equal what specroll's engine records for the same rollouts — the top-k ids and processed probabilities, and for an
 EAGLE-3 head the captured layers' hidden states — under gradient accumulation (shuffled micro-batches) and
 num_iterations > 1 (the later iterations' forwards are another policy's: not taken); a GRPO run with it trains the
-learner; and the settings it cannot work under are refused, naming them. Tiny fp32 models (tests/trl_tiny.py)."""
+learner; and the settings it cannot work under are refused, naming them. The "forward" source (`TargetSignals`, an
+extra forward of the policy) records the engine's signals too. Tiny fp32 models (tests/trl_tiny.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -18,9 +20,10 @@ from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_model, tiny_
 from specroll.integrations.local_backend import LocalBackend
 from specroll.integrations.signal_source import SignalRequest, resolve_source
 from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc
+from specroll.integrations.vllm.signals import TargetSignals
 from specroll.online_drafter import LearnerConfig
 from specroll.online_drafter.online_learner import make_online_learner
-from specroll.rollout import EngineConfig, SpecEngine
+from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -118,3 +121,18 @@ def test_settings_the_capture_cannot_work_under_are_refused_naming_them(tmp_path
         resolve_source("engine", "vllm")
     with pytest.raises(ValueError, match="signals"):
         LearnerConfig(signals="policy")
+
+
+def test_the_forward_source_records_what_the_engine_records_eagle3_hidden_states_included():
+    vocab = len(tiny_tokenizer())
+    target = tiny_model(vocab, seed=0, layers=4)
+    head = Eagle3Head.for_target(target.config, layers=(0, 2, 3), seed=2, ttt_steps=1)
+    engine = SpecEngine(target, head, EngineConfig(max_batch_size=8, max_seq_len=64, gamma=2, record_signals=True,
+                                                   signal_top_k=8, drafters=("eagle3",)))
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, top_k=12, seed=3)
+    recorded = engine.generate([[1, 5, 6, 7], [1, 9, 8], [1, 20, 21, 22, 23]], params, n=2)
+    copies = [dataclasses.replace(r, signals=None) for r in recorded]
+    TargetSignals(target, 8, capture_layers=(0, 2, 3)).record(copies, params)
+    backend = BothSources(engine, None)
+    backend.generated = recorded
+    check_equal(backend, copies)

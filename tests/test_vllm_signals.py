@@ -3,7 +3,9 @@ TRL GRPOTrainer with `learner.signals: trainer`: the learner's signals (top-k p 
 states) come from TRL's own loss forward, learner rounds run on them, and every published head is served by vLLM's
 EAGLE-3 proposer (each worker reports the published version's digest, in the speculators layout); speculating with
 it keeps greedy decoding exact. One vLLM start on a 4-layer fp32 Llama of heads of 64 (vLLM's CPU attention), the
-TRL tests' character tokenizer; slow (~1–2 min)."""
+TRL tests' character tokenizer; slow (~30 s). (`learner.signals: forward` records the same signals with
+`TargetSignals`: tests/test_trainer_signals.py compares it with the engine's; a second EAGLE-3 vLLM start in one
+process after the first engine is gone fails inside vLLM — "tensor model parallel group is not initialized".)"""
 
 from __future__ import annotations
 
