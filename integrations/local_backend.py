@@ -19,9 +19,10 @@ the γ statistics) and the rollout count. After every drafter publish, policy sy
 is hashed and compared with the learner's published digest, and the first batch after it judged for a collapse
 (`drafter_watch`: alarm, event, the watchdog's revert), as on Ray.
 
-With `LearnerConfig(signals="trainer")` the engine records nothing: `generate` buffers no rollouts, and the learner
-gets them from `add_trainer_signals` once the TRL hook captured their signals in the trainer's forward
-(`trainer_signals()` says what to capture: `signal_source.SignalRequest`).
+With `LearnerConfig(signals="trainer")` `generate` buffers no rollouts: the learner gets them from
+`add_trainer_signals` once the TRL hook captured their signals in the trainer's forward (`trainer_signals()` says
+what to capture: `signal_source.SignalRequest`). The engine still records its own for the probe's rollouts, which
+no trainer forward sees.
 
 A LocalBackend lives in one process and cannot be shared: under `accelerate launch` every rank
 builds its own (its own engine and learner), and every rank syncs its own with the gathered weights.
@@ -93,8 +94,8 @@ class LocalBackend:
         (`make_online_learner`: the learner of the drafter's kind).
 
         The engine records verification signals (and, for a head, hidden states) whenever there is a
-        learner to feed, unless `learner_config.signals` is "trainer" (`add_trainer_signals`). The tokenizers, if
-        given, let the engine compare vocabularies token by token.
+        learner to feed (with `learner_config.signals` "trainer" for the probe's rollouts only: the training ones come
+        with `add_trainer_signals`). The tokenizers, if given, let the engine compare vocabularies token by token.
         """
         engine_config = engine_config or EngineConfig()
         source = None
@@ -102,7 +103,7 @@ class LocalBackend:
             if drafter is None:
                 raise ValueError("learner_config needs a drafter to train, but drafter is None")
             source = resolve_source(learner_config.signals, "specroll")
-            engine_config = dataclasses.replace(engine_config, record_signals=source == "engine")
+            engine_config = dataclasses.replace(engine_config, record_signals=True)
         # The learner copies the drafter before the engine takes it (a head is moved to the engine's dtype).
         learner = None if learner_config is None else make_online_learner(drafter, target, learner_config)
         engine = SpecEngine(target, drafter, engine_config, target_tokenizer, drafter_tokenizer)
@@ -169,7 +170,7 @@ class LocalBackend:
         def run() -> None:
             try:
                 if probe is not None:  # not handed to the learner's buffer: a probe is never trained on
-                    result["probe"] = self.learner.probe(self.engine.generate(probe.prompts, probe.params, probe.n))
+                    result["probe"] = self.learner.probe(self._probe_rollouts(probe))
                 result["report"] = self.learner.train_round(budget_s, break_even, stop.is_set)
             except BaseException as err:  # re-raised in the caller's thread by finish_learner_round
                 result["error"] = err
@@ -191,6 +192,10 @@ class LocalBackend:
             self._serve_published("drafter publish")
         return LearnerRound(result.get("report"), result.get("probe"), time.perf_counter() - started,
                             self.watch.take_events())
+
+    def _probe_rollouts(self, probe: ProbeRequest) -> list[Rollout]:
+        """Fresh rollouts of the probe's prompts, with the signals the learner scores them on."""
+        return self.engine.generate(probe.prompts, probe.params, probe.n)
 
     def published_drafter(self) -> DrafterVersion | None:
         return None if self.learner is None else self.learner.published_version()

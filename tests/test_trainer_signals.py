@@ -17,6 +17,7 @@ pytest.importorskip("trl")
 from trl import GRPOTrainer
 from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_model, tiny_tokenizer
 
+from specroll.integrations.learner_schedule import ProbeSet
 from specroll.integrations.local_backend import LocalBackend
 from specroll.integrations.signal_source import SignalRequest, resolve_source
 from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc
@@ -48,12 +49,12 @@ class BothSources(LocalBackend):
         super().add_trainer_signals(rollouts)
 
 
-def run(tmp_path, backend, steps=2, **overrides):
+def run(tmp_path, backend, steps=2, peft_config=None, probe=None, **overrides):
     tokenizer = tiny_tokenizer()
-    func = SpecrollRolloutFunc(backend)
+    func = SpecrollRolloutFunc(backend, probe=probe)
     trainer = GRPOTrainer(model=tiny_model(len(tokenizer), seed=0, layers=4), reward_funcs=length_reward,
                           args=grpo_args(tmp_path, max_steps=steps, **overrides), train_dataset=prompt_dataset(),
-                          processing_class=tokenizer, rollout_func=func)
+                          processing_class=tokenizer, rollout_func=func, peft_config=peft_config)
     trainer.train()
     return trainer, func
 
@@ -89,6 +90,15 @@ def test_trainer_signals_equal_the_engines_for_the_same_rollouts(tmp_path, overr
     check_equal(backend, backend.handed + last)
 
 
+def test_under_peft_the_signals_are_the_adapted_policys_not_the_references(tmp_path):
+    peft = pytest.importorskip("peft")
+    backend = both_sources(tiny_model(len(tiny_tokenizer()), seed=1, layers=1), SignalRequest(top_k=8))
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    _, func = run(tmp_path, backend, steps=3, beta=0.04, peft_config=lora)  # beta: TRL's reference pass runs too
+    assert func.capture.missed == 0
+    check_equal(backend, backend.handed[-4:])  # step 1's: the adapter had moved, the engine has it merged
+
+
 def test_trainer_signals_carry_eagle3_hidden_states_as_the_engine_records_them(tmp_path):
     vocab = len(tiny_tokenizer())
     head = Eagle3Head.for_target(tiny_model(vocab, seed=0, layers=4).config, layers=(0, 2, 3), seed=2, ttt_steps=1)
@@ -102,11 +112,12 @@ def test_a_grpo_run_with_trainer_signals_trains_the_learner(tmp_path):
     vocab = len(tiny_tokenizer())
     backend = LocalBackend.from_models(tiny_model(vocab, seed=0, layers=4), tiny_model(vocab, seed=1, layers=1),
                                        EngineConfig(max_batch_size=8, max_seq_len=64, gamma=2), LEARNER)
-    assert not backend.engine.config.record_signals  # the engine records nothing: the trainer's forward does
-    trainer, _ = run(tmp_path, backend, steps=3)
-    logged = [entry for entry in trainer.state.log_history if "signals/captured" in entry]
-    assert [entry["signals/captured"] for entry in logged] == [4.0, 4.0]
-    assert sum(entry.get("drafter/num_steps", 0) for entry in trainer.state.log_history) > 0  # rounds trained
+    probe = ProbeSet([[{"role": "user", "content": f"{a}+{a}="}] for a in (11, 12)], every=1)
+    trainer, _ = run(tmp_path, backend, steps=3, probe=probe)
+    history = trainer.state.log_history
+    assert [entry["signals/captured"] for entry in history if "signals/captured" in entry] == [4.0, 4.0]
+    assert sum(entry.get("drafter/num_steps", 0) for entry in history) > 0  # rounds trained
+    assert any("drafter/probe_policy_version" in entry for entry in history)  # the probe's rollouts have signals
 
 
 def test_settings_the_capture_cannot_work_under_are_refused_naming_them(tmp_path):

@@ -1,6 +1,7 @@
 """An EAGLE-3 head trained online on vLLM rollouts (`VllmBackend.from_models` with an `Eagle3Head`), through a real
 TRL GRPOTrainer with `learner.signals: trainer`: the learner's signals (top-k p and the head's fused layers' hidden
-states) come from TRL's own loss forward, learner rounds run on them, and every published head is served by vLLM's
+states) come from TRL's own loss forward (the probe's from a forward of the policy copy: no trainer forward sees
+them), learner rounds run on them, and every published head is served by vLLM's
 EAGLE-3 proposer (each worker reports the published version's digest, in the speculators layout); speculating with
 it keeps greedy decoding exact. One vLLM start on a 4-layer fp32 Llama of heads of 64 (vLLM's CPU attention), the
 TRL tests' character tokenizer; slow (~30 s). (`learner.signals: forward` records the same signals with
@@ -21,6 +22,7 @@ from tiny_models import build_lm
 from trl import GRPOTrainer
 from trl_tiny import grpo_args, length_reward, prompt_dataset, tiny_tokenizer
 
+from specroll.integrations.learner_schedule import ProbeSet
 from specroll.integrations.trl_hook.rollout_func import SpecrollRolloutFunc
 from specroll.integrations.vllm.backend import VllmBackend
 from specroll.integrations.vllm.settings import VllmSettings
@@ -44,13 +46,15 @@ def test_an_eagle3_head_trains_on_trainer_signals_and_each_version_is_served_by_
     backend = VllmBackend.from_models(target, head, EngineConfig(max_batch_size=16, max_seq_len=64, gamma=2),
                                       learner, settings=VllmSettings(kv_cache_gib=1))
     assert backend.trainer_signals().capture_layers == (0, 2, 3)
-    func = SpecrollRolloutFunc(backend)
+    probe = ProbeSet([[{"role": "user", "content": f"{a}+{a}="}] for a in (11, 12)], every=1)
+    func = SpecrollRolloutFunc(backend, probe=probe)
     trainer = GRPOTrainer(model=policy, reward_funcs=length_reward, args=grpo_args(tmp_path, max_steps=4),
                           train_dataset=prompt_dataset(), processing_class=tokenizer, rollout_func=func)
     trainer.train()
     history = trainer.state.log_history
     assert [e["signals/captured"] for e in history if "signals/captured" in e] == [4.0, 4.0, 4.0]
     assert sum(e.get("drafter/num_steps", 0) for e in history) > 0  # rounds trained on the captured signals
+    assert any("drafter/probe_policy_version" in e for e in history)  # probes, their signals from TargetSignals
     assert backend.learner.version >= 1  # a head was published …
     served = backend.engine.served_drafter_digests()
     assert served == [backend._published().digest()]  # … and vLLM's EAGLE-3 proposer serves it

@@ -54,6 +54,7 @@ from .files import read_safetensors
 SPECULATORS, SPECFORGE = "speculators", "specforge"
 LAYER_TYPES = ("llama", "qwen3")  # the draft decoder layers speculators defines (`model_definitions.model_classes`)
 SPECFORGE_ARCHITECTURE = "LlamaForCausalLMEagle3"
+VLLM_DEFAULT_AUX_LAYERS = 3  # the fused target layers vLLM's EAGLE-3 draft assumes unless its layer config says
 # The head's parameter for each public name after the layer prefix (`layers.0.` / `midlayer.`).
 LAYER_NAMES = {
     "self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",
@@ -199,6 +200,10 @@ def save_eagle3_checkpoint(head: Eagle3Head, target: PreTrainedModel, folder: st
         attention_bias=head.q_proj.bias is not None, tie_word_embeddings=False,
         max_position_embeddings=getattr(text, "max_position_embeddings", 2048),
         bos_token_id=getattr(text, "bos_token_id", None), eos_token_id=getattr(text, "eos_token_id", None))
+    if len(head.target_layers) != VLLM_DEFAULT_AUX_LAYERS:
+        # vLLM (0.32) sizes the draft's `fc` from the layer config's `num_aux_hidden_states` (else 3), not from
+        # `eagle_aux_hidden_state_layer_ids`, which its target side reads: said here for a head fusing other than 3
+        layer.num_aux_hidden_states = len(head.target_layers)
     # an own LM head's rows, else the draft vocabulary it was trained over (`carry`): over the target's LM head's
     # rows at those ids, as the engine's `draft_vocab` drafts it
     ids = head.draft_ids if head.draft_ids is not None else getattr(head, CARRIED_ATTR, None)
@@ -231,13 +236,14 @@ def speculators_tensors(head: Eagle3Head, target: PreTrainedModel, ids: torch.Te
     follow the policy only when built again after a policy sync."""
     to_public = {local: f"layers.0.{name}" for name, local in LAYER_NAMES.items()}
     to_public.update({local: name for name, local in FUSION_NAMES.items()})
-    tensors = {"embed_tokens.weight": target.get_input_embeddings().weight.detach().float()}
+    # copies: a tied target's embedding and LM head are one tensor, which safetensors refuses to write twice
+    tensors = {"embed_tokens.weight": target.get_input_embeddings().weight.detach().float().clone()}
     for name, tensor in head.state_dict().items():
         module, _, rest = name.partition(".")
         tensors[f"{to_public.get(module, module)}.{rest}"] = tensor.detach().float()
     if head.lm_head is None:  # drafts through the target's LM head: speculators' layout has one of its own
         lm_head = target.get_output_embeddings().weight.detach().float()
-        tensors["lm_head.weight"] = lm_head if ids is None else lm_head[ids]
+        tensors["lm_head.weight"] = lm_head.clone() if ids is None else lm_head[ids]
     tensors.update(vocab_maps(ids, target.get_output_embeddings().weight.shape[0]))
     return tensors
 

@@ -53,7 +53,8 @@ class VllmBackend(LocalBackend):
     engine: VllmEngine
     _served: tuple[DrafterVersion, DrafterVersion] | None = None  # (the learner's version, as vLLM serves it)
     head: Eagle3Head | None = None  # an EAGLE-3 drafter's module, the learner's versions are written through
-    policy: PreTrainedModel | None = None  # the policy copy the head's versions read (embedding, LM head rows)
+    policy: PreTrainedModel | None = None  # the policy copy the head's versions and the probe's signals read
+    probe_signals: TargetSignals | None = None  # with trainer signals: the probe's rollouts see no trainer forward
     folder: tempfile.TemporaryDirectory | None = None  # the models' folder `from_models` wrote, removed with it
 
     @classmethod
@@ -64,7 +65,8 @@ class VllmBackend(LocalBackend):
         """The vLLM engine on `target` and the drafter (a drafter LM or an `Eagle3Head`), saved under `folder` (a
         temporary one by default, removed with the backend), and a learner on a private copy of the drafter when
         `learner_config` is given. `target` follows every policy sync where something reads it: the learner's
-        signals (`learner.signals: forward`) or an EAGLE-3 head's versions (the policy's embedding and LM head)."""
+        signals (`learner.signals: forward`; with "trainer" the probe's), or an EAGLE-3 head's versions (the policy's
+        embedding and LM head)."""
         engine_config = engine_config or EngineConfig()
         head = drafter if isinstance(drafter, Eagle3Head) else None
         if drafter is not None and engine_config.drafters is None:  # the drafter passed as itself, as SpecEngine takes
@@ -102,7 +104,11 @@ class VllmBackend(LocalBackend):
         backend = cls(engine, learner, None, request if source == "trainer" else None)
         backend.folder = keep
         if head is not None:
-            backend.head, backend.policy = copy.deepcopy(head).float().cpu(), target
+            backend.head = copy.deepcopy(head).float().cpu()
+        if source == "trainer":
+            backend.probe_signals = TargetSignals(target, request.top_k, request.hidden, request.capture_layers)
+        if head is not None or source == "trainer":
+            backend.policy = target
         return backend
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Rollout]:
@@ -121,6 +127,12 @@ class VllmBackend(LocalBackend):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict({**state, "engines": []})
+
+    def _probe_rollouts(self, probe) -> list[Rollout]:
+        rollouts = super()._probe_rollouts(probe)
+        if self.probe_signals is not None:  # the extra forward, on the probe's few rollouts only
+            self.probe_signals.record(rollouts, probe.params)
+        return rollouts
 
     def _published(self) -> DrafterVersion:
         """The learner's published version as vLLM serves it, one object per learner version (its digest is hashed
