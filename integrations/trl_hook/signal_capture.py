@@ -131,9 +131,9 @@ class TrainerSignalCapture:
                 handle.remove()
 
     def _waiting(self, trainer: Any) -> bool:
-        """Whether this loss forward is of the expected rollouts' policy and some of them still wait."""
-        return (trainer.model.training and self._version == trainer.state.global_step
-                and len(self._captured) < len(self._expected))
+        """Whether this loss forward is of the expected rollouts' policy. Not whether any still wait: under ZeRO-3 the
+        LM head's gather is collective, so every rank must watch the same forwards whatever its own rows matched."""
+        return bool(self._expected) and trainer.model.training and self._version == trainer.state.global_step
 
     @torch.no_grad()
     def _record(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, last_hidden: torch.Tensor,

@@ -126,7 +126,8 @@ def trainer_ranks(config: TrainConfig) -> Any | None:
 
 
 def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None = None) -> RolloutBackend:
-    """The config's backend on `sources`; each backend records learning signals itself when it has a learner.
+    """The config's backend on `sources`; with a learner, its signals come from where `learner.signals` says (the
+    engine's verification, TRL's loss forward through the hook, or a forward of the policy copy on vLLM).
 
     With `ranks` (several trainer ranks), the Ray backend is one service shared by them all."""
     # An engine that speculates only once it pays needs each drafter version's held-out acceptance with it.
