@@ -118,8 +118,8 @@ class RecurrentDrafter(Drafter):
             return confidence(self._logits(hidden[:, None].expand(-1, width, -1), level_states), params)  # [n, w, K]
 
         root_q = confidence(self._logits(hidden, root), params)  # [n, K]
-        grown = grow_tree(root_q, depth, width, expand, noise, self.draws.ids,
-                          live.index if isinstance(live, RowIds) else None)
+        ids = None if self.draws.vocab is None else self.draws.vocab.ids  # what q is over (an own head's ids too)
+        grown = grow_tree(root_q, depth, width, expand, noise, ids, live.index if isinstance(live, RowIds) else None)
         return Proposal(grown.drafts, self.draws.proposal_q(grown.probs), tree=grown.tree)
 
     def keep(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, accepted_len: torch.Tensor,
