@@ -81,7 +81,7 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     paths = ModelPaths(str(demo.path / "target"), str(drafter_dir), tokenizer_dir, tokenizer_dir)
     kind = trained_drafter_kind(paths, config.engine)
     if kind is not None and DRAFTERS[kind].is_head and models.head != FRESH_HEAD:
-        first = models.head if kind in ("eagle3", "block") else demo_head(demo, kind, models.recipe)  # none built
+        first = demo_head(demo, kind, models.recipe) if kind in ("eagle", "medusa") else models.head  # the two built
         paths = dataclasses.replace(paths, head=first)
     return ModelSources(paths, demo.tokenizer, models.task_max_digits or recipe.max_digits,
                         time.perf_counter() - started if building else 0.0, recipe.world)
