@@ -32,7 +32,8 @@ def test_every_kind_has_one_spec_and_its_vllm_method():
         "medusa": None, "layer_skip": None, "recurrent": None}
     assert spec_for("dflash") is DRAFTERS["block"]
     assert [k for k, s in DRAFTERS.items() if s.model_free] == ["suffix"]
-    assert {k for k, s in DRAFTERS.items() if s.trainable} == {"model", "eagle", "eagle3", "medusa", "block", "recurrent"}
+    assert {k for k, s in DRAFTERS.items() if s.trainable} == {"model", "eagle", "eagle3", "medusa", "block",
+                                                                "recurrent"}
     assert EngineConfig(drafters=("dflash",)).drafters == ("block",)
 
 

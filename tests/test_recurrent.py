@@ -128,3 +128,21 @@ def test_an_own_lm_head_starts_as_the_targets_rows_and_its_file_carries_its_ids(
     save_head_file(tmp_path / "recurrent.pt", fresh, fresh.draft_ids)
     loaded = load_drafter(ModelPaths("the target is given", head=str(tmp_path / "recurrent.pt")), config, target)
     assert torch.equal(loaded.draft_ids, fresh.draft_ids) and torch.equal(loaded.lm_head.weight, fresh.lm_head.weight)
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["target_head", "own_head"])
+def test_a_run_exports_the_head_with_the_engine_fields_that_read_it_back(tmp_path, own):
+    """`export_drafter` writes `recurrent.pt` (an own LM head's file carrying that head's ids) and the `engine:`
+    fields under which `models.head` loads it again."""
+    from specroll.integrations.drafter_export import export_drafter
+
+    target = tiny_lm("llama", "sdpa")
+    config = EngineConfig(drafters=("recurrent",), recurrent_mlp_layers=1, draft_vocab=24 if own else None,
+                          recurrent_own_head=own)
+    head = load_drafter(ModelPaths("the target is given"), config, target)
+    exported = export_drafter(head, "recurrent", target, tmp_path / "drafter")
+    assert exported.engine == ({"recurrent_mlp_layers": 1, "draft_vocab": 24, "recurrent_own_head": True} if own
+                               else {"recurrent_mlp_layers": 1})
+    served = EngineConfig(drafters=("recurrent",), **exported.engine)
+    loaded = load_drafter(ModelPaths("the target is given", head=str(exported.path)), served, target)
+    assert all(torch.equal(t, head.state_dict()[name]) for name, t in loaded.state_dict().items())
