@@ -123,11 +123,11 @@ class EngineConfig:
     and the target's LM head (with `recurrent_own_head`, a fresh one's own over the first `draft_vocab` ids, trained
     with it); trees are its beam search, `tree_width` beams; the online learner unrolls it `recurrent_depths` drafts.
 
-    `draft_vocab` N: the drafter with an LM head ("model", "eagle", "eagle3", "medusa", "block", "layer_skip")
-    drafts over N target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper drafts at a
-    large vocabulary, the output still exactly the target's. The first subset: the one a head carries (`specroll
-    distill --draft-vocab`), else the first N ids and the stop ids; `SpecEngine.set_draft_vocab` and a drafter
-    version that carries one (the online learner's, from rollouts) replace it. None: the whole vocabulary.
+    `draft_vocab` N: the drafter with an LM head ("model", "eagle", "eagle3", "medusa", "block", "recurrent",
+    "layer_skip") drafts over N target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper
+    drafts at a large vocabulary, the output still exactly the target's. The first subset: the one a head carries
+    (`specroll distill --draft-vocab`), else the first N ids and the stop ids; `SpecEngine.set_draft_vocab` and a
+    drafter version that carries one (the online learner's, from rollouts) replace it. None: the whole vocabulary.
 
     `kv_cache` "paged" keeps the target's attention K/V in blocks of `kv_block_size` tokens taken as rows
     grow and given back as they finish, siblings of a prompt sharing its full blocks (`models.paged`);

@@ -53,8 +53,8 @@ SET_FROM_CONFIG = {
 class ModelsConfig:
     """`source: demo` builds (or loads from cache) the demo recipe's target, drafter and tokenizer;
     `source: pretrained` loads `target` / `drafter` / `tokenizer` folders or hub ids from the local cache,
-    and `head` (a `state_dict` file) for an `engine.drafters` "eagle" / "eagle3" / "medusa" head (null: a fresh
-    head; the demo brings its own first version of "eagle" / "medusa", unless `head: fresh` — the cold start,
+    and `head` (a `state_dict` file) for an `engine.drafters` "eagle" / "eagle3" / "medusa" / "recurrent" head (null: a
+    fresh head; the demo brings its own first version of "eagle" / "medusa", unless `head: fresh` — the cold start,
     docs/get_a_drafter.md); for "eagle3" also a public EAGLE-3 checkpoint folder (speculators or SpecForge layout,
     refused if it does not fit the target: `integrations.formats.eagle3`, docs/drafters.md); for "block" also a
     z-lab DFlash checkpoint folder (`integrations.formats.dflash`, docs/drafters.md).
