@@ -61,6 +61,16 @@ def test_greedy_equals_plain_decoding_with_chains_and_beam_trees(plain, gamma, w
     assert stats.drafted > 0 and (width == 1 or stats.tree_steps == stats.steps)
 
 
+@pytest.mark.parametrize("width", [1, 3])
+def test_greedy_beside_the_suffix_drafter_equals_plain_decoding(plain, width):
+    """The per-row choice drafts some rows only (`RowIds`), a tree step both drafters' nodes: still plain's output."""
+    target, expected = plain
+    config = EngineConfig(max_batch_size=3, max_seq_len=40, gamma=3, tree_width=width, drafters=("suffix", "recurrent"))
+    engine = SpecEngine(target, trained_like(target), config)
+    assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY, n=2)] == [c for c in expected for _ in range(2)]
+    assert engine.stats.by_drafter["recurrent"].proposals > 0
+
+
 def test_greedy_over_a_draft_vocabulary_and_an_own_lm_head_equals_plain(plain):
     target, expected = plain
     config = EngineConfig(max_batch_size=3, max_seq_len=40, gamma=3, tree_width=2, drafters=("recurrent",),
