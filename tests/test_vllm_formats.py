@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from tiny_models import build_lm, make_prompts
+from tiny_models import VLLM_SHAPE, build_lm, make_prompts
 
 from specroll.integrations.formats.eagle3 import save_eagle3_checkpoint
 from specroll.integrations.vllm.engine import VllmEngine
@@ -23,7 +23,7 @@ from specroll.rollout import EngineConfig, SamplingParams
 from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 from specroll.rollout.drafters.version import DrafterVersion
 
-SHAPE = dict(vocab=64, hidden=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64, logit_scale=6)
+SHAPE = VLLM_SHAPE
 
 
 @pytest.mark.slow
