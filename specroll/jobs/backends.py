@@ -134,7 +134,7 @@ def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None =
                                   publish_acceptance=config.engine.speculation == "when_learned")
     trained = trained_drafter_kind(sources.paths, config.engine) is not None
     learner = learner if config.online_learning and trained else None
-    if config.engine.kind == "vllm":
+    if config.engine.kind == "vllm" and config.backend.kind == "local":
         from transformers import AutoModelForCausalLM
 
         from specroll.integrations.model_source import load_drafter, tokenizer_pair
@@ -158,7 +158,7 @@ def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None =
     from specroll.integrations.ray_backend.settings import ControllerConfig
 
     controller_config = ControllerConfig(sources.paths, config.engine, config.backend.topology, config.backend.sync,
-                                         learner)
+                                         learner, config.vllm)
     if ranks is not None:
         from specroll.integrations.ray_backend.shared_service import shared_controller
 

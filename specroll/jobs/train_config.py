@@ -275,8 +275,6 @@ class TrainConfig:
                  f"at least grpo.max_completion_length + a prompt (>= {needed})")
         require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
                  "an int >= 1 or null")
-        require(self.engine.kind == "specroll" or self.backend.kind == "local", "backend.kind", self.backend.kind,
-                "local with engine.kind: vllm (one in-process vllm.LLM; vLLM on Ray rollout workers is not built yet)")
         set_in_extra = sorted(set(self.grpo.extra) & set(CHECKPOINT_FIELDS))
         require(not set_in_extra, "grpo.extra", set_in_extra, "no checkpoint fields (the checkpoint section sets "
                 "them: checkpoint.every, checkpoint.keep; the run's folder is report.out_dir)")
