@@ -50,7 +50,8 @@ class Engine:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", default="demo-bpe", help="demo-bpe (default), demo or tiny (a smoke run)")
+    parser.add_argument("--models", default="demo-bpe",
+                        help="demo-bpe (default), demo, real-shape or tiny (a smoke run)")
     parser.add_argument("--rows", default="1,16,64", help="live batch sizes of the fixed workload (comma list)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--temperatures", default="0,1", help="the fixed workload's temperatures (comma list)")
