@@ -7,16 +7,21 @@
 - An injected loss — the drafter's weights dropped inside vLLM's proposer, as a wake without them leaves it — is
   caught at the next batch's start and repaired before it runs (an event, `digest_mismatches`), and the batch's
   drafts are kept as before.
+- A worker Ray restarts (killed) comes back serving the current policy and the published drafter (from the weight
+  board), checked the same way, and decodes the target's greedy tokens.
 Slow: a vLLM start in a Ray actor (~30 s) plus learner rounds.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 pytest.importorskip("vllm")
 
 import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
 from tiny_models import VLLM_SHAPE, build_lm, hf_greedy, make_prompts
 
 from specroll.integrations.model_source import ModelPaths
@@ -88,3 +93,24 @@ def test_published_versions_are_what_every_vllm_worker_serves_and_a_loss_is_repa
     assert any("batch start" in event for event in controller.watch.events)
     assert served(controller) == [controller.guard.digest]
     assert sum(r.num_accepted for r in out) > 0
+
+
+def test_a_restarted_vllm_worker_serves_the_published_drafter_and_current_policy(world):
+    target, controller = world
+    victim = controller.workers[0]
+    pid = ray.get(victim.__ray_call__.remote(lambda _: __import__("os").getpid()))
+    ray.kill(victim, no_restart=False)
+    deadline = time.monotonic() + 180
+    while True:  # until Ray restarted it (a vLLM start in the new process): another process answers
+        try:
+            if ray.get(victim.__ray_call__.remote(lambda _: __import__("os").getpid()), timeout=180) != pid:
+                break
+        except (ActorUnavailableError, RayActorError):
+            assert time.monotonic() < deadline, "the killed worker was not restarted within 180 s"
+        time.sleep(0.5)
+    assert ray.get(victim.versions.remote()) == {"policy": controller.policy_version,
+                                                 "drafter": controller.drafter_version}
+    assert served(controller) == [controller.guard.digest]
+    prompts = make_prompts(4, 2, 7, vocab=VLLM_SHAPE["vocab"], seed=3)
+    out = controller.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
+    assert [r.completion_ids for r in out] == [hf_greedy(target, p, 8) for p in prompts]
