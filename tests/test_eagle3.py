@@ -157,6 +157,8 @@ def test_own_lm_head_over_draft_ids_is_exact_and_drafts_only_those():
     first = engine.draft_vocab()  # the subset set (the first 40 ids and EOS); the head drafts the ids both share
     assert first.numel() == 40 and torch.equal(engine.drafter.draws.vocab.ids, ids[torch.isin(ids, first)])
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == plain(target)
+    trees = SpecEngine(target, head, EngineConfig(max_batch_size=5, max_seq_len=40, gamma=3, tree_width=2))
+    assert [r.completion_ids for r in trees.generate(PROMPTS, GREEDY)] == plain(target)  # trees over its own ids
     with pytest.raises(ValueError, match="shares none with the drafter's own LM head"):
         engine.set_draft_vocab(DraftVocab(torch.as_tensor([1, 3, 5]), engine.vocab_size))
 
