@@ -1,9 +1,10 @@
 """`learner.signals: trainer`: the learner's signals captured in TRL's own GRPO loss forward (`trl_hook.signal_capture`)
 equal what specroll's engine records for the same rollouts — the top-k ids and processed probabilities, and for an
-EAGLE-3 head the captured layers' hidden states — under gradient accumulation (shuffled micro-batches) and
-num_iterations > 1 (the later iterations' forwards are another policy's: not taken); a GRPO run with it trains the
-learner; and the settings it cannot work under are refused, naming them. The "forward" source (`TargetSignals`, an
-extra forward of the policy) records the engine's signals too. Tiny fp32 models (tests/trl_tiny.py)."""
+EAGLE-3 head the captured layers' hidden states — under gradient accumulation (shuffled micro-batches, or a
+generation per micro-batch) and num_iterations > 1 (the later iterations' forwards are another policy's: not
+taken), and under PEFT (the adapted policy's); a GRPO run with it trains the learner, probes included; and the
+settings it cannot work under are refused, naming them. The "forward" source (`TargetSignals`, an extra forward of
+the policy) records the engine's signals too. Tiny fp32 models (tests/trl_tiny.py)."""
 
 from __future__ import annotations
 
@@ -80,8 +81,9 @@ def check_equal(backend: BothSources, handed) -> None:
             torch.testing.assert_close(r.signals.hidden.float(), engine.hidden.float(), atol=2e-3, rtol=2e-3)
 
 
-@pytest.mark.parametrize("overrides", [dict(gradient_accumulation_steps=2), dict(num_iterations=2)],
-                         ids=["grad_accum", "iterations"])
+@pytest.mark.parametrize("overrides", [dict(gradient_accumulation_steps=2), dict(num_iterations=2),
+                                       dict(gradient_accumulation_steps=2, steps_per_generation=1)],
+                         ids=["grad_accum", "iterations", "generation_per_micro_batch"])
 def test_trainer_signals_equal_the_engines_for_the_same_rollouts(tmp_path, overrides):
     backend = both_sources(tiny_model(len(tiny_tokenizer()), seed=1, layers=1), SignalRequest(top_k=8))
     _, func = run(tmp_path, backend, top_k=12, **overrides)

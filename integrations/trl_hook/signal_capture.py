@@ -84,9 +84,10 @@ class TrainerSignalCapture:
 
     def expect(self, rollouts: list[Rollout], params: SamplingParams, version: int) -> None:
         """The rollouts a training call returned (generated under `params` by policy `version`): their signals are
-        taken from the next loss forwards of that policy. Rollouts still expected from an earlier call are forgotten
-        (counted in `missed`)."""
-        self.take()
+        taken from the next loss forwards of that policy. Rollouts of an earlier call that `take` did not return are
+        forgotten, captured or not (counted in `missed`)."""
+        self.missed += len(self._expected)
+        self._captured = {}
         self._expected = list(rollouts)
         self._params, self._version = params, version
         self._by_tokens = {}

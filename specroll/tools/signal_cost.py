@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     def with_capture() -> None:
         capture.expect(rollouts, params, 0)
         loss_step(policy, ids, mask, width, args.micro_batch, capture)
+        capture.take()
 
     runs = {"loss": lambda: loss_step(policy, ids, mask, width, args.micro_batch, None), "loss+capture": with_capture,
             "target_forward": lambda: forward.record([copy.copy(r) for r in rollouts], params)}
@@ -123,7 +124,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             took = timed(runs[name])
             if repeat:
                 seconds[name].append(took)
-    capture.take()
     if capture.missed:  # the capture must have seen every rollout, or its overhead is not the whole one
         raise RuntimeError(f"the capture missed {capture.missed} rollouts: its timing does not cover them")
     median = {name: statistics.median(values) for name, values in seconds.items()}
