@@ -98,3 +98,25 @@ def test_overlapped_rejection_sampling_is_lossless(temperature, top_k):
     probs, tokens = reference_probs(target, rollouts, params)
     assert tokens.numel() == ROWS * NEW_TOKENS
     assert conditional_chi2_pvalue(probs, tokens) > ALPHA
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_transfer_path_drafts_as_on_one_device(overlap):
+    """The path of a drafter on another device than the target's (a CPU drafter beside a CUDA target: rows copied to
+    it, its own copy of the noise, the proposal copied back), run on one CPU by naming the target's device
+    "cpu:0" (torch holds it unequal to the drafter's "cpu"): the same tokens and drafts kept as the serial engine."""
+    params = SamplingParams(max_new_tokens=26, temperature=1.0, seed=3)
+    serial, expected = generate(noisy_copy(), params, gamma=3)
+    engine = SpecEngine(tiny_lm(), noisy_copy(), EngineConfig(max_batch_size=7, max_seq_len=40, gamma=3,
+                                                              drafter_device="cpu", overlap=overlap))
+    engine.drafter.target_device = torch.device("cpu", 0)
+    out = engine.generate(PROMPTS, params, max_new_tokens=BUDGETS)
+    assert [r.completion_ids for r in out] == [r.completion_ids for r in expected]
+    assert engine.stats.accepted == serial.stats.accepted
+
+
+def test_auto_overlap_measures_both_kinds_and_keeps_the_output():
+    engine, out = generate(noisy_copy(), SamplingParams(max_new_tokens=26, temperature=0.0), gamma=3,
+                           overlap="auto")
+    assert tuple(tuple(r.completion_ids) for r in out) == plain(0.0)
+    assert {overlapped for _, overlapped in engine.speculation.overlap.steps} == {False, True}
