@@ -139,7 +139,11 @@ class SpecEngine:
             self.weights.set_draft_vocab(initial_draft_vocab(config, self.vocab_size, target.config, drafter))
         self.caches = EngineCaches(config, memory, self.target, self.drafter)
         self.stats = EngineStats(trace_steps=config.stats_trace_steps)
-        gamma_policy = make_gamma_policy(config, self.target, self.drafter)
+        self._pin(True)  # on a split CPU auto-γ times the target on the cores it will run on
+        try:
+            gamma_policy = make_gamma_policy(config, self.target, self.drafter)
+        finally:
+            self._pin(False)
         self.tree_step: TreeStep | None = make_tree_step(config, self.target, self.drafter, self.stats)
         tree_policy = make_tree_policy(config, gamma_policy) if self.tree_step else None
         self.speculation = EngineSpeculation(config, self.drafter, self.stats, self.weights, gamma_policy, tree_policy)

@@ -103,6 +103,10 @@ class AheadDrafter(Drafter):
     def propose(self, live: slice, rows: RowBuffers, gamma: int, params: SamplingParams,
                 draw: DraftDraw) -> Proposal:
         """Each row's drafts: kept from ahead where the last step's post-verify kept them, drafted now elsewhere."""
+        if self._pending is not None:  # a step that raised after drafting ahead: its work is not this step's
+            self._pending.result()
+            self._pending = None
+            self._forget()
         n = live.stop
         local = self._local(rows, n)
         ready = [b for b in range(n) if self.ready[b]]
