@@ -52,11 +52,14 @@ def _costs(engine: SpecEngine, batch: int, gamma: int, budget_s: float) -> dict[
     deadline = time.perf_counter() + budget_s
     drafts = engine.drafter.time_drafts([batch], deadline)
     draft = drafts(batch, 2) + (gamma - 1) * drafts(batch, 1)
-    engine._pin(True)
+    cores = engine.target_cores  # the split's target side (None: every core)
+    if cores is not None:
+        cores.pin()
     try:
         verify = time_forwards(engine.target, [batch], [gamma + 1], deadline)(batch, gamma + 1)
     finally:
-        engine._pin(False)
+        if cores is not None:
+            cores.unpin()
     return {"draft_s": draft, "verify_s": verify}
 
 
