@@ -17,12 +17,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 
 from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
-from tiny_models import build_lm, make_prompts
+from tiny_models import VLLM_SHAPE, build_lm, hf_greedy, make_prompts
 
 from specroll.integrations.vllm import cpu_fixes
 from specroll.integrations.vllm.engine import VllmEngine, check_engine_config
@@ -31,8 +30,8 @@ from specroll.integrations.vllm.settings import VllmSettings
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.version import DrafterVersion
 
-VOCAB = 64
-SHAPE = dict(vocab=VOCAB, hidden=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64, logit_scale=6)
+VOCAB = VLLM_SHAPE["vocab"]
+SHAPE = VLLM_SHAPE
 PROMPTS = make_prompts(6, 2, 7, vocab=VOCAB, seed=5)  # ragged: 2..7 tokens
 ROWS, NEW_TOKENS = 1500, 8  # 12,000 sampled tokens per distribution test
 POWER_ROWS = 400  # 3,200 tokens: the power check's p-value (vLLM's own CPU expand) is far below 1e-6 there
@@ -46,14 +45,6 @@ def world():
     engine = VllmEngine.from_models(target, drafter, config, VllmSettings(kv_cache_gib=1))
     yield target, drafter, engine
     del engine
-
-
-def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    return ids[0, len(prompt):].tolist()
 
 
 def test_greedy_speculation_is_the_targets_greedy_fresh_and_after_a_refit(world):
@@ -140,7 +131,7 @@ def test_an_injected_loss_is_seen_and_a_reload_repairs_it(world):
 
 @pytest.mark.parametrize("change, field", [
     (dict(sampler="invariant"), "engine.sampler"), (dict(tree_width=2), "engine.tree_width"),
-    (dict(gamma="auto"), "engine.gamma"), (dict(draft_vocab=16), "engine.draft_vocab"),
+    (dict(gamma="auto_simple"), "engine.gamma"), (dict(draft_vocab=16), "engine.draft_vocab"),
     (dict(speculation="when_learned", gamma="auto"), "engine.speculation")])
 def test_settings_vllm_cannot_honour_are_refused_naming_them(change, field):
     with pytest.raises(ValueError, match=field):

@@ -71,3 +71,16 @@ def make_prompts(count: int, min_len: int, max_len: int, vocab: int = VOCAB, see
     gen = torch.Generator().manual_seed(seed)
     lengths = [min_len + i % (max_len - min_len + 1) for i in range(count)]
     return [torch.randint(vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+# vLLM's CPU attention runs head sizes 32, 64, ...: the tiny Llamas the vLLM tests serve
+VLLM_SHAPE = dict(vocab=64, hidden=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64, logit_scale=6)
+
+
+def hf_greedy(model: PreTrainedModel, prompt: list[int], new_tokens: int) -> list[int]:
+    """`model`'s greedy continuation of `prompt` by full forwards (no cache): the reference other engines match."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return ids[0, len(prompt):].tolist()

@@ -47,6 +47,7 @@ from specroll.rollout.sampling.randomness import draw_seed, request_keys
 
 from ..formats.files import read_safetensors
 from . import cpu_fixes
+from .gamma import GammaSchedule
 from .proposers import drafter_kind, speculative_config
 from .settings import VllmSettings
 from .signals import TargetSignals
@@ -104,8 +105,17 @@ class VllmEngine:
         self.drafter_acceptance: float | None = None
         self.stats = EngineStats()
         self.released = False
+        self.gamma_schedule: GammaSchedule | None = None  # gamma: auto — drafts per live batch size (`gamma`)
+        self.gamma_schedule_version = 0  # the drafter version its acceptance evidence is of
+        self.last_rows = config.max_batch_size
         if self.drafter_names is not None:
             self.load_drafter(drafter or DrafterVersion(0, read_safetensors(drafter_dir, "drafter folder")))
+        if spec and config.gamma == "auto":
+            started = time.perf_counter()
+            self.gamma_schedule = GammaSchedule.calibrate(self.llm, config.max_gamma, config.max_batch_size,
+                                                          self.vocab_size, prior=self.drafter_acceptance)
+            logger.info("vLLM step costs timed for gamma: auto in %.1f s: %s", time.perf_counter() - started,
+                        self.gamma_schedule.times.to_dict())
 
     @classmethod
     def from_models(cls, target: PreTrainedModel, drafter: PreTrainedModel | None = None,
@@ -150,13 +160,23 @@ class VllmEngine:
                             torch.arange(n).repeat(len(prompts))).tolist()
         requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts for _ in range(n)]
         sampling = [_vllm_params(params, budgets[i], keys[i * n + j]) for i in range(len(prompts)) for j in range(n)]
+        self.last_rows = min(len(requests), self.config.max_batch_size)
+        if self.gamma_schedule is not None:
+            before = self.gamma_schedule.ranges()
+            if self.gamma_schedule.apply(self.llm) and self.gamma_schedule.ranges() != before:
+                logger.info("vLLM drafts per live batch size (rows from, to, k) at acceptance %.3f: %s",
+                            self.gamma_schedule.alpha(), self.gamma_schedule.ranges())
         started = time.perf_counter()
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         wall = time.perf_counter() - started
         rollouts = [self._rollout(out, prompts[r // n], seed, indices[r // n], r % n)
                     for r, out in enumerate(outputs)]
         metrics = [out.outputs[0].spec_decode_metrics for out in outputs]
-        self._count(rollouts, sum(sum(m.histogram) for m in metrics if m is not None), wall)
+        verify_steps = sum(sum(m.histogram) for m in metrics if m is not None)
+        self._count(rollouts, verify_steps, wall)
+        if self.gamma_schedule is not None:
+            self.gamma_schedule.observe(sum(r.num_drafted for r in rollouts), sum(r.num_accepted for r in rollouts),
+                                        verify_steps)
         if self.signals is not None:
             self.signals.record(rollouts, params)
         return rollouts
@@ -197,6 +217,11 @@ class VllmEngine:
         self.llm.reset_prefix_cache()
         self.drafter_version = version.number
         self.drafter_acceptance = version.acceptance
+        if self.gamma_schedule is not None and version.number != self.gamma_schedule_version:
+            # a new drafter: its acceptance starts from what its version recorded, not from the last one's steps
+            self.gamma_schedule.reset(version.acceptance if version.acceptance is not None
+                                      else self.gamma_schedule.alpha())
+        self.gamma_schedule_version = version.number
 
     def served_drafter_digests(self) -> list[str | None]:
         """Per worker, the digest of the drafter version it serves (`DrafterVersion.digest()`), None where what it
@@ -208,7 +233,9 @@ class VllmEngine:
         return None
 
     def break_even_acceptance(self) -> float | None:
-        return None
+        """With gamma: auto, the acceptance below which no number of drafts pays at the last call's live batch size
+        (vLLM's measured step costs); None with a fixed gamma."""
+        return None if self.gamma_schedule is None else self.gamma_schedule.break_even(self.last_rows)
 
     # ------------------------------------------------------------------ memory
 
@@ -244,9 +271,9 @@ def check_engine_config(config: EngineConfig) -> None:
         if getattr(config, name) != needed:
             raise ValueError(f"engine.{name}={getattr(config, name)!r} is invalid with engine.kind: vllm ({why}): "
                              f"set it to {needed!r} or use engine.kind: specroll")
-    if not isinstance(config.gamma, int):
+    if not isinstance(config.gamma, int) and config.gamma != "auto":
         raise ValueError(f"engine.gamma={config.gamma!r} is invalid with engine.kind: vllm: an int (drafts per step; "
-                         "0 = plain decoding)")
+                         "0 = plain decoding) or \"auto\" (drafts per live batch size from vLLM's measured step costs)")
     if config.draft_vocab is not None and tuple(config.drafters or ()) != ("eagle3",):
         raise ValueError(f"engine.draft_vocab={config.draft_vocab} is invalid with engine.kind: vllm and drafters "
                          f"{list(config.drafters or ())}: vLLM drafts over a subset only through EAGLE-3's d2t/t2d "

@@ -19,6 +19,8 @@ from typing import Any
 from specroll.rollout import EngineConfig
 from specroll.rollout.drafters.registry import DRAFTERS
 
+from .gamma import initial_ranges
+
 # kind → vLLM method: each kind's `DrafterSpec.vllm_method` (`rollout.drafters.registry`)
 VLLM_METHODS = {kind: spec.vllm_method for kind, spec in DRAFTERS.items() if spec.vllm_method is not None}
 PROBABILISTIC_METHODS = ("draft_model", "eagle3")  # vLLM hands their q to the rejection rule
@@ -44,7 +46,12 @@ def speculative_config(kind: str | None, drafter_dir: str | None, config: Engine
     if kind is None or config.gamma == 0:
         return None
     method = VLLM_METHODS[kind]
-    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": int(config.gamma)}
+    spec: dict[str, Any] = {"method": method}
+    if config.gamma == "auto":  # at most max_gamma; per live batch size `gamma.GammaSchedule` replaces this one
+        spec["num_speculative_tokens"] = config.max_gamma
+        spec["num_speculative_tokens_per_batch_size"] = initial_ranges(config.max_gamma, config.max_batch_size)
+    else:
+        spec["num_speculative_tokens"] = int(config.gamma)
     if method == "ngram":
         spec["prompt_lookup_min"] = max(NGRAM_LOOKUP[0], config.suffix.min_match)
         spec["prompt_lookup_max"] = min(max(NGRAM_LOOKUP[1], spec["prompt_lookup_min"]), config.suffix.max_match)
