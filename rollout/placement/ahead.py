@@ -26,6 +26,7 @@ copy of the rows' noise (the same numbers: noise is a function of request, posit
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -83,6 +84,8 @@ class AheadDrafter(Drafter):
                  thread: DrafterThread | None, target_cores: TargetCores | None):
         self.inner, self.placement, self.target_device = inner, placement, target_device
         self.thread, self.target_cores = thread, target_cores
+        if thread is not None:  # a dropped engine's drafter stops its thread (without waiting: GC may run on it)
+            weakref.finalize(self, thread.close, False)
         self.device = inner.runner.device
         slots = len(inner.runner.cache.host_lens)
         self.ready = [False] * slots  # slot → its next drafts were drafted ahead and kept (post-verify)
@@ -224,7 +227,7 @@ class AheadDrafter(Drafter):
         return self._run(self.inner.time_drafts, batch_sizes, deadline)
 
     def close(self) -> None:
-        """Stop the drafter's thread (an engine that is dropped stops it too, at interpreter exit)."""
+        """Stop the drafter's thread now (a dropped engine's drafter stops it when collected)."""
         if self.thread is not None:
             self.thread.close()
 

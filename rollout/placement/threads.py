@@ -50,8 +50,9 @@ class DrafterThread:
         """`fn(*args)` on the drafter's thread, waited for."""
         return self.submit(fn, *args).result()
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread once its work is done (`wait`: and wait for that)."""
+        self._pool.shutdown(wait=wait)
 
 
 class TargetCores:
