@@ -94,6 +94,7 @@ class AheadDrafter(Drafter):
         self.ready_gamma = 0
         self._pending: Future | None = None  # the `Ahead` being drafted
         self._proposed: torch.Tensor | None = None  # [n, γ] the last proposal's drafts, on the drafter's device
+        self._keys: torch.Tensor | None = None  # [n] its rows' random-stream keys, there too
         self.rows_ahead = 0  # row-steps that drafted ahead (counters for the benchmark's report)
         self.rows_kept_ahead = 0  # ... whose work was kept
 
@@ -116,7 +117,6 @@ class AheadDrafter(Drafter):
         if ready and gamma > self.ready_gamma:  # more drafts than were drafted ahead: draft them all now
             self._roll_back(ready, [rows.host_seq_len[b] - 1 for b in ready])
             ready = []
-        fresh = sorted(set(range(n)) - set(ready))
         if not ready:
             draw = self._draw(draw, local, live, gamma, params)
             out = self._run(self.inner.propose, live, local, gamma, params, draw)
@@ -128,26 +128,28 @@ class AheadDrafter(Drafter):
             drafts = torch.empty(n, gamma, dtype=torch.long, device=self.device)  # [n, γ]
             probs = self.ready_probs.new_empty(n, gamma, self.ready_probs.shape[-1])  # [n, γ, K]
             drafts[index], probs[index] = self.ready_drafts[index, :gamma], self.ready_probs[index, :gamma]
+            fresh = sorted(set(range(n)) - set(ready))
             if fresh:
                 some = RowIds.of(fresh, self.device)
                 out = self._run(self.inner.propose, some, local, gamma, params,
                                 self._draw(draw, local, some, gamma, params))
                 drafts[some.index], probs[some.index] = out.drafts, out.q.probs
         self.ready[:n] = [False] * n
-        self._proposed = drafts
+        self._proposed, self._keys = drafts, local.keys[:n]
         ids = self.inner.draws.ids
         return Proposal(drafts.to(self.target_device), DraftQ.over(
             probs.to(self.target_device), None if ids is None else ids.to(self.target_device),
             self.inner.target_vocab_size))
 
-    def draft_ahead(self, live: slice, rows: RowBuffers, seq_len: torch.Tensor, params: SamplingParams) -> None:
+    def draft_ahead(self, live: slice, rows: RowBuffers, params: SamplingParams) -> None:
         """Start drafting the next step of every live row, as if this step keeps all its drafts (module docstring),
-        on the drafter's thread; `keep` takes it. `seq_len` [n]: the rows' lengths before this step."""
+        on the drafter's thread; `keep` takes it. Called between the proposal and the target's forward: the rows'
+        lengths are still the step's starting ones."""
         gamma = self._proposed.shape[1]
         n = live.stop
-        keys = rows.keys[:n].to(self.device)
-        start = seq_len.to(self.device) + gamma  # the position of the token drawn after the step's drafts
-        noise = StepNoise(keys, start, gamma + 1, self.inner.target_vocab_size, params.greedy)
+        # From the host and the keys `propose` copied: no device→host copy on the target's path.
+        start = torch.tensor(rows.host_seq_len[:n], device=self.device) + gamma  # where the token after d_γ goes
+        noise = StepNoise(self._keys, start, gamma + 1, self.inner.target_vocab_size, params.greedy)
         last = self._proposed[:, -1:]  # [n, 1] d_γ: drawn, never fed
         self._pending = self.thread.submit(self._ahead, live, last, gamma, params, noise)
         self.rows_ahead += n

@@ -55,7 +55,7 @@ class ChainStep(DecodeStep):
             noise = noise.narrow(gamma + 1)
         drafted = self._draft_clock(gamma)
         if plan.overlap:
-            self.drafter.draft_ahead(live, rows, seq_len, params)
+            self.drafter.draft_ahead(live, rows, params)
         usable = proposal.usable(gamma)  # [n, γ]
         fed = torch.cat([self.last_tokens(rows, live, seq_len), proposal.drafts], dim=1)  # [n, γ+1]
         logits = self.target.feed(live, fed, rows.hidden)  # [n, γ+1, V] in the target's dtype
