@@ -12,8 +12,9 @@ By kind (`model_source.trained_drafter_kind`):
   `"method": "eagle3"` and `models.head` reads back;
 - "block" (DFlash): the speculators layout (`block_checkpoint.save_block_checkpoint`, vLLM's `"method": "dflash"`)
   in `folder`, and z-lab's beside it in `<folder>_zlab`; `models.head` reads either;
-- "eagle" / "medusa": specroll's own heads, whose shapes no public loader takes: their state dict in
-  `<folder>/<kind>.pt` with the draft vocabulary they were trained over (`models.head`).
+- "eagle" / "medusa" / "recurrent": specroll's own heads, whose shapes no public loader takes: their state dict in
+  `<folder>/<kind>.pt` with the draft vocabulary they were trained over (`models.head`; a recurrent head with its own
+  LM head: that head's ids).
 
 A head trained over a draft vocabulary keeps it: the speculators layouts as `d2t` / `t2d`, a `.pt` file in its own
 entry (`head_file`); `models_yaml` then sets `engine.draft_vocab` to its size. A drafter LM's draft vocabulary
@@ -38,7 +39,7 @@ from .formats.eagle3 import save_eagle3_checkpoint
 from .head_file import save_head_file
 from .model_source import ModelPaths, load_drafter, trained_drafter_kind
 
-EXPORTED_KINDS = ("model", "eagle3", "block", "eagle", "medusa")
+EXPORTED_KINDS = ("model", "eagle3", "block", "eagle", "medusa", "recurrent")
 
 
 @dataclass
@@ -96,8 +97,13 @@ def export_drafter(drafter: Any, kind: str, target: PreTrainedModel, folder: str
                                {"block_size": drafter.block_size, **vocab})
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{kind}.pt"
-    save_head_file(path, drafter, ids)
     heads = {"medusa_heads": engine.medusa_heads} if kind == "medusa" and engine is not None else {}
+    if kind == "recurrent":
+        heads = {"recurrent_mlp_layers": len(drafter.blocks)}
+        if drafter.lm_head is not None:  # its own LM head's rows are its ids: the file carries those
+            ids = drafter.draft_ids.cpu()
+            vocab = {"draft_vocab": int(ids.numel()), "recurrent_own_head": True}
+    save_head_file(path, drafter, ids)
     return ExportedDrafter(kind, path, {"specroll": path}, {**heads, **vocab})
 
 

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
 from specroll.rollout.drafters.draft_vocab import carry
-from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads, RecurrentHead
 from specroll.rollout.drafters.registry import DRAFTERS, resolve
 
 from .head_file import read_head_file
@@ -29,7 +29,8 @@ class ModelPaths:
     the two vocabularies token by token — needed when the embedding tables are padded to different
     sizes (e.g. Qwen2.5-7B's 152064 rows vs 0.5B's 151936 over the same tokenizer).
 
-    `head` is a head's `state_dict` file (`torch.save`) for an "eagle", "eagle3", "medusa" or "block" drafter
+    `head` is a head's `state_dict` file (`torch.save`) for an "eagle", "eagle3", "medusa", "block" or "recurrent"
+    drafter
     (None: a fresh head, which the online learner trains from the first rollouts; a file that carries the draft
     vocabulary it was trained over, `specroll distill --draft-vocab`, starts `engine.draft_vocab` there); for
     "eagle3" also a public checkpoint folder (speculators or SpecForge layout:
@@ -94,6 +95,32 @@ def read_eagle_head(models: ModelPaths, engine: EngineConfig, target: PreTrained
 def read_medusa_heads(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> MedusaHeads:
     """The "medusa" kind's reader: `engine.medusa_heads` heads, with `models.head`'s weights (a head file) if given."""
     return load_head_file(DRAFTERS["medusa"].fresh(engine, target.config), models.head)
+
+
+def read_recurrent_head(models: ModelPaths, engine: EngineConfig, target: PreTrainedModel) -> RecurrentHead:
+    """The "recurrent" kind's reader: a head shaped as `models.head`'s weights (a head file; its residual blocks, and
+    an own LM head over the draft vocabulary the file carries), which the engine's `recurrent_mlp_layers` and
+    `recurrent_own_head` must then agree with; else a fresh head of the engine's settings, whose own LM head (with
+    `recurrent_own_head`) starts as the target's rows for its ids."""
+    if not models.head:
+        head = DRAFTERS["recurrent"].fresh(engine, target.config)
+        if head.lm_head is not None:
+            lm_head = target.get_output_embeddings().weight.detach()
+            head.lm_head.weight.data.copy_(lm_head[head.draft_ids.to(lm_head.device)])
+        return carry(head, None)
+    saved = read_head_file(models.head)
+    layers = sum(name.startswith("blocks.") and name.endswith(".linear.weight") for name in saved.weights)
+    own = "lm_head.weight" in saved.weights
+    for name, value, file_value in (("recurrent_mlp_layers", engine.recurrent_mlp_layers, layers),
+                                    ("recurrent_own_head", engine.recurrent_own_head, own)):
+        if value != file_value:
+            raise ValueError(f"engine.{name}={value!r} does not match the head at models.head={models.head!r} "
+                             f"({file_value!r}): set it to {file_value!r}")
+    if own and saved.draft_vocab is None:
+        raise ValueError(f"models.head={models.head!r} is invalid: its own LM head's ids are missing (a recurrent "
+                         "head with its own LM head is saved with its draft vocabulary)")
+    head = RecurrentHead.for_target(target.config, layers, engine.recurrent_depths, saved.draft_vocab if own else None)
+    return load_head_file(head, models.head)
 
 
 def load_head_file(head: nn.Module, path: str | None) -> nn.Module:

@@ -119,12 +119,16 @@ class EngineConfig:
     "block" (alias "dflash"): a DFlash-style block drafter (`drafters.block`) on the outputs of target layers
     `block_layers` (None: `heads.block.default_layers`); one forward drafts up to `block_size` - 1 tokens (`max_gamma`
     is capped there). A head passed as the drafter (`integrations.formats.dflash`) brings both.
+    "recurrent" (alias "redrafter"): a ReDrafter head (`drafters.recurrent`): one recurrent layer started from the
+    target's newest hidden state, fed each draft's embedding, read out through `recurrent_mlp_layers` residual blocks
+    and the target's LM head (with `recurrent_own_head`, a fresh one's own over the first `draft_vocab` ids, trained
+    with it); trees are its beam search, `tree_width` beams; the online learner unrolls it `recurrent_depths` drafts.
 
-    `draft_vocab` N: the drafter with an LM head ("model", "eagle", "eagle3", "medusa", "block", "layer_skip")
-    drafts over N target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper drafts at a
-    large vocabulary, the output still exactly the target's. The first subset: the one a head carries (`specroll
-    distill --draft-vocab`), else the first N ids and the stop ids; `SpecEngine.set_draft_vocab` and a drafter
-    version that carries one (the online learner's, from rollouts) replace it. None: the whole vocabulary.
+    `draft_vocab` N: the drafter with an LM head ("model", "eagle", "eagle3", "medusa", "block", "recurrent",
+    "layer_skip") drafts over N target ids only, through those rows of its head (`drafters.draft_vocab`): cheaper
+    drafts at a large vocabulary, the output still exactly the target's. The first subset: the one a head carries
+    (`specroll distill --draft-vocab`), else the first N ids and the stop ids; `SpecEngine.set_draft_vocab` and a
+    drafter version that carries one (the online learner's, from rollouts) replace it. None: the whole vocabulary.
 
     `kv_cache` "paged" keeps the target's attention K/V in blocks of `kv_block_size` tokens taken as rows
     grow and given back as they finish, siblings of a prompt sharing its full blocks (`models.paged`);
@@ -192,6 +196,9 @@ class EngineConfig:
     eagle3_ttt_steps: int = 3
     block_size: int = 8
     block_layers: tuple[int, ...] | None = None
+    recurrent_mlp_layers: int = 2
+    recurrent_depths: int = 3
+    recurrent_own_head: bool = False
     draft_vocab: int | None = None
     kv_cache: KVCacheKind = "dense"
     kv_block_size: int = 16
@@ -268,6 +275,7 @@ class EngineConfig:
         require(isinstance(self.eagle3_ttt_steps, int) and not isinstance(self.eagle3_ttt_steps, bool)
                 and self.eagle3_ttt_steps >= 1, "eagle3_ttt_steps", self.eagle3_ttt_steps, "an int >= 1")
         self._check_block()
+        self._check_recurrent()
         require(self.draft_vocab is None or (isinstance(self.draft_vocab, int)
                 and not isinstance(self.draft_vocab, bool) and self.draft_vocab >= 1), "draft_vocab", self.draft_vocab,
                 "None (the whole vocabulary) or an int >= 1 (token ids the drafter drafts over)")
@@ -338,6 +346,15 @@ class EngineConfig:
             require(not isinstance(self.gamma, int) or self.gamma <= most, "gamma", self.gamma,
                     f"at most block_size - 1 = {most} with the block drafter (or 'auto')")
             self.max_gamma = min(self.max_gamma, most)
+
+    def _check_recurrent(self) -> None:
+        for name, least in (("recurrent_mlp_layers", 0), ("recurrent_depths", 1)):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= least, name, value,
+                    f"an int >= {least}")
+        require(isinstance(self.recurrent_own_head, bool), "recurrent_own_head", self.recurrent_own_head, "a bool")
+        require(not self.recurrent_own_head or self.draft_vocab is not None, "recurrent_own_head",
+                self.recurrent_own_head, "False unless draft_vocab is set (the own LM head's rows are its ids)")
 
     @property
     def max_step_drafts(self) -> int:

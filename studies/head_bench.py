@@ -2,13 +2,15 @@
 
 Contenders (one `SpecEngine` each, γ auto unless `--gamma`): plain decoding, the independent drafter
 ("model"), layer-skip at k layers, the EAGLE-style head, the Medusa heads, the EAGLE-3 head, the block
-(DFlash-style) drafter, and the suffix drafter combined with the model and with a head. The heads: with
-`--heads DIR`, the `<kind>.pt` files `specroll distill --kind <kind> --out DIR` wrote (each kind its own folder
-is fine: `--heads` takes several, comma-separated); without it (character world only) the EAGLE and Medusa
-first versions from `demo.heads`, cached. A contender named `<kind>+dv` drafts over the
-`--draft-vocab` ids the target's own plain rollouts of other prompts use most (`draft_vocab.top_ids`, as the
-online learner counts them) — or, for a head saved with its own (`specroll distill --draft-vocab`), over those,
-as `specroll train` serves it.
+(DFlash-style) drafter, the recurrent (ReDrafter) head, and the suffix drafter combined with the model and with a
+head; a `<kind>+tree` contender drafts `--tree-width` candidates a level (the recurrent head: its beam search).
+The heads: with `--heads DIR`, the `<kind>.pt` files `specroll distill --kind <kind> --out DIR` wrote (each kind its
+own folder is fine: `--heads` takes several, comma-separated); without it (character world only) the EAGLE and
+Medusa first versions from `demo.heads`, cached. A contender named `<kind>+dv` drafts over the `--draft-vocab` ids
+the target's own plain rollouts of other prompts use most (`draft_vocab.top_ids`, as the online learner counts
+them) — or, for a head saved with its own (`specroll distill --draft-vocab`), over those, as `specroll train` serves
+it. Held-out expected acceptance per kind: `specroll distill --kind <kind>`'s report (the same `--prompts` and
+`--seed` sample the same completions and hold out the same groups for every kind).
 Two workloads, every contender stepped in lockstep (`grpo_bench.race_repeat`: always the one that has
 generated the fewest tokens runs next) so that machine noise hits them alike:
 
@@ -37,38 +39,45 @@ from specroll.bench.models import BenchModels, load_bench_models
 from specroll.demo.heads import HeadTrainingSettings, load_or_train_heads, training_prompts
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters import draft_vocab
+from specroll.rollout.drafters.registry import DRAFTERS
 
-HEADS = ("eagle", "eagle3", "block", "medusa")
+HEADS = ("eagle", "eagle3", "block", "medusa", "recurrent")
 KINDS = {
     "plain": None, "model": ("model",), "layer_skip": ("layer_skip",), "eagle": ("eagle",), "medusa": ("medusa",),
-    "eagle3": ("eagle3",), "block": ("block",),
+    "eagle3": ("eagle3",), "block": ("block",), "recurrent": ("recurrent",),
     "suffix+model": ("suffix", "model"), "suffix+eagle": ("suffix", "eagle"), "suffix+eagle3": ("suffix", "eagle3"),
-    "suffix+block": ("suffix", "block"),
+    "suffix+block": ("suffix", "block"), "suffix+recurrent": ("suffix", "recurrent"),
 }
 DV = "+dv"  # a contender's suffix: the same drafter over the draft vocabulary
-DV_KINDS = ("model", "eagle", "eagle3", "medusa", "block")  # those with an LM head to cut
+TREE = "+tree"  # a contender's suffix: the same drafter drafting `--tree-width` candidates a level
+DV_KINDS = ("model", "eagle", "eagle3", "medusa", "block", "recurrent")  # those with an LM head to cut
+TREE_KINDS = {name: drafters is not None and all(DRAFTERS[k].trees for k in drafters)  # those that draft trees
+              for name, drafters in KINDS.items()}
 COUNT_PROMPTS = 64  # prompts, never raced, whose plain rollouts choose the +dv contenders' ids
 
 
 def drafters_of(name: str) -> tuple[str, ...] | None:
     """`name`'s drafters (None: plain); ValueError for a name this benchmark does not know."""
-    base = name.removesuffix(DV)
-    if base not in KINDS or (name.endswith(DV) and base not in DV_KINDS):
-        raise ValueError(f"contender {name!r} is invalid: one of {list(KINDS)}, or {list(DV_KINDS)} with {DV!r}")
+    base = name.removesuffix(TREE) if name.endswith(TREE) else name.removesuffix(DV)
+    trees = name.endswith(TREE) and TREE_KINDS.get(base)
+    if base not in KINDS or (name.endswith(DV) and base not in DV_KINDS) or (name.endswith(TREE) and not trees):
+        raise ValueError(f"contender {name!r} is invalid: one of {list(KINDS)}, or {list(DV_KINDS)} with {DV!r}, or "
+                         f"{[k for k, trees in TREE_KINDS.items() if trees]} with {TREE!r}")
     return KINDS[base]
 
 
 class Contenders:
     def __init__(self, models: BenchModels, heads: dict[str, torch.nn.Module], layer_skip_layers: int,
-                 gamma: int | str, draft_ids: torch.Tensor | None = None):
+                 gamma: int | str, draft_ids: torch.Tensor | None = None, tree_width: int = 3):
         self.models, self.heads, self.layers, self.gamma = models, heads, layer_skip_layers, gamma
-        self.draft_ids = draft_ids
+        self.draft_ids, self.tree_width = draft_ids, tree_width
 
     def build(self, kind: str, slots: int, max_seq_len: int) -> SpecEngine:
         drafters = drafters_of(kind)
         gamma = 0 if drafters is None else self.gamma
         config = EngineConfig(max_batch_size=slots, max_seq_len=max_seq_len, gamma=gamma, drafters=drafters,
-                              layer_skip_layers=self.layers, stats_trace_steps=1)
+                              layer_skip_layers=self.layers, stats_trace_steps=1,
+                              tree_width=self.tree_width if kind.endswith(TREE) else 1)
         weights = None
         if drafters and "model" in drafters:
             weights = self.models.drafter
@@ -172,6 +181,7 @@ def main() -> None:
     parser.add_argument("--models", choices=("demo", "demo-bpe", "tiny"), default="demo")
     parser.add_argument("--heads", default=None, help="comma-separated folders with `specroll distill`'s <kind>.pt")
     parser.add_argument("--draft-vocab", type=int, default=2048, help="N of the `<kind>+dv` contenders")
+    parser.add_argument("--tree-width", type=int, default=3, help="candidates a level of the `<kind>+tree` contenders")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -201,7 +211,7 @@ def main() -> None:
     if any(k.endswith(DV) for k in kinds):
         draft_ids = rollout_ids(models, models.prompts[raced:], args.draft_vocab, args.max_new_tokens)
     gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
-    contenders = Contenders(models, heads, args.layer_skip_layers, gamma, draft_ids)
+    contenders = Contenders(models, heads, args.layer_skip_layers, gamma, draft_ids, args.tree_width)
     print(f"{models.description}; layer-skip at {args.layer_skip_layers} of "
           f"{models.target.config.num_hidden_layers} layers; gamma={gamma}; draft vocabulary {args.draft_vocab} "
           f"ids for the {DV} contenders", flush=True)

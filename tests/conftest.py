@@ -26,7 +26,7 @@ pytest_plugins = ["ray_fixtures"]  # one session Ray cluster shared by every Ray
 SESSION_RAY_MODULES = frozenset({
     "test_backend_metrics", "test_eagle3_online", "test_head_online", "test_online_schedule", "test_ray_controller",
     "test_ray_drafter_lifecycle", "test_ray_metrics", "test_ray_seeded", "test_ray_shared_service",
-    "test_ray_sync_restart", "test_ray_weight_sync", "test_trl_multirank", "test_trl_ray",
+    "test_ray_sync_restart", "test_ray_weight_sync", "test_trl_multirank", "test_trl_ray", "test_vllm_ray",
 })
 
 

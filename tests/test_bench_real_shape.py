@@ -19,7 +19,7 @@ from specroll.rollout.models.timing import ForwardTimes
 
 SHRUNK = ["--vocab-size", "2048", "--target-layers", "2", "--batch-sizes", "1,4", "--query-lens", "1,2,3",
           "--draft-vocab", "512", "--acceptances", "0.6,0.8", "--auto-tokens", "6", "--threads", "1"]
-DRAFTERS = ["lm_2x384", "lm_4x256", "eagle", "eagle3", "block", "medusa", "layer_skip1"]
+DRAFTERS = ["lm_2x384", "lm_4x256", "eagle", "eagle3", "block", "medusa", "recurrent", "layer_skip1"]
 
 
 def test_real_shape_workload_tables_every_drafter_with_ceilings_from_its_costs(tmp_path, capsys):

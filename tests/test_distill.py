@@ -96,6 +96,33 @@ def test_fused_feature_heads_train_on_their_layers_and_load_as_models_reads(user
     assert [r.completion_ids for r in spec] == [r.completion_ids for r in plain]
 
 
+def test_recurrent_head_is_what_models_reads_and_drafts_beams_exactly(user_folder):
+    """`--kind recurrent` writes `recurrent.pt`, which `models.head` loads over a fresh
+    head of the engine's defaults; it drafts chains and beam trees exactly (greedy = plain)."""
+    from transformers import AutoModelForCausalLM
+
+    from specroll.rollout import SamplingParams, SpecEngine
+    from specroll.rollout.drafters.heads import RecurrentHead
+
+    out = user_folder / "recurrent"
+    assert distill(user_folder, out, "--kind", "recurrent") == 0
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert all(r["gated"] for r in rounds) and 0 < rounds[-1]["served"] <= 1
+    assert "drafters: [recurrent]" in (out / "report.md").read_text()
+    target = AutoModelForCausalLM.from_pretrained(user_folder / "policy")
+    prompts = [[1, 5, 9, 3], [2, 7]]
+    params = SamplingParams(max_new_tokens=10, temperature=0.0)
+    plain = SpecEngine(target, None, EngineConfig(gamma=0, max_batch_size=4, max_seq_len=48)).generate(prompts, params)
+    for width in (1, 3):
+        config = EngineConfig(drafters=("recurrent",), gamma=3, tree_width=width, max_batch_size=4, max_seq_len=48)
+        head = load_drafter(ModelPaths(str(user_folder / "policy"), head=str(out / "recurrent.pt")), config, target)
+        assert isinstance(head, RecurrentHead)
+        saved = read_head_file(out / "recurrent.pt").weights
+        assert all(torch.equal(t, saved[name]) for name, t in head.state_dict().items())
+        spec = SpecEngine(target, head, config).generate(prompts, params)
+        assert [r.completion_ids for r in spec] == [r.completion_ids for r in plain]
+
+
 def test_a_head_trained_over_a_draft_vocabulary_carries_it_to_the_engine_and_the_learner(user_folder, capsys):
     """`--draft-vocab N`: the learner trains and scores over the N ids the samples' completions use most (the stop
     id in); the head file carries them (`integrations.head_file`), `models.head` loads them, and an engine with

@@ -29,10 +29,11 @@ def toy_kind():
 def test_every_kind_has_one_spec_and_its_vllm_method():
     assert {kind: spec.vllm_method for kind, spec in DRAFTERS.items()} == {
         "model": "draft_model", "eagle3": "eagle3", "block": "dflash", "suffix": "ngram", "eagle": None,
-        "medusa": None, "layer_skip": None}
+        "medusa": None, "layer_skip": None, "recurrent": None}
     assert spec_for("dflash") is DRAFTERS["block"]
     assert [k for k, s in DRAFTERS.items() if s.model_free] == ["suffix"]
-    assert {k for k, s in DRAFTERS.items() if s.trainable} == {"model", "eagle", "eagle3", "medusa", "block"}
+    assert {k for k, s in DRAFTERS.items() if s.trainable} == {"model", "eagle", "eagle3", "medusa", "block",
+                                                                "recurrent"}
     assert EngineConfig(drafters=("dflash",)).drafters == ("block",)
 
 

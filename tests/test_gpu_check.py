@@ -30,7 +30,7 @@ def test_gpu_check_passes_with_tiny_settings(tmp_path, capsys):
     assert gpu_check.main([*TINY, "--calibration-cache", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     exact = [line for line in out.splitlines() if line.startswith("greedy fp32 exactness")]
-    assert len(exact) == 6 and all(": ok (" in line for line in exact)  # model, suffix, both; eagle, eagle3, block
+    assert len(exact) == 7 and all(": ok (" in line for line in exact)  # model, suffix, both; 4 heads
     assert "bf16 greedy" in out and "(ok," in out and "all checks passed" in out
     assert "fp32 rotary after the bf16 cast: ok" in out
     cell = [line for line in out.splitlines() if line.startswith("| ") and line.endswith("| n/a (cpu) |")]

@@ -40,6 +40,17 @@ def test_the_trees_arm_is_the_main_job_but_for_its_trees():
     assert main == arm and main["engine"]["sampler"] == "invariant"
 
 
+def test_the_recurrent_arm_is_the_main_job_but_for_its_drafter():
+    """configs/demo_recurrent.yaml runs in the main job's world: only the drafter, its trees, the learning rate of a
+    head from nothing and where the report goes differ."""
+    main, arm = (resolved_dict(load_train_config(CONFIGS / name)) for name in ("demo.yaml", "demo_recurrent.yaml"))
+    assert list(arm["engine"].pop("drafters")) == ["recurrent"] and main["engine"].pop("drafters") is None
+    assert (arm["engine"].pop("tree_width"), arm["engine"].pop("max_tree_width")) == ("auto", 3)
+    main["engine"].pop("tree_width"), main["engine"].pop("max_tree_width")
+    assert (main["learner"].pop("lr"), arm["learner"].pop("lr")) == (2e-4, 1e-3)
+    assert main == arm
+
+
 @pytest.mark.parametrize(("data", "field"), [
     ({"grpo": {"stepz": 3}}, "stepz"),
     ({"grpo": {"num_generations": 1}}, "grpo.num_generations"),

@@ -7,17 +7,12 @@ and a Ray backend with engine.kind: vllm refused at config load, naming the fiel
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
 pytest.importorskip("vllm")
 
 from train_runs import REPO, run_train
-
-from specroll.integrations.yaml_config import ConfigError
-from specroll.jobs.train_config import load_train_config
 
 CONFIG = REPO / "configs" / "demo_vllm_tiny.yaml"
 
@@ -32,12 +27,3 @@ def test_the_main_job_runs_on_vllm(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["speedup_vs_plain"] > 0
     assert (out / "policy" / "config.json").is_file()
-
-
-def test_vllm_on_ray_workers_is_refused_naming_the_backend(tmp_path):
-    config = yaml.safe_load(CONFIG.read_text())
-    config["backend"] = {"kind": "ray"}
-    path = Path(tmp_path) / "ray.yaml"
-    path.write_text(yaml.safe_dump(config))
-    with pytest.raises(ConfigError, match=r"backend\.kind"):
-        load_train_config(path)

@@ -76,7 +76,8 @@ def start_actors(config: ControllerConfig, with_learner: bool, namespace: str | 
         RolloutWorker.options(
             num_cpus=topo.worker.num_cpus, num_gpus=topo.worker.num_gpus, max_restarts=topo.max_restarts,
             max_task_retries=0, scheduling_strategy=bundle(i), **named(worker_name(i), namespace),
-        ).remote(i, config.models, config.engine, board, config.sync.timeout_s, actor_threads(topo.worker.num_cpus))
+        ).remote(i, config.models, config.engine, board, config.sync.timeout_s, actor_threads(topo.worker.num_cpus),
+                  config.vllm)
         for i in range(topo.num_workers)
     ]
     learner = None

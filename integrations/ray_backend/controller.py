@@ -133,6 +133,8 @@ class RolloutController(DrafterEvents):
             raise ValueError(f"n={n!r} is invalid: an int >= 1")
         if self.learner_driver is not None and self.learner_version != self.drafter_version:
             self._publish(self.learner_version, "drafter publish (again: the last sync was refused)")
+        if self.config.engine.kind == "vllm" and self.learner is not None:
+            self.guard.verify_before_batch(self.workers)
         started = time.perf_counter()
         chunks = split_groups(len(prompts), len(self.workers))
         results = run_chunks(self.workers, chunks, prompts, params, n, self.config.topology.max_resends,

@@ -44,10 +44,12 @@ class DrafterGuard:
         self.version, self.digest = version, digest
 
     def served(self, workers: dict[str, Any]) -> dict[str, str]:
-        """Worker name → the digest of the drafter it serves, for each of `workers` (name → handle) that is live."""
+        """Worker name → the digest of the drafter it serves ("none": a drafter lost where it was held), for each of
+        `workers` (name → handle) that is live."""
         live = wait_for_workers(list(workers.values()), self.timeout_s)
         names = [name for handle in live for name, known in workers.items() if known is handle]
-        return dict(zip(names, ray.get([w.drafter_digest.remote() for w in live], timeout=self.timeout_s)))
+        digests = ray.get([w.drafter_digest.remote() for w in live], timeout=self.timeout_s)
+        return {name: digest or "none" for name, digest in zip(names, digests)}  # None: what it loaded is gone
 
     def verify(self, event: str, workers: Sequence[Any]) -> None:
         """Check every live worker serves the published digest after `event`; reload those that do not (an
@@ -66,6 +68,16 @@ class DrafterGuard:
         if wrong:
             raise WeightSyncError(f"after {event}: {', '.join(wrong)} still serve other drafter weights than the "
                                   f"published version {self.version} after a reload and a restart")
+
+    def verify_before_batch(self, workers: Sequence[Any]) -> None:
+        """`verify` at a batch's start, recording nothing where every worker serves the published digest (the
+        common case): for engines whose drafter lives in another project's code (vLLM), where a sleep, a wake or
+        a partial reload can lose it between batches, so a loss is repaired before the batch it would slow."""
+        if self.digest is None:
+            return
+        by_name = {f"worker {index}": worker for index, worker in enumerate(workers)}
+        if any(digest != self.digest for digest in self.served(by_name).values()):
+            self.verify("batch start", workers)
 
     def restarted(self, batches: Sequence[WorkerBatch]) -> bool:
         """Whether a batch came from a worker process other than the one its index last answered from (Ray

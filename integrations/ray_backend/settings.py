@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specroll.integrations.model_source import ModelPaths
+from specroll.integrations.vllm.settings import VllmSettings
 from specroll.online_drafter import LearnerConfig
 from specroll.rollout import EngineConfig
 from specroll.rollout.config import require
@@ -92,3 +93,4 @@ class ControllerConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     learner: LearnerConfig | None = None
+    vllm: VllmSettings = field(default_factory=VllmSettings)  # each worker's vLLM engine (engine.kind: vllm)

@@ -1,4 +1,8 @@
-"""RolloutWorker: a Ray actor that owns one SpecEngine (target + drafter) and serves rollout batches.
+"""RolloutWorker: a Ray actor that owns one rollout engine (target + drafter) and serves rollout batches.
+
+The engine is specroll's `SpecEngine`, or with `engine.kind: vllm` an in-process `vllm.LLM` (`VllmEngine`, one per
+worker, on the worker's own folders; the worker keeps Hugging Face copies of both models beside it, which check
+arriving versions, record the learner's signals, serve a restarted peer's export and follow every commit).
 
 The drafter is what the engine config asks for (`model_source.load_drafter`): the drafter LM, or an
 EAGLE / Medusa head, whose verification-time hidden states the rollouts then carry for its learner.
@@ -42,8 +46,9 @@ from specroll.rollout.core.stats import BatchStats
 from specroll.rollout.drafters.draft_vocab import DraftVocab
 from specroll.rollout.drafters.version import DrafterVersion, drafter_digest
 from specroll.rollout.engine import engine_state, load_engine_state
-from specroll.rollout.models.weights import check_fits
+from specroll.rollout.models.weights import check_fits, copy_into
 
+from ..vllm.settings import VllmSettings
 from .metrics import WorkerMetrics
 from .sync.broadcast import BroadcastRoute, GroupMember
 from .sync.payload import PeerRoute
@@ -87,14 +92,20 @@ class StagedWeights:
 @ray.remote(concurrency_groups={"control": 1, "export": 1})
 class RolloutWorker:
     def __init__(self, worker_index: int, models: ModelPaths, engine_config: EngineConfig,
-                 board: ray.actor.ActorHandle | None = None, reload_timeout_s: float = 60.0, threads: int = 1):
+                 board: ray.actor.ActorHandle | None = None, reload_timeout_s: float = 60.0, threads: int = 1,
+                 vllm: VllmSettings | None = None):
         self.worker_index = worker_index
         self.incarnation = uuid.uuid4().hex  # Ray re-runs __init__ on a restart: a batch says which process made it
         set_torch_threads(threads, self._process_name())  # before any torch work: the inter-op pool is sized once
         dtype = engine_config.dtype
         target = AutoModelForCausalLM.from_pretrained(models.target, dtype=dtype)
         drafter = load_drafter(models, engine_config, target)  # a drafter LM, an EAGLE / Medusa head, or None
-        self.engine = SpecEngine(target, drafter, engine_config, *tokenizer_pair(models))
+        if engine_config.kind == "vllm":
+            from specroll.integrations.vllm.engine import VllmEngine
+
+            self.engine = VllmEngine.from_paths(models, target, engine_config, vllm)
+        else:
+            self.engine = SpecEngine(target, drafter, engine_config, *tokenizer_pair(models))
         self.models = {"policy": target, "drafter": drafter}  # the modules the engine serves
         self.metrics = WorkerMetrics(worker_index)
         self.num_loads = 0
@@ -172,6 +183,8 @@ class RolloutWorker:
                 self.engine.update_target(staged.named, version)
             else:
                 self.engine.load_drafter(staged.drafter)
+            if not isinstance(self.engine, SpecEngine):  # vLLM holds its own copy: the worker's follows it
+                copy_into(self.models[role], staged.named, role)
             self.served_names[role] = tuple(staged.named)
             del self.staged[role]
         seconds = staged.fetch_s + time.perf_counter() - started
@@ -253,12 +266,14 @@ class RolloutWorker:
                               f"within {timeout_s}s ({'; '.join(failures) or 'no other holder'})")
 
     def engine_state(self) -> dict:
-        """What this engine learnt while it ran (`SpecEngine.state_dict`: suffix history, γ statistics)."""
-        return engine_state(self.engine)
+        """What this engine learnt while it ran (`SpecEngine.state_dict`: suffix history, γ statistics; a vLLM
+        engine keeps none)."""
+        return engine_state(self.engine) if isinstance(self.engine, SpecEngine) else {}
 
     def load_engine_state(self, state: dict) -> None:
         """Take back an `engine_state()` (a resumed run's, of the worker with this index)."""
-        load_engine_state(self.engine, state)
+        if isinstance(self.engine, SpecEngine):
+            load_engine_state(self.engine, state)
 
     def drafter_digest(self) -> str | None:
         """The digest of the drafter this engine serves, computed here over its weights as the engine holds them
@@ -268,6 +283,9 @@ class RolloutWorker:
         if drafter is None:
             return None
         with self._weights_lock:
+            if not isinstance(self.engine, SpecEngine):  # what vLLM's proposer holds, hashed where it holds it
+                served = set(self.engine.served_drafter_digests())
+                return served.pop() if len(served) == 1 else None
             return self.engine.served_drafter_digest(drafter)
 
     def served_policy(self, names: list[str]) -> dict[str, torch.Tensor]:

@@ -142,6 +142,28 @@ class VllmEngine:
         engine._folder = keep
         return engine
 
+    @classmethod
+    def from_paths(cls, models, target: PreTrainedModel, config: EngineConfig,
+                   settings: VllmSettings | None = None) -> VllmEngine:
+        """The engine on a run's saved folders (`model_source.ModelPaths`, as a Ray rollout worker has them): the
+        target's, and the drafter LM's for `drafters: [model]` or an EAGLE-3 checkpoint folder (`models.head`) for
+        `[eagle3]`. `target`: the Hugging Face copy that records the learner's signals with `config.record_signals`
+        (and follows every `update_target`)."""
+        config = config if config.drafters is not None or not models.drafter else dataclasses.replace(
+            config, drafters=("model",))
+        kind = drafter_kind(config)
+        drafter_dir = {"model": models.drafter, "eagle3": models.head}.get(kind) if kind else None
+        if kind == "eagle3" and not (drafter_dir and Path(drafter_dir).is_dir()):
+            raise ValueError(f"models.head={models.head!r} is invalid with engine.kind: vllm and drafters: [eagle3]: "
+                             "vLLM loads an EAGLE-3 checkpoint folder (the speculators layout `specroll distill` and "
+                             "`specroll export` write)")
+        if config.record_signals and kind == "eagle3":
+            raise ValueError("an online EAGLE-3 learner on vLLM rollout workers is not built: its signals need the "
+                             "target's fused hidden states on the workers; use backend.kind: local with engine.kind: "
+                             "vllm, or a drafter LM (drafters: [model])")
+        signals = TargetSignals(target, config.signal_top_k) if config.record_signals else None
+        return cls(models.target, drafter_dir, config, settings, signals=signals)
+
     # ------------------------------------------------------------------ rollouts
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1,
@@ -227,6 +249,11 @@ class VllmEngine:
         """Per worker, the digest of the drafter version it serves (`DrafterVersion.digest()`), None where what it
         loaded is no longer there."""
         return self.llm.collective_rpc("specroll_served", args=("drafter",))
+
+    @property
+    def drafter_invariant_acceptance(self) -> float | None:
+        """None: vLLM verifies with the rejection rule only (`SpecEngine`'s is the invariant sampler's bound)."""
+        return None
 
     def draft_vocab(self) -> torch.Tensor | None:
         """The target ids the drafter drafts over (None: the whole vocabulary)."""

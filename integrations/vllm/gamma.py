@@ -179,33 +179,40 @@ def _scheduler(llm):
 
 
 def _time_steps(llm, scheduler, rows: int, k: int, vocab_size: int) -> float:
-    """Median seconds of a decode step with `rows` live requests drafting k tokens each (T = 1, as GRPO samples)."""
+    """Median seconds of a decode step with `rows` live requests drafting k tokens each (T = 1, as GRPO samples):
+    only steps that began with every request decoding count, after `WARMUP_STEPS` of them."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     engine = llm.llm_engine
+    max_len = llm.llm_engine.model_config.max_model_len
+    prompt_len = min(PROMPT_TOKENS, max_len // 4)
     saved = list(scheduler.dynamic_sd_lookup)
     scheduler.dynamic_sd_lookup = [k] * len(saved)
-    budget = (MAX_PREFILL_STEPS + WARMUP_STEPS + STEPS) * (k + 1)
     ids = [f"specroll-gamma-{rows}-{k}-{i}" for i in range(rows)]
+    seconds: list[float] = []
     try:
         for i, request in enumerate(ids):
-            prompt = [(7 * i + 13 * j + 1) % vocab_size for j in range(PROMPT_TOKENS)]
+            prompt = [(7 * i + 13 * j + 1) % vocab_size for j in range(prompt_len)]
             engine.add_request(request, TokensPrompt(prompt_token_ids=prompt),
-                               SamplingParams(temperature=1.0, max_tokens=budget, ignore_eos=True, seed=i,
-                                              detokenize=False))
-        for _ in range(MAX_PREFILL_STEPS):  # until every request is decoding (prefill may take several steps)
-            engine.step()
-            if len(scheduler.running) == rows and all(r.num_output_tokens >= 1 for r in scheduler.running):
-                break
-        seconds = []
-        for _ in range(WARMUP_STEPS + STEPS):
+                               SamplingParams(temperature=1.0, max_tokens=max_len - prompt_len, ignore_eos=True,
+                                              seed=i, detokenize=False))
+        for _ in range(MAX_PREFILL_STEPS + WARMUP_STEPS + STEPS):
+            decoding = len(scheduler.running) == rows and all(r.num_output_tokens >= 1 for r in scheduler.running)
             started = time.perf_counter()
             engine.step()
-            seconds.append(time.perf_counter() - started)
+            if decoding:
+                seconds.append(time.perf_counter() - started)
+            elif seconds:  # a request finished: the batch is no longer `rows` live
+                break
+            if len(seconds) == WARMUP_STEPS + STEPS:
+                break
     finally:
         engine.abort_request(ids)
         while engine.has_unfinished_requests():
             engine.step()
         scheduler.dynamic_sd_lookup = saved
+    if len(seconds) <= WARMUP_STEPS:
+        raise ValueError(f"engine.max_seq_len={max_len} is too short to time vLLM's decode steps for gamma: auto "
+                         f"({rows} rows, {k} drafts a step): at least {prompt_len + (WARMUP_STEPS + 2) * (k + 1) + 1}")
     return statistics.median(seconds[WARMUP_STEPS:])

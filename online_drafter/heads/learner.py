@@ -1,4 +1,4 @@
-"""HeadLearner: trains an EAGLE-style, EAGLE-3 or Medusa head on the policy's own features, publish-if-better.
+"""HeadLearner: trains an EAGLE-style, EAGLE-3, Medusa or recurrent head on the policy's features, publish-if-better.
 
 Usage (the engine runs an "eagle" or "medusa" drafter with `record_signals=True`, so every rollout
 carries the target's hidden states and top-k p; backends reach it as an `OnlineLearner`)::
@@ -42,7 +42,8 @@ from .scorer import HeadScorer
 
 
 class HeadLearner(Learner):
-    """`Learner` over `head` (EagleHead / Eagle3Head / MedusaHeads), reading the policy's `embed` and `lm_head`."""
+    """`Learner` over `head` (EagleHead / Eagle3Head / MedusaHeads / RecurrentHead), reading the policy's `embed` and
+    `lm_head`."""
 
     def __init__(self, head: nn.Module, embed: nn.Module, lm_head: nn.Module, config: LearnerConfig | None = None):
         config = config or LearnerConfig()

@@ -16,6 +16,9 @@ every position was most of a step. The alignments follow the drafters (`rollout.
 - Medusa (D = K): head k reads h_i and predicts token i + 1 + k.
 - EAGLE-3 (D = the head's `ttt_steps`): its training-time test (`Eagle3Objective`), the head unrolled on its
   own outputs for D steps, each step's q scored.
+- Recurrent (D = the head's `depths`, `RecurrentObjective`): the state started at h_i and fed x_{i+1} … x_{i+d}
+  predicts token i + d + 1 — the engine's d-th draft when the drafts before it were kept (teacher forcing is exact
+  here: the state holds nothing but the tokens fed).
 
 Positions a head cannot predict (the first tokens) get a zero state (a uniform q through a bias-free head),
 and count as the poor drafts they are.
@@ -35,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specroll.rollout.drafters.heads import EagleHead, MedusaHeads
+from specroll.rollout.drafters.heads import EagleHead, MedusaHeads, RecurrentHead
 from specroll.rollout.drafters.heads.eagle3 import Eagle3Head
 
 from .data import FeatureBatch
@@ -179,17 +182,46 @@ class Eagle3Objective:
             hidden = head(_frozen_embed(self.embed, ids, hidden), hidden, positions, chained, mask)  # [B, N, H]
             per_step.append(_shifted(head.final(hidden), step + 2, length))
         states = torch.stack(per_step, 1)  # [B, D, L, H]
-        if head.lm_head is None:  # the target's frozen LM head
-            return HeadOutput(states, states.new_zeros(()), temperature, self.lm_head)
-        vocab = self.lm_head.weight.shape[0]
+        return _through_lm_head(head, states, temperature, self.lm_head)
 
-        def own_logits(x: torch.Tensor) -> torch.Tensor:
-            """[..., V] over the target's vocabulary from the head's own (trained) LM head over its draft ids."""
-            own = head.lm_head(x)  # [..., K]
-            full = own.new_full((*own.shape[:-1], vocab), float("-inf"))
-            return full.index_copy(-1, head.draft_ids.to(own.device), own)
 
-        return HeadOutput(states, states.new_zeros(()), temperature, None, own_logits)
+class RecurrentObjective:
+    """The ReDrafter head unrolled over the real tokens: at every position i at once, s_0 = h_i and step d feeds
+    x_{i+d} (`RecurrentHead.cell`); the readout of s_d gives q for token i + d + 1. The first `depths` steps (None:
+    the head's `depths`). With an own LM head q is over its draft ids, as EAGLE-3's."""
+
+    def __init__(self, embed: nn.Module, lm_head: nn.Module, depths: int):
+        self.embed, self.lm_head, self.depths = embed, lm_head, depths
+
+    def __call__(self, head: RecurrentHead, batch: FeatureBatch, temperature: float, depths: int | None = None
+                 ) -> HeadOutput:
+        length = batch.token_ids.shape[1]
+        hidden = batch.hidden  # [B, N, H]: h_i, N = L - 1
+        pairs = hidden.shape[1]
+        state, per_step = hidden, []
+        for step in range(1, (depths or self.depths) + 1):
+            ids = F.pad(batch.token_ids[:, step:], (0, step - 1))[:, :pairs]  # [B, N]: x_{i+step}
+            state = head.cell(state, _frozen_embed(self.embed, ids, hidden))
+            per_step.append(_shifted(head.readout(hidden, state), step + 1, length))
+        return _through_lm_head(head, torch.stack(per_step, 1), temperature, self.lm_head)  # [B, D, L, H]
+
+
+def _through_lm_head(head: Eagle3Head | RecurrentHead, states: torch.Tensor, temperature: float,
+                     lm_head: nn.Module) -> HeadOutput:
+    """The states' output through the policy's frozen LM head, or the head's own over its `draft_ids` (log q =
+    -inf at the target's other ids, as in the engine and as `divergence` reads a draft vocabulary: the target's
+    mass there is in no bucket of the loss)."""
+    if head.lm_head is None:
+        return HeadOutput(states, states.new_zeros(()), temperature, lm_head)
+    vocab = lm_head.weight.shape[0]
+
+    def own_logits(x: torch.Tensor) -> torch.Tensor:
+        """[..., V] over the target's vocabulary from the head's own (trained) LM head over its draft ids."""
+        own = head.lm_head(x)  # [..., K]
+        full = own.new_full((*own.shape[:-1], vocab), float("-inf"))
+        return full.index_copy(-1, head.draft_ids.to(own.device), own)
+
+    return HeadOutput(states, states.new_zeros(()), temperature, None, own_logits)
 
 
 def objective_for(head: nn.Module, embed: nn.Module, lm_head: nn.Module, feature_weight: float = 1.0
@@ -200,4 +232,7 @@ def objective_for(head: nn.Module, embed: nn.Module, lm_head: nn.Module, feature
         return EagleObjective(embed, lm_head, feature_weight)
     if isinstance(head, MedusaHeads):
         return MedusaObjective(lm_head, head.num_heads)
-    raise ValueError(f"no head objective for {type(head).__name__}: an EagleHead, Eagle3Head or MedusaHeads")
+    if isinstance(head, RecurrentHead):
+        return RecurrentObjective(embed, lm_head, head.depths)
+    raise ValueError(f"no head objective for {type(head).__name__}: an EagleHead, Eagle3Head, MedusaHeads or "
+                     "RecurrentHead")

@@ -113,8 +113,8 @@ class EagleDrafter(OwnCacheMixin):
             return confidence(self.draws.logits(self._draft_input(out), self.lm_head), params)  # [n, w, K]
 
         root_q = confidence(self.draws.logits(self._draft_input(root), self.lm_head), params)  # [n, K]
-        grown = grow_tree(root_q, depth, width, expand, noise, self.draws.ids,
-                          live.index if isinstance(live, RowIds) else None)
+        ids = None if self.draws.vocab is None else self.draws.vocab.ids  # what q is over (an own head's ids too)
+        grown = grow_tree(root_q, depth, width, expand, noise, ids, live.index if isinstance(live, RowIds) else None)
         return Proposal(grown.drafts, self.draws.proposal_q(grown.probs), tree=grown.tree)
 
     def catch_up(self, live: Rows, rows: RowBuffers) -> torch.Tensor:

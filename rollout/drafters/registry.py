@@ -30,7 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..config import DRAFTER_SPECS, EngineConfig
-from . import block, eagle, eagle3, layer_skip, medusa, model, suffix
+from . import block, eagle, eagle3, layer_skip, medusa, model, recurrent, suffix
 from .protocol import Drafter, DrafterMemory
 
 # build(weights or None, config, target runner) → the kind's `Drafter`; memory(weights or None, config, target model)
@@ -130,3 +130,4 @@ register(DrafterSpec("eagle", eagle.EagleDrafter, eagle.build, eagle.memory, eag
 register(DrafterSpec("eagle3", eagle3.Eagle3Drafter, eagle3.build, eagle3.memory, eagle3.Eagle3Head, eagle3.fresh_head, f"{ONLINE}.heads.learner:HeadLearner", f"{SOURCES}.formats.eagle3:read_eagle3_head", trees=True, draft_vocab=True, reads_hidden=True, trainable=True, config_fields=("eagle3_layers", "eagle3_ttt_steps"), vllm_method="eagle3"))  # noqa: E501
 register(DrafterSpec("medusa", medusa.MedusaDrafter, medusa.build, medusa.memory, medusa.MedusaHeads, medusa.fresh_head, f"{ONLINE}.heads.learner:HeadLearner", f"{SOURCES}.model_source:read_medusa_heads", trees=True, draft_vocab=True, reads_hidden=True, trainable=True, config_fields=("medusa_heads",)))  # noqa: E501
 register(DrafterSpec("block", block.BlockDrafter, block.build, block.memory, block.BlockHead, block.fresh_head, f"{ONLINE}.heads.block_learner:BlockLearner", f"{SOURCES}.formats.dflash:read_block_head", trees=True, draft_vocab=True, reads_hidden=True, trainable=True, config_fields=("block_size", "block_layers"), vllm_method="dflash", aliases=("dflash",)))  # noqa: E501
+register(DrafterSpec("recurrent", recurrent.RecurrentDrafter, recurrent.build, recurrent.memory, recurrent.RecurrentHead, recurrent.fresh_head, f"{ONLINE}.heads.learner:HeadLearner", f"{SOURCES}.model_source:read_recurrent_head", trees=True, draft_vocab=True, reads_hidden=True, trainable=True, config_fields=("recurrent_mlp_layers", "recurrent_depths", "recurrent_own_head"), aliases=("redrafter",)))  # noqa: E501

@@ -64,7 +64,8 @@ def prompts_for(rows: int, vocab: int, seed: int, length: int = 16) -> list[list
     return [p for p in base for _ in range(samples)]
 
 
-HEAD_KINDS = ("eagle", "eagle3", "block")  # fresh heads on the target's features (EAGLE-1-like, EAGLE-3, block)
+# fresh heads on the target's features: EAGLE-1-like, EAGLE-3, block, ReDrafter
+HEAD_KINDS = ("eagle", "eagle3", "block", "recurrent")
 
 
 def engine(target, drafter, kind: str, rows: int, max_seq: int, gamma: int | str, args, dtype) -> SpecEngine:

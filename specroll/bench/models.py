@@ -2,8 +2,10 @@
 
 `demo`: the embedded demo's target and drafter (trained here; the drafter distilled from the
 target's own samples, so its agreement is realistic) on task prompts. `demo-bpe`: the same from the
-subword world's recipe (`DemoRecipe.bpe()`, built on first use). `tiny`: two small random Llamas on
-random prompts — a seconds-long smoke run of the benchmark code, not a measurement.
+subword world's recipe (`DemoRecipe.bpe()`, built on first use). `real-shape`: a Qwen2.5-0.5B-shaped target
+(494M, tied 152k head) and the 2 × 384 drafter LM of `bench.real_shape`, random init (tied heads: both predict
+their last input token, so they agree under greedy decoding and far less at T = 1), on random prompts. `tiny`: two
+small random Llamas on random prompts — a seconds-long smoke run of the benchmark code, not a measurement.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ def load_bench_models(kind: str, num_prompts: int, seed: int = 0) -> BenchModels
         return _demo_models(num_prompts, seed, bpe=True)
     if kind == "tiny":
         return _tiny_models(num_prompts, seed)
-    raise ValueError(f"models={kind!r} is invalid: 'demo', 'demo-bpe' or 'tiny'")
+    if kind == "real-shape":
+        return _real_shape_models(num_prompts, seed)
+    raise ValueError(f"models={kind!r} is invalid: 'demo', 'demo-bpe', 'real-shape' or 'tiny'")
 
 
 def _demo_models(num_prompts: int, seed: int, bpe: bool) -> BenchModels:
@@ -85,6 +89,19 @@ def _tiny_models(num_prompts: int, seed: int) -> BenchModels:
     target, drafter = build(2, 64, seed), build(1, 32, seed + 1)
     return BenchModels(target, drafter, prompts, stop_token_ids=(2,), pad_id=0,
                        description=f"tiny random models (smoke run): {_params(target)} / {_params(drafter)}")
+
+
+def _real_shape_models(num_prompts: int, seed: int) -> BenchModels:
+    from .shapes import SHAPES, build
+
+    target = build("target", seed=seed, tied=True)
+    drafter = build("drafter_2x384", seed=seed + 1, tied=True)
+    rng = random.Random(seed)
+    vocab = SHAPES["target"].vocab
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(16, 48))] for _ in range(num_prompts)]
+    return BenchModels(target, drafter, prompts, stop_token_ids=(2,), pad_id=0,
+                       description=f"real-shape random pair: Qwen2.5-0.5B-shaped target {_params(target)}, "
+                                   f"2 x 384 drafter {_params(drafter)}, tied heads, fp32")
 
 
 @dataclass

@@ -221,6 +221,7 @@ def build_models(args: argparse.Namespace) -> Models:
     for name, kinds, weights, layers in (("lm_2x384", ("model",), lms[0], None), ("lm_4x256", ("model",), lms[1], None),
                                          ("eagle", ("eagle",), None, None), ("eagle3", ("eagle3",), None, None),
                                          ("block", ("block",), None, None), ("medusa", ("medusa",), None, None),
+                                         ("recurrent", ("recurrent",), None, None),
                                          (f"layer_skip{skip}", ("layer_skip",), None, skip)):
         specs.append(DrafterSpec(name, kinds, weights, None, layers))
         if args.draft_vocab:

@@ -4,7 +4,12 @@
 
 Contenders, on the same target, drafter and prompts: vLLM plain (`vllm_plain`, the baseline), vLLM speculating
 with the drafter LM at γ (`vllm_spec`), specroll's engine plain and at the same γ (`specroll_plain`,
-`specroll_spec`), and TRL's own path without vLLM, Hugging Face `generate` (`hf_generate`, `--hf`). Two workloads:
+`specroll_spec`), and TRL's own path without vLLM, Hugging Face `generate` (`hf_generate`, `--hf`). `--auto` adds
+vLLM with `gamma: auto` (`vllm_auto`: drafts per live batch size, up to γ, from vLLM's timed step costs,
+`integrations.vllm.gamma`). `--run DIR` takes a finished `specroll train` run (its `policy/` and `drafter/`
+folders): the target is the trained policy, the frozen drafter the one the run started from (`vllm_spec`,
+`specroll_spec`), and the drafter the run's online learner published last speculates too (`vllm_online`,
+`specroll_online`; with `--auto` also `vllm_auto_online`). Two workloads:
 a fixed live batch (`--rows` prompts, no stop token, `--new-tokens` each: every row live to the end) at greedy and
 T = 1, and the GRPO-shaped one (`--grpo-prompts` task prompts × G siblings at T = 1, stop at EOS, up to
 `--grpo-max-tokens`). Every repeat runs every contender once, in turn (never two at once: vLLM's CPU threads
@@ -45,7 +50,8 @@ class Engine:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", default="demo-bpe", help="demo-bpe (default), demo or tiny (a smoke run)")
+    parser.add_argument("--models", default="demo-bpe",
+                        help="demo-bpe (default), demo, real-shape or tiny (a smoke run)")
     parser.add_argument("--rows", default="1,16,64", help="live batch sizes of the fixed workload (comma list)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--temperatures", default="0,1", help="the fixed workload's temperatures (comma list)")
@@ -55,29 +61,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpo-generations", type=int, default=8)
     parser.add_argument("--grpo-max-tokens", type=int, default=320)
     parser.add_argument("--hf", action="store_true", help="also Hugging Face generate (TRL's path without vLLM)")
+    parser.add_argument("--auto", action="store_true", help="also vLLM with gamma: auto (max_gamma = --gamma)")
+    parser.add_argument("--run", default=None, help="a finished specroll train run: its policy and online drafter")
     parser.add_argument("--skip-fixed", action="store_true", help="the GRPO-shaped workload only")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
 
 
 def build(models: BenchModels, args: argparse.Namespace, max_batch: int, max_seq_len: int) -> list[Engine]:
-    from specroll.integrations.vllm.engine import VllmEngine
     from specroll.integrations.vllm.settings import VllmSettings
 
     settings = VllmSettings(kv_cache_gib=2)
     base = EngineConfig(max_batch_size=max_batch, max_seq_len=max_seq_len)
     plain, spec = replace(base, gamma=0), replace(base, gamma=args.gamma)
-    vllm_plain = VllmEngine.from_models(models.target, None, plain, settings)
-    vllm_spec = VllmEngine.from_models(models.target, models.drafter, replace(spec, drafters=("model",)), settings)
+    auto = replace(base, gamma="auto", max_gamma=args.gamma, drafters=("model",))
+    drafters = {"spec": models.drafter}
+    if args.run:
+        from transformers import AutoModelForCausalLM
+
+        models = replace(models, target=AutoModelForCausalLM.from_pretrained(f"{args.run}/policy"))
+        drafters["online"] = AutoModelForCausalLM.from_pretrained(f"{args.run}/drafter")
+    engines = [_vllm(BASELINE, models.target, None, plain, settings)]
+    for name, drafter in drafters.items():
+        engines.append(_vllm(f"vllm_{name}", models.target, drafter, replace(spec, drafters=("model",)), settings))
+        if args.auto:
+            suffix = "" if name == "spec" else f"_{name}"
+            engines.append(_vllm(f"vllm_auto{suffix}", models.target, drafter, auto, settings))
     ours_plain = SpecEngine(models.target, None, plain)
-    ours_spec = SpecEngine(models.target, models.drafter, spec)
-    engines = [Engine(BASELINE, _engine_run(vllm_plain), vllm_plain.stats),
-               Engine("vllm_spec", _engine_run(vllm_spec), vllm_spec.stats),
-               Engine("specroll_plain", _engine_run(ours_plain), ours_plain.stats),
-               Engine("specroll_spec", _engine_run(ours_spec), ours_spec.stats)]
+    engines.append(Engine("specroll_plain", _engine_run(ours_plain), ours_plain.stats))
+    for name, drafter in drafters.items():
+        ours = SpecEngine(models.target, drafter, spec)
+        engines.append(Engine(f"specroll_{name}", _engine_run(ours), ours.stats))
     if args.hf:
         hf = hf_generate(models.target, models.pad_id)
         engines.append(Engine(hf.name, hf.run))
     return engines
+
+
+def _vllm(name: str, target, drafter, config: EngineConfig, settings) -> Engine:
+    from specroll.integrations.vllm.engine import VllmEngine
+
+    engine = VllmEngine.from_models(target, drafter, config, settings)
+    return Engine(name, _engine_run(engine), engine.stats)
 
 
 def _engine_run(engine):
@@ -123,13 +147,13 @@ def race(engines: list[Engine], prompts: list[list[int]], budgets: list[int], pa
 
 def print_table(title: str, result: dict[str, dict]) -> None:
     print(f"\n{title}")
-    print(f"{'contender':<16}{'tok/s':>9}  {'x vllm_plain [95% CI]':<26}{'acceptance':>11}")
+    print(f"{'contender':<18}{'tok/s':>9}  {'x vllm_plain [95% CI]':<26}{'acceptance':>11}")
     for name, entry in result.items():
         ratio = entry.get("vs_vllm_plain")
         shown = "1 (baseline)" if ratio is None else f"{ratio['mean']:.2f} [{ratio['lo']:.2f}, {ratio['hi']:.2f}]"
         acceptance = entry.get("acceptance")
         kept = "" if acceptance is None else f"{acceptance:.3f}"
-        print(f"{name:<16}{entry['tokens_per_s']:>9.1f}  {shown:<26}{kept:>11}")
+        print(f"{name:<18}{entry['tokens_per_s']:>9.1f}  {shown:<26}{kept:>11}")
 
 
 def run(args: argparse.Namespace) -> int:

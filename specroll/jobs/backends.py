@@ -81,7 +81,7 @@ def resolve_models(config: TrainConfig) -> ModelSources:
     paths = ModelPaths(str(demo.path / "target"), str(drafter_dir), tokenizer_dir, tokenizer_dir)
     kind = trained_drafter_kind(paths, config.engine)
     if kind is not None and DRAFTERS[kind].is_head and models.head != FRESH_HEAD:
-        first = models.head if kind in ("eagle3", "block") else demo_head(demo, kind, models.recipe)  # none built
+        first = demo_head(demo, kind, models.recipe) if kind in ("eagle", "medusa") else models.head  # the two built
         paths = dataclasses.replace(paths, head=first)
     return ModelSources(paths, demo.tokenizer, models.task_max_digits or recipe.max_digits,
                         time.perf_counter() - started if building else 0.0, recipe.world)
@@ -134,7 +134,7 @@ def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None =
                                   publish_acceptance=config.engine.speculation == "when_learned")
     trained = trained_drafter_kind(sources.paths, config.engine) is not None
     learner = learner if config.online_learning and trained else None
-    if config.engine.kind == "vllm":
+    if config.engine.kind == "vllm" and config.backend.kind == "local":
         from transformers import AutoModelForCausalLM
 
         from specroll.integrations.model_source import load_drafter, tokenizer_pair
@@ -158,7 +158,7 @@ def make_backend(config: TrainConfig, sources: ModelSources, ranks: Any | None =
     from specroll.integrations.ray_backend.settings import ControllerConfig
 
     controller_config = ControllerConfig(sources.paths, config.engine, config.backend.topology, config.backend.sync,
-                                         learner)
+                                         learner, config.vllm)
     if ranks is not None:
         from specroll.integrations.ray_backend.shared_service import shared_controller
 

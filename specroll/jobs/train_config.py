@@ -53,8 +53,8 @@ SET_FROM_CONFIG = {
 class ModelsConfig:
     """`source: demo` builds (or loads from cache) the demo recipe's target, drafter and tokenizer;
     `source: pretrained` loads `target` / `drafter` / `tokenizer` folders or hub ids from the local cache,
-    and `head` (a `state_dict` file) for an `engine.drafters` "eagle" / "eagle3" / "medusa" head (null: a fresh
-    head; the demo brings its own first version of "eagle" / "medusa", unless `head: fresh` — the cold start,
+    and `head` (a `state_dict` file) for an `engine.drafters` "eagle" / "eagle3" / "medusa" / "recurrent" head (null: a
+    fresh head; the demo brings its own first version of "eagle" / "medusa", unless `head: fresh` — the cold start,
     docs/get_a_drafter.md); for "eagle3" also a public EAGLE-3 checkpoint folder (speculators or SpecForge layout,
     refused if it does not fit the target: `integrations.formats.eagle3`, docs/drafters.md); for "block" also a
     z-lab DFlash checkpoint folder (`integrations.formats.dflash`, docs/drafters.md).
@@ -275,8 +275,6 @@ class TrainConfig:
                  f"at least grpo.max_completion_length + a prompt (>= {needed})")
         require(self.torch_threads is None or self.torch_threads >= 1, "torch_threads", self.torch_threads,
                  "an int >= 1 or null")
-        require(self.engine.kind == "specroll" or self.backend.kind == "local", "backend.kind", self.backend.kind,
-                "local with engine.kind: vllm (one in-process vllm.LLM; vLLM on Ray rollout workers is not built yet)")
         set_in_extra = sorted(set(self.grpo.extra) & set(CHECKPOINT_FIELDS))
         require(not set_in_extra, "grpo.extra", set_in_extra, "no checkpoint fields (the checkpoint section sets "
                 "them: checkpoint.every, checkpoint.keep; the run's folder is report.out_dir)")
