@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from .core.stats import TRACE_STEPS
+from .placement.device import parse_drafter_device
 from .require import require
 from .suffix_config import SuffixConfig
 
@@ -154,6 +155,14 @@ class EngineConfig:
     It needs an adaptive `gamma` (the cost model says where break-even is). "always": draft whenever there is a
     drafter (γ as `gamma` says).
 
+    `drafter_device` places the drafter LM ("model", chains) apart from the target (`placement.device`): a torch device
+    ("cpu" beside a "cuda" target: the host's cores draft while the accelerator verifies) or, on a CPU, its own cores
+    ("cpu:N": the last N of the process's, "cpu:cores=1-2"): the drafter then runs in its own OS thread pinned to them,
+    the target on the rest (`placement.threads`). None: the target's device, in series. `overlap` True drafts each
+    step's successor while the target verifies it (PEARL's post-verify, `placement.ahead`: kept where the whole step
+    and the drafter's guess of the next token held, rolled back elsewhere; lossless under both samplers); "auto" per
+    live batch size where its measured steps beat serial ones (`gamma.overlap_choice`); False: never.
+
     `kind` the engine that runs these settings: "specroll" (`SpecEngine`, every field) or "vllm"
     (`integrations.vllm.VllmEngine`: the fields vLLM can honour, the rest refused by name when it is built).
     """
@@ -199,6 +208,8 @@ class EngineConfig:
     max_tree_width: int = 4
     speculation: str = "always"
     kind: str = "specroll"
+    drafter_device: str | None = None
+    overlap: bool | Literal["auto"] = False
 
     def __post_init__(self) -> None:
         require(self.speculation in SPECULATION_MODES, "speculation", self.speculation, f"one of {SPECULATION_MODES}")
@@ -295,6 +306,21 @@ class EngineConfig:
             torch.device(self.device)
         except RuntimeError as err:
             raise ValueError(f"device={self.device!r} is invalid: {err}") from err
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        """`drafter_device` (its syntax; its cores are checked when the engine is built) and `overlap`: for chains of
+        the drafter LM."""
+        if self.drafter_device is not None:
+            parse_drafter_device(self.drafter_device)
+        require(isinstance(self.overlap, bool) or self.overlap == "auto", "overlap", self.overlap,
+                "True, False or 'auto' (drafting ahead where measured steps say it pays)")
+        if self.drafter_device is None and not self.overlap:
+            return
+        require(self.tree_width == 1, "tree_width", self.tree_width,
+                "1 (chains) with drafter_device or overlap: trees are not placed apart or drafted ahead")
+        require(self.drafters is None or tuple(self.drafters) == ("model",), "drafters", self.drafters,
+                "None or ('model',) with drafter_device or overlap: they serve the drafter LM only")
 
     def _check_drafters(self) -> None:
         """`drafters`: registered kinds (an alias becomes its kind), distinct, at most one that runs a model."""

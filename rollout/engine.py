@@ -48,6 +48,11 @@ copy (its drafts, lengths and the model's rows, packed). With auto-γ on a GPU, 
 drafter's drafts (`tests/test_engine_syncs.py` counts them). Finishing rows cost their export's copies
 and admitted rows their prefill's (the prompts, their slots), once per row, not per step.
 
+Placement: with `EngineConfig.drafter_device` or `overlap` the drafter LM is an `placement.ahead.AheadDrafter`, on
+its own device or cores; on a split CPU the engine keeps the target's threads on the other cores while it steps
+(`placement.threads.TargetCores`: pinned at each step, given back at each yield), and with `overlap` a chain step
+drafts the next one while the target verifies (`StepPlan.overlap`).
+
 Faults stay in their row. A row whose target distribution is non-finite where its next token is
 drawn ends with `finish_reason="error"` (its tokens before that position kept, `Rollout.error` says
 where); a row whose drafter q is non-finite takes a plain step, counted in
@@ -72,7 +77,7 @@ from .core.scheduler import Scheduler
 from .core.stats import EngineStats
 from .core.validate import validate_generate_args
 from .drafters.draft_vocab import DraftVocab
-from .drafters.factory import DrafterWeights, initial_draft_vocab, make_drafter
+from .drafters.factory import DrafterWeights, initial_draft_vocab
 from .drafters.protocol import Drafter
 from .drafters.version import DrafterVersion
 from .engine_caches import EngineCaches, plan_engine_memory
@@ -88,6 +93,7 @@ from .models.memory import MemoryPlan
 from .models.paged import PagedLayout
 from .models.runner import ModelRunner
 from .models.vocab import check_vocab_compatible
+from .placement.ahead import AheadDrafter, place_drafter
 from .sampling.accept import ACCEPT_RULES, AcceptRule
 from .sampling.randomness import draw_seed
 from .step.chain import ChainStep
@@ -126,13 +132,18 @@ class SpecEngine:
         self.target = ModelRunner(target, config.max_batch_size, config.cache_len, config.dtype, self.device,
                                   config.lean_forward, config.state_history, paged, config.prefill_chunk_tokens)
         self.vocab_size = self.target.vocab_size
-        self.drafter: Drafter | None = make_drafter(drafter, config, self.target)
+        self.drafter: Drafter | None = place_drafter(drafter, config, self.target)
+        self.target_cores = self.drafter.target_cores if isinstance(self.drafter, AheadDrafter) else None
         self.weights = EngineWeights(self.target, self.drafter, config.dtype)
         if config.draft_vocab is not None:
             self.weights.set_draft_vocab(initial_draft_vocab(config, self.vocab_size, target.config, drafter))
         self.caches = EngineCaches(config, memory, self.target, self.drafter)
         self.stats = EngineStats(trace_steps=config.stats_trace_steps)
-        gamma_policy = make_gamma_policy(config, self.target, self.drafter)
+        self._pin(True)  # on a split CPU auto-γ times the target on the cores it will run on
+        try:
+            gamma_policy = make_gamma_policy(config, self.target, self.drafter)
+        finally:
+            self._pin(False)
         self.tree_step: TreeStep | None = make_tree_step(config, self.target, self.drafter, self.stats)
         tree_policy = make_tree_policy(config, gamma_policy) if self.tree_step else None
         self.speculation = EngineSpeculation(config, self.drafter, self.stats, self.weights, gamma_policy, tree_policy)
@@ -330,9 +341,11 @@ class SpecEngine:
             return (yield from self._steps(requests, params))
         finally:
             self._generating = False
+            self._pin(False)
 
     def _steps(self, requests: list[Request], params: SamplingParams) -> Generator[int, None, list[Rollout]]:
         started = time.perf_counter()
+        self._pin(True)
         stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.device)
         scheduler = Scheduler(self.config.max_batch_size, lambda req: self.target.cache.try_reserve(
             self.prefill_step.reserved_tokens(len(req.prompt_ids), req.max_new_tokens)))
@@ -347,14 +360,21 @@ class SpecEngine:
             report = step.run(self.rows, plan, params, stop_ids)
             self.speculation.observe(report, params.greedy)
             self._finish(scheduler, report.summary.finished)
+            self._pin(False)
             self._pause_clock(started)
             yield scheduler.num_live_rows
             started = time.perf_counter()
+            self._pin(True)
         self._pause_clock(started)
         self._warn_nonfinite_drafter(self.stats.drafter_nonfinite_rows - nonfinite_before)
         if self._drafting:
             self.speculation.observe_call(self.stats.tried - tried_before, self.stats.accepted - accepted_before)
         return [req.rollout for req in requests]
+
+    def _pin(self, on: bool) -> None:
+        """Keep the target's threads on its cores while this engine steps (a split CPU: `drafter_device`)."""
+        if self.target_cores is not None:
+            self.target_cores.pin() if on else self.target_cores.unpin()
 
     def _shape(self, live: int) -> StepShape:
         """The live batch as an adaptive γ policy sees it (from the host copies; skipped for a fixed γ)."""

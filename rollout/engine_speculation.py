@@ -1,7 +1,8 @@
 """`SpecEngine`'s speculation: what each step speculates (`plan`: the γ policy's γ, the tree shape's depth and
 width), what the policies learn from each step run (`observe`), and whether a generate call drafts at all
 (`EngineConfig.speculation`: the break-even acceptance from the γ policy's cost model, and the served drafter
-version's held-out acceptance as the `gamma.speculation_gate` corrects it). The engine holds one
+version's held-out acceptance as the `gamma.speculation_gate` corrects it), and whether a chain step drafts its
+successor beside verification (`EngineConfig.overlap`, `gamma.overlap_choice`). The engine holds one
 (`SpecEngine.speculation`) and delegates its public `speculating` and `break_even_acceptance` to it.
 """
 
@@ -16,6 +17,7 @@ from .core.batch import HostStep
 from .core.stats import EngineStats, StepSummary
 from .drafters.protocol import Drafter
 from .engine_weights import EngineWeights
+from .gamma.overlap_choice import OverlapChoice
 from .gamma.policy import GammaPolicy, StepOutcome, StepShape
 from .gamma.speculation_gate import SpeculationGate
 from .gamma.tree_shape import AutoWidth, FixedWidth
@@ -31,6 +33,7 @@ class StepPlan:
     shape: StepShape
     depth: int  # γ: drafts per row of a chain, levels of a tree (0: a plain step)
     width: int = 1  # candidates per tree level (1: a chain)
+    overlap: bool = False  # a chain step that drafts the next step while the target verifies (`placement.ahead`)
 
 
 @dataclass
@@ -52,6 +55,7 @@ class EngineSpeculation:
                  gamma_policy: GammaPolicy, tree_policy: FixedWidth | AutoWidth | None):
         self.config, self.drafter, self.stats, self.weights = config, drafter, stats, weights
         self.gamma_policy, self.tree_policy = gamma_policy, tree_policy
+        self.overlap = OverlapChoice(config.overlap)
         self.gate = SpeculationGate()  # "when_learned": the served acceptance, checked by what rollouts accept
         # Rows were prefilled, or steps run plain or as trees, since the last chain step drafted: the next drafting
         # step first catches the drafter up, a step auto-γ learns acceptance from but does not time.
@@ -61,7 +65,7 @@ class EngineSpeculation:
         """The next step's γ (0 where this call does not draft) and tree shape."""
         gamma = self.gamma_policy.choose(shape, greedy) if drafting else 0
         if self.tree_policy is None:
-            return StepPlan(shape, gamma)
+            return StepPlan(shape, gamma, overlap=bool(gamma) and self.overlap.choose(shape.rows))
         depth, width = self.tree_policy.choose(shape, gamma, greedy)
         return StepPlan(shape, gamma) if width == 1 else StepPlan(shape, depth, width)
 
@@ -78,11 +82,14 @@ class EngineSpeculation:
             self.drafter_behind = True
             return
         gamma = report.depth
+        if gamma:
+            self.overlap.observe(plan.shape.rows, plan.overlap, summary.emitted, report.seconds)
         if self.gamma_policy.adaptive:
+            # A step that drafted ahead teaches acceptance, not step time: the cost model stays one of serial steps.
             self.gamma_policy.observe(plan.shape, StepOutcome(
                 gamma=gamma, rows=plan.shape.rows, counts=summary.counts, emitted=summary.emitted,
                 stopped=summary.stopped, seconds=report.seconds, draft_seconds=report.draft_seconds,
-                catch_up=bool(gamma) and self.drafter_behind,
+                catch_up=bool(gamma) and (self.drafter_behind or plan.overlap),
             ), greedy)
         self.drafter_behind = not gamma
 

@@ -19,8 +19,10 @@ from specroll.online_drafter.heads.data import FeatureBatch
 from specroll.online_drafter.heads.learner import HeadLearner
 from specroll.online_drafter.heads.objectives import objective_for
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
+from specroll.rollout.drafters import eagle
 from specroll.rollout.drafters.draft_vocab import DraftVocab
 from specroll.rollout.drafters.heads.eagle3 import Eagle3Head, default_layers
+from specroll.rollout.drafters.tree_draft import grow_tree
 from specroll.rollout.models.architectures import VERIFIED_MODEL_TYPES
 from specroll.tools.arch_sweep import prompts as sweep_prompts
 from specroll.tools.arch_sweep import tiny_model
@@ -146,7 +148,7 @@ def test_trained_head_is_exact_on_each_architecture(arch, attn, layers):
     assert speculative(target, trained) == plain(target)
 
 
-def test_own_lm_head_over_draft_ids_is_exact_and_drafts_only_those():
+def test_own_lm_head_over_draft_ids_is_exact_and_drafts_only_those(monkeypatch):
     target = tiny_lm("llama", "sdpa", layers=4)
     ids = torch.arange(0, 64, 2)  # half the vocabulary: the target emits ids the head cannot propose
     head = Eagle3Head.for_target(target.config, seed=1, draft_ids=ids)
@@ -158,7 +160,10 @@ def test_own_lm_head_over_draft_ids_is_exact_and_drafts_only_those():
     assert first.numel() == 40 and torch.equal(engine.drafter.draws.vocab.ids, ids[torch.isin(ids, first)])
     assert [r.completion_ids for r in engine.generate(PROMPTS, GREEDY)] == plain(target)
     trees = SpecEngine(target, head, EngineConfig(max_batch_size=5, max_seq_len=40, gamma=3, tree_width=2))
-    assert [r.completion_ids for r in trees.generate(PROMPTS, GREEDY)] == plain(target)  # trees over its own ids
+    grown = []
+    monkeypatch.setattr(eagle, "grow_tree", lambda *a, **k: grown.append(grow_tree(*a, **k)) or grown[-1])
+    assert [r.completion_ids for r in trees.generate(PROMPTS, GREEDY)] == plain(target)
+    assert grown and all(torch.isin(g.drafts, ids).all() for g in grown)  # trees over its own ids only
     with pytest.raises(ValueError, match="shares none with the drafter's own LM head"):
         engine.set_draft_vocab(DraftVocab(torch.as_tensor([1, 3, 5]), engine.vocab_size))
 

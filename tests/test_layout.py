@@ -20,8 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("specroll", "specroll.rollout", "specroll.online_drafter", "specroll.integrations", "specroll.demo")
 # specroll.rollout's layers, lowest first: a module imports only from its own layer or lower ones.
-ROLLOUT_LAYERS = (("require", "suffix_config", "config", "core.stats"), ("sampling",), ("core",), ("models",),
-                  ("drafters",), ("gamma",),
+ROLLOUT_LAYERS = (("require", "suffix_config", "config", "core.stats", "placement.device"), ("sampling",), ("core",),
+                  ("models",), ("drafters",), ("gamma", "placement"),
                   ("engine_caches", "engine_speculation", "engine_weights"), ("step",), ("engine",), ("",))
 # In one fresh process: imports every module named on the command line on its own (after dropping every specroll
 # module already imported; third-party ones stay: they make a fresh import slow and cannot hide a cycle of ours),

@@ -59,6 +59,8 @@ ENGINE_SETTINGS_REFUSED = {  # EngineConfig fields vLLM cannot honour: (field, t
     "sampler": ("rejection", "vLLM verifies with the rejection rule; the invariant sampler is specroll's engine's"),
     "tree_width": (1, "vLLM verifies chains; token trees are specroll's engine's"),
     "speculation": ("always", "vLLM has no acceptance-gated speculation; use gamma: 0 to decode plain"),
+    "drafter_device": (None, "vLLM runs its proposer on the target's device; drafter placement is specroll's engine's"),
+    "overlap": (False, "vLLM drafts in series with verification; drafting ahead is specroll's engine's"),
 }
 
 

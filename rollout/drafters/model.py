@@ -64,6 +64,24 @@ class ModelDrafter(Drafter):
         lag = rows.seq_len[index] - self.runner.cache.lens[index]  # [n] ≥ 1
         host_lag = [s - c for s, c in zip(pick(rows.host_seq_len, live), self.runner.host_lens(live))]
         logits = self.runner.extend(live, rows.tokens[index], lag, head=head, host_count=host_lag)  # [n, V_d] or [n, N]
+        return self._draft(live, logits, drafts, q, params, draw, head)
+
+    def draft_on(self, live: Rows, last: torch.Tensor, count: int, params: SamplingParams,
+                 draw: DraftDraw) -> Proposal:
+        """`count` drafts per row after feeding it `last` [n, 1], the draft `propose` drew but did not feed: the
+        drafts of the next step if every draft of this one is kept (`placement.ahead`: drafting beside verification,
+        `draw` hands out the noise of the positions after this step's)."""
+        head = self.draws.head(self.runner.model.get_output_embeddings())
+        n = last.shape[0]
+        drafts = torch.empty(n, count, dtype=torch.long, device=self.runner.device)  # [n, count]
+        q = torch.empty(n, count, self.draws.width, device=self.runner.device)  # [n, count, K]
+        logits = self.runner.feed(live, last, head=head)[:, 0]  # [n, K]
+        return self._draft(live, logits, drafts, q, params, draw, head)
+
+    def _draft(self, live: Rows, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor, params: SamplingParams,
+               draw: DraftDraw, head) -> Proposal:
+        """Fill `drafts` [n, γ] and `q` [n, γ, K] from the first draft's logits, feeding each draft but the last."""
+        gamma = drafts.shape[1]
         for i in range(gamma):
             q[:, i], drafts[:, i] = self.draws.draw(self._to_target_vocab(logits.float()), params, draw, i)
             if i < gamma - 1:

@@ -8,6 +8,9 @@ different number per row. The stages after verification are every step's (`base.
 Auto-γ's cost model learns the draft part of a step's time. On a device that runs asynchronously the clock must wait
 for the drafts (a sync), so only every `DRAFT_TIMING_EVERY`-th drafting step is timed; the cost model takes the
 others' draft part as predicted from the timed ones (`CostModel.observe`). On a CPU every step is timed, free.
+
+A step planned to overlap (`StepPlan.overlap`) hands its drafts to the drafter before the target's forward
+(`placement.ahead.AheadDrafter.draft_ahead`), which drafts the next step on its own thread meanwhile.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class ChainStep(DecodeStep):
             gamma = proposal.drafts.shape[1]
             noise = noise.narrow(gamma + 1)
         drafted = self._draft_clock(gamma)
+        if plan.overlap:
+            self.drafter.draft_ahead(live, rows, params)
         usable = proposal.usable(gamma)  # [n, γ]
         fed = torch.cat([self.last_tokens(rows, live, seq_len), proposal.drafts], dim=1)  # [n, γ+1]
         logits = self.target.feed(live, fed, rows.hidden)  # [n, γ+1, V] in the target's dtype
