@@ -46,10 +46,21 @@ def test_acceptance_is_read_back_from_the_counts_it_would_produce():
             kept = expected_tokens(alpha, k) - 1  # drafts kept per step
             assert alpha_from_counts(kept, k) == pytest.approx(alpha, abs=1e-6)
     sched = schedule(COSTS, alpha=0.6)
-    sched.observe(drafted=300, accepted=round(100 * (expected_tokens(0.9, 3) - 1)), steps=100)
+    sched.observe(drafted=3000, accepted=round(1000 * (expected_tokens(0.9, 3) - 1)), steps=1000)
     assert sched.alpha() == pytest.approx(0.9, abs=0.01)
     sched.reset(0.3)
     assert sched.alpha() == 0.3
+
+
+def test_a_schedule_turned_off_by_low_acceptance_tries_drafting_again_as_the_evidence_fades():
+    sched = schedule(COSTS, alpha=0.8)
+    sched.observe(drafted=3000, accepted=0, steps=1000)  # a spell where nothing was kept
+    assert sched.choose()[1] == 0
+    calls = 0
+    while sched.choose()[1] == 0:  # calls that draft nothing bring no evidence, but age what there is
+        sched.observe(drafted=0, accepted=0, steps=0)
+        calls += 1
+    assert 5 < calls < 40 and sched.choose()[1] > 0
 
 
 def test_step_costs_interpolate_between_and_extend_past_the_timed_sizes():

@@ -16,8 +16,9 @@ lookup (the table vLLM builds from the configured ranges) before every call: the
 moves — a drafter that learns gets more drafts, one that falls behind gets fewer, down to none.
 
 α is estimated from the rollouts' own counts (vLLM's per-request spec-decode metrics: drafts, kept drafts, verify
-steps), decayed per call; with k drafts a step keeps α + … + α^k on average, solved for α at the calls' mean k.
-Before any draft is measured it is the served drafter version's recorded acceptance, else `PRIOR_ACCEPTANCE`.
+steps), decayed per call (also by calls that drafted nothing, so a k = 0 schedule is tried again once the evidence
+against it has faded); with k drafts a step keeps α + … + α^k on average, solved for α at the calls' mean k. The
+prior — the served drafter version's recorded acceptance, else `PRIOR_ACCEPTANCE` — keeps a few steps' weight.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ WARMUP_STEPS = 2
 MAX_PREFILL_STEPS = 64
 PROMPT_TOKENS = 32
 DECAY = 0.7  # weight of the evidence so far when a call's counts are added (memory of a few calls)
+PRIOR_STEPS = 8.0  # verify steps' worth of weight the prior keeps beside the measured counts
 
 
 @dataclass
@@ -115,15 +117,19 @@ class GammaSchedule:
                    prior=PRIOR_ACCEPTANCE if prior is None else float(prior))
 
     def alpha(self) -> float:
-        """The current per-draft acceptance estimate (the prior until drafts were measured)."""
+        """The current per-draft acceptance estimate: the measured one, weighed with the prior as `PRIOR_STEPS`
+        verify steps (the prior alone until drafts were measured)."""
         if self.steps <= 0 or self.drafted <= 0:
             return self.prior
-        return alpha_from_counts(self.accepted / self.steps, self.drafted / self.steps)
+        measured = alpha_from_counts(self.accepted / self.steps, self.drafted / self.steps)
+        return (self.steps * measured + PRIOR_STEPS * self.prior) / (self.steps + PRIOR_STEPS)
 
     def observe(self, drafted: int, accepted: int, steps: int) -> None:
-        """Add one call's counts: drafts proposed, kept, and speculative verify steps (requests × steps)."""
-        if steps <= 0:
-            return
+        """Add one call's counts: drafts proposed, kept, and speculative verify steps (requests × steps). A call
+        that drafted nothing (every batch size at k = 0) still decays the evidence: where acceptance measured too
+        low for any k, it fades back to the prior within tens of calls and drafting is tried again — else one
+        bad spell (a drafter behind the policy, greedy calls on a pair that only agrees when sampling) would turn
+        speculation off for good."""
         self.drafted = DECAY * self.drafted + drafted
         self.accepted = DECAY * self.accepted + accepted
         self.steps = DECAY * self.steps + steps
