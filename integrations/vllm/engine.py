@@ -46,7 +46,7 @@ from specroll.rollout.models.weights import copy_into
 from specroll.rollout.sampling.randomness import draw_seed, request_keys
 
 from ..formats.files import read_safetensors
-from . import cpu_fixes
+from . import cpu_fixes, kernel_scan
 from .gamma import GammaSchedule
 from .proposers import drafter_kind, speculative_config
 from .settings import VllmSettings
@@ -353,6 +353,7 @@ def _set_environment(settings: VllmSettings) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", settings.omp_threads_bind)
     cpu_fixes.apply()
+    kernel_scan.apply()
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:
