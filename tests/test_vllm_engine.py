@@ -24,8 +24,9 @@ from distribution_stats import ALPHA, conditional_chi2_pvalue, reference_probs
 from tiny_models import VLLM_SHAPE, build_lm, hf_greedy, make_prompts
 
 from specroll.integrations.vllm import cpu_fixes
-from specroll.integrations.vllm.engine import VllmEngine, check_engine_config
+from specroll.integrations.vllm.engine import VllmEngine
 from specroll.integrations.vllm.proposers import drafter_kind
+from specroll.integrations.vllm.refusals import check_engine_config
 from specroll.integrations.vllm.settings import VllmSettings
 from specroll.rollout import EngineConfig, SamplingParams, SpecEngine
 from specroll.rollout.drafters.version import DrafterVersion
