@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from specroll.rollout.core.rates import PRIOR_ACCEPTANCE
-from specroll.rollout.gamma.break_even import break_even_acceptance
+from specroll.rollout.gamma.break_even import break_even_acceptance, expected_tokens
 
 ROWS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # live batch sizes timed (up to the engine's max_num_seqs)
 STEPS = 10  # decode steps timed per (rows, k), after the prefill and WARMUP_STEPS decode steps
@@ -59,11 +59,6 @@ class StepTimes:
 
     def to_dict(self) -> dict:
         return {"rows": list(self.rows), "seconds": [list(s) for s in self.seconds]}
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens a row emits in a step with k drafts at independent per-draft acceptance α."""
-    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def best_k(step_seconds: list[float], alpha: float) -> int:

@@ -9,6 +9,11 @@ The online learner's watchdog reverts a drafter whose held-out acceptance falls 
 from __future__ import annotations
 
 
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens a row emits in a step with γ drafts at independent per-draft acceptance α."""
+    return float(gamma + 1) if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
 def break_even_acceptance(step_times: list[float]) -> float:
     """Smallest per-draft acceptance α at which some γ ≥ 1 emits tokens faster than γ = 0.
 
@@ -17,8 +22,7 @@ def break_even_acceptance(step_times: list[float]) -> float:
     speculation never pays at these costs.
     """
     def pays(alpha: float) -> bool:
-        rates = [(1 - alpha ** (g + 1)) / (1 - alpha) / t for g, t in enumerate(step_times)] if alpha < 1 else [
-            (g + 1) / t for g, t in enumerate(step_times)]
+        rates = [expected_tokens(alpha, g) / t for g, t in enumerate(step_times)]
         return max(rates[1:], default=0.0) > rates[0]
 
     if not pays(1.0):
